@@ -1,0 +1,3 @@
+from llmsample.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""One module per command; each imports torch and transformers only when it runs."""

@@ -1,0 +1,154 @@
+"""Options shared by the commands, and turning them into a model, a prompt and a config."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from llmsample import presets as preset_store
+from llmsample.config import ConfigError, SamplingConfig
+from llmsample.errors import UserError
+
+if TYPE_CHECKING:
+    from llmsample.models import LoadedModel
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "max_tokens",
+    "seed",
+)
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+
+
+def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not DEVICE_PATTERN.fullmatch(value):
+        raise click.BadParameter(f"{value!r} is not one of auto, cpu, cuda, cuda:N, mps")
+    return value
+
+
+def _stack(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    def apply(f: Any) -> Any:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+model_options = _stack(
+    click.option("--model", "-m", metavar="ID|DIR", help="Hub id or local directory [default: SmolLM2-135M-Instruct]."),
+    click.option(
+        "--device", default="auto", show_default=True, callback=_check_device, help="auto, cpu, cuda, cuda:N or mps."
+    ),
+    click.option(
+        "--dtype",
+        type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+        default="auto",
+        show_default=True,
+        help="auto: bfloat16 on CUDA and CPU (faster per token, see README), else float32.",
+    ),
+)
+
+prompt_options = _stack(
+    click.option("--prompt", "-p", metavar="TEXT", help="The prompt; '-' or omitted with piped stdin reads stdin."),
+    click.option("--system", metavar="TEXT", help="A system message (chat models)."),
+    click.option(
+        "--raw", is_flag=True, help="Send the prompt as plain text for completion, without the chat template."
+    ),
+)
+
+sampling_options = _stack(
+    click.option("--preset", metavar="NAME", help="A preset from `llmsample presets list` [default: balanced]."),
+    click.option("--preset-file", type=click.Path(path_type=Path, dir_okay=False), help="A preset TOML file."),
+    click.option("--temperature", "-t", type=float, help="0 (or <= 1e-4) is greedy."),
+    click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 is off."),
+    click.option("--top-p", type=float, help="Keep the smallest set reaching this mass; 1 is off."),
+    click.option("--min-p", type=float, help="Drop tokens below min_p x the top probability; 0 is off."),
+    click.option("--frequency-penalty", type=float, help="OpenAI's, in [-2, 2]."),
+    click.option("--presence-penalty", type=float, help="OpenAI's, in [-2, 2]."),
+    click.option("--repetition-penalty", type=float, help="CTRL's, > 0; 1 is off."),
+    click.option("--max-tokens", "-n", type=int, help="Most tokens to generate."),
+    click.option("--stop", multiple=True, metavar="TEXT", help="Stop before this text (repeatable)."),
+    click.option("--seed", type=int, help="Seed for the draws: same seed, same text."),
+)
+
+output_options = _stack(
+    click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True),
+    click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token."),
+    click.option(
+        "--color-by",
+        type=click.Choice(["sampled", "model"]),
+        default="sampled",
+        show_default=True,
+        help="Colour by the probability in the sampling distribution, or under the raw model.",
+    ),
+    click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1)."),
+    click.option("--inspect", is_flag=True, help="After the text, a table of every token's numbers."),
+    click.option(
+        "--html", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML view."
+    ),
+    click.option("--quiet", "-q", is_flag=True, help="No legend, progress or summary on stderr."),
+    click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks)."),
+)
+
+
+draft_options = _stack(
+    click.option("--draft", metavar="ID|DIR|ngram", help="Speculative decoding with this draft model, or 'ngram'."),
+    click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),
+    click.option(
+        "--ngram-max", type=click.IntRange(1, 64), default=4, show_default=True, help="Longest n-gram to match."
+    ),
+    click.option(
+        "--ngram-min", type=click.IntRange(1, 64), default=1, show_default=True, help="Shortest n-gram to match."
+    ),
+    click.option("--compare", is_flag=True, help="Also decode without speculation (same seed) and report the speedup."),
+)
+
+
+def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tuple[str, SamplingConfig]:
+    """Preset (or ``--preset-file``) with the flags on top; bad values name the flag."""
+    name, cfg = preset_store.load(preset or options.get("preset"), options.get("preset_file"))
+    overrides = {key: options.get(key) for key in SAMPLING_KEYS}
+    overrides["stop"] = tuple(options["stop"]) if options.get("stop") else None
+    try:
+        return name, cfg.with_overrides(**overrides)
+    except ConfigError as exc:
+        raise UserError(f"--{exc.key.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from exc
+
+
+def read_prompt(prompt: str | None) -> str:
+    """``--prompt``, or stdin for ``-`` or when stdin is piped; stdin must be UTF-8."""
+    if prompt is not None and prompt != "-":
+        return prompt
+    if prompt is None and sys.stdin.isatty():
+        raise UserError("no prompt: pass --prompt TEXT, or pipe the prompt on stdin")
+    data = sys.stdin.buffer.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"stdin is not valid UTF-8 (byte {exc.start}); convert it, e.g. with iconv -t UTF-8") from exc
+
+
+def load_model_with_progress(model: str | None, device: str, dtype: str, quiet: bool = False) -> LoadedModel:
+    """Load on stderr progress: the first run converts the default model (tens of seconds)."""
+    from llmsample.models import load_model
+    from llmsample.terminal import stderr_console
+
+    console = stderr_console()
+    if quiet:
+        return load_model(model, device, dtype)
+    if not console.is_terminal:
+        return load_model(model, device, dtype, progress=lambda step: console.print(f"{step}…"))
+    with console.status(f"loading {model or 'the default model'}…") as status:
+        return load_model(model, device, dtype, progress=lambda step: status.update(f"{step}…"))

@@ -1,0 +1,38 @@
+"""``llmsample presets``: what presets exist and what they resolve to."""
+
+from __future__ import annotations
+
+import click
+
+from llmsample import presets as preset_store
+
+
+@click.group()
+def presets() -> None:
+    """List and show decoding presets (built-in, user, or a file)."""
+
+
+@presets.command("list")
+def list_presets() -> None:
+    """Every preset: name, where it comes from, description."""
+    from rich.table import Table
+
+    from llmsample.terminal import stdout_console, use_color
+
+    table = Table("name", "source", "description", box=None, pad_edge=False)
+    for name, found in sorted(preset_store.discover().items()):
+        cfg = preset_store.read_preset_file(found.path)
+        table.add_row(name, f"{found.source} ({found.path})", cfg.description)
+    stdout_console(use_color()).print(table)
+
+
+@presets.command("show")
+@click.argument("name")
+def show(name: str) -> None:
+    """A preset's resolved values, as TOML."""
+    import json
+
+    _, cfg = preset_store.load(name)
+    for key, value in cfg.as_dict().items():
+        if value is not None:
+            click.echo(f"{key} = {json.dumps(value, ensure_ascii=False)}")

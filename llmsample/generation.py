@@ -1,0 +1,105 @@
+"""Our own autoregressive loop: prefill once, one cached forward pass per token, one event
+per token, then a summary."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmsample.config import SamplingConfig
+from llmsample.errors import RuntimeFailure, UserError
+from llmsample.events import RunStats, Summary, TokenEvent, make_event, step_figures
+from llmsample.models import LoadedModel
+from llmsample.runner import ModelRunner
+from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages
+from llmsample.text_stream import TextStream
+
+
+def encode_prompt(lm: LoadedModel, prompt: str, system: str | None = None, raw: bool = False) -> Tensor:
+    """Prompt ids ``[1, n]`` on the model's device: a chat turn through the tokenizer's own
+    template when it has one, plain text for completion with ``raw``."""
+    tokenizer = lm.tokenizer
+    if not raw and getattr(tokenizer, "chat_template", None):
+        if not prompt.strip():
+            raise UserError("the prompt is empty; pass --prompt TEXT (or --raw to let the model start on its own)")
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer(prompt)["input_ids"]
+        if not ids and tokenizer.bos_token_id is not None:
+            ids = [tokenizer.bos_token_id]
+        if not ids:
+            raise UserError("the prompt is empty and this tokenizer has no BOS token to start from; pass --prompt TEXT")
+    limit = lm.context_length
+    if limit and len(ids) >= limit:
+        raise UserError(f"the prompt is {len(ids)} tokens but {lm.name} has a context of {limit}; shorten it")
+    return torch.tensor([ids], device=lm.device)
+
+
+def check_finite(logits: Tensor, position: int) -> None:
+    """NaN or +inf anywhere, or nothing finite, means the forward pass broke: stop, never sample it."""
+    broken = ~(logits < math.inf) | (logits == -math.inf).all(-1, keepdim=True)
+    if broken.any():
+        raise RuntimeFailure(
+            f"the model produced NaN/inf logits at position {position}; try --dtype float32 (half precision can overflow)"
+        )
+
+
+def generate(
+    lm: LoadedModel,
+    prompt_ids: Tensor,
+    cfg: SamplingConfig,
+    stats: RunStats,
+    *,
+    top_n: int = 5,
+    ignore_eos: bool = False,
+) -> Iterator[TokenEvent | Summary]:
+    """Sample up to ``cfg.max_tokens`` tokens; stop at EOS, a stop string or the length.
+
+    ``stats`` belongs to the caller so that an interrupted run still has its summary."""
+    runner = ModelRunner(lm.model)
+    eos = set() if ignore_eos else lm.eos_ids
+    generator = make_generator(cfg.seed, lm.device)
+    stream = TextStream(lm.tokenizer, cfg.stop, prompt_ids[0].tolist())
+    stats.prompt_tokens = prompt_ids.shape[1]
+    logits = runner.prefill(prompt_ids)
+    history = TokenHistory.start(prompt_ids, logits.shape[-1]) if cfg.has_penalties else None
+    reason = "length"
+    for index in range(cfg.max_tokens):
+        check_finite(logits, runner.length)
+        stages = sampler_stages(logits, history, cfg)
+        probs = stages[-1][1].softmax(-1)
+        token = draw(probs, generator)
+        figures = step_figures(stages, probs, token, top_n)[0]
+        is_eos = figures.token_id in eos
+        if is_eos:
+            text, stopped = stream.flush(), False
+        else:
+            text, stopped = stream.push(figures.token_id)
+            if index == cfg.max_tokens - 1 and not stopped:
+                text += stream.flush()
+        event = make_event(figures, index, text, lm.tokenizer, eos=is_eos)
+        stats.record(event)
+        yield event
+        if is_eos or stopped:
+            reason = "eos" if is_eos else "stop"
+            break
+        if index + 1 < cfg.max_tokens:
+            history = history.advanced(token) if history is not None else None
+            logits = runner.step(token)
+    yield stats.summary(reason)
+
+
+def run_to_end(events: Iterator[Any]) -> tuple[list[TokenEvent], Summary]:
+    """Collect a run (tests, metrics): the token events and the summary."""
+    tokens: list[TokenEvent] = []
+    for item in events:
+        if isinstance(item, Summary):
+            return tokens, item
+        tokens.append(item)
+    raise RuntimeError("the token loop ended without a summary")

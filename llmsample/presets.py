@@ -1,0 +1,93 @@
+"""Decoding presets: built-in TOML files, the user's own, and ``--preset-file``."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from llmsample.config import ConfigError, SamplingConfig
+from llmsample.errors import UserError
+
+DEFAULT_PRESET = "balanced"
+
+
+@dataclass(frozen=True)
+class PresetFile:
+    name: str
+    source: str  # "built-in" or "user"
+    path: Path
+
+
+def builtin_dir() -> Path:
+    """Inside an installed wheel the presets live in the package; in a source checkout (or an
+    editable install) they are the repository's top-level ``presets/``."""
+    packaged = Path(str(resources.files("llmsample"))) / "presets"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "presets"
+
+
+def user_dir() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(xdg) / "llmsample" / "presets"
+
+
+def _toml_files(directory: Path) -> list[Path]:
+    if not directory.exists():
+        return []
+    try:
+        return sorted(p for p in directory.iterdir() if p.suffix == ".toml")
+    except OSError as exc:
+        raise UserError(f"cannot read the preset directory {directory} ({exc.strerror}); fix its permissions") from exc
+
+
+def discover() -> dict[str, PresetFile]:
+    """Every preset by name; a user preset shadows the built-in of the same name."""
+    found = {p.stem: PresetFile(p.stem, "built-in", p) for p in _toml_files(builtin_dir())}
+    user: dict[str, PresetFile] = {}
+    for path in _toml_files(user_dir()):
+        name = path.stem
+        if name in user:
+            raise UserError(f"two user presets are named {name!r} ({user[name].path}, {path}); rename one")
+        user[name] = PresetFile(name, "user", path)
+    return found | user
+
+
+def read_preset_file(path: Path) -> SamplingConfig:
+    """One TOML file to a config; every problem names the file, the key and the allowed range."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise UserError(f"preset file {path} does not exist; check the path") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read preset file {path} ({exc}); check its permissions and encoding") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"preset file {path} is not valid TOML: {exc}") from exc
+    try:
+        return SamplingConfig.from_mapping(data)
+    except ConfigError as exc:
+        raise UserError(f"preset file {path}: {exc}") from exc
+
+
+def load(name: str | None = None, preset_file: Path | None = None) -> tuple[str, SamplingConfig]:
+    """The preset's display name and settings; ``--preset-file`` wins over ``--preset``."""
+    if preset_file is not None:
+        return preset_file.stem, read_preset_file(preset_file)
+    name = name or DEFAULT_PRESET
+    presets = discover()
+    if name not in presets:
+        raise UserError(
+            f"unknown preset {name!r}; choose one of: {', '.join(sorted(presets))} (see `llmsample presets list`)"
+        )
+    return name, read_preset_file(presets[name].path)
+
+
+def check_names(names: list[str]) -> None:
+    """Fail on an unknown name before anything heavy (a model load) starts."""
+    known = discover()
+    for name in names:
+        if name not in known:
+            raise UserError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(known))}")

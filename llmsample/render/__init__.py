@@ -1,0 +1,1 @@
+"""Renderers: they consume token events and summaries, and never touch the model."""

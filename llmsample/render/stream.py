@@ -1,0 +1,94 @@
+"""Text on stdout as it is sampled: plain when piped, coloured by probability on a terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Protocol, TextIO
+
+from rich.console import Console
+from rich.text import Text
+
+from llmsample.events import Summary, TokenEvent
+from llmsample.render.bands import BANDS, band_for
+
+
+class Renderer(Protocol):
+    def token(self, event: TokenEvent) -> None: ...
+
+    def summary(self, summary: Summary) -> None: ...
+
+
+class PlainRenderer:
+    """Exactly the generated text, nothing else: what scripts read."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def token(self, event: TokenEvent) -> None:
+        if event.text:
+            self.out.write(event.text)
+            self.out.flush()
+
+    def summary(self, summary: Summary) -> None:
+        self.out.write("\n")
+        self.out.flush()
+
+
+class ColorRenderer:
+    """Appends each token in its band's colour; the screen is never redrawn, so it stays live."""
+
+    def __init__(self, console: Console, color_by: str = "sampled") -> None:
+        self.console = console
+        self.color_by = color_by
+
+    def token(self, event: TokenEvent) -> None:
+        if not event.text:
+            return
+        prob = event.prob if self.color_by == "sampled" else event.model_prob
+        style = band_for(prob).style
+        if event.source == "draft":
+            style = f"{style} underline".strip()
+        self.console.print(Text(event.text, style=style), end="")
+        self.console.file.flush()
+
+    def summary(self, summary: Summary) -> None:
+        self.console.print()
+
+
+class JsonlRenderer:
+    """One JSON object per token and a summary line (schema in the README)."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out = out or sys.stdout
+
+    def _write(self, data: dict) -> None:
+        self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self.out.flush()
+
+    def token(self, event: TokenEvent) -> None:
+        self._write(event.to_dict())
+
+    def summary(self, summary: Summary) -> None:
+        self._write(summary.to_dict())
+
+
+def legend(color_by: str) -> Text:
+    """One line for stderr: the colour scale."""
+    text = Text(f"p({color_by}): ")
+    for band in reversed(BANDS):
+        text.append(f" {band.label} ", style=band.style or "default")
+    return text
+
+
+def summary_line(summary: Summary) -> str:
+    parts = [f"{summary.tokens} tokens", f"stop: {summary.stop_reason}"]
+    if summary.ttft_s is not None:
+        parts.append(f"first token {summary.ttft_s:.2f} s")
+    if summary.tokens_per_s is not None:
+        parts.append(f"{summary.tokens_per_s:.1f} tok/s")
+    if "acceptance_rate" in summary.extra:
+        extra = summary.extra
+        parts.append(f"accepted {extra['accepted']}/{extra['drafted']} drafted ({extra['acceptance_rate']:.0%})")
+        parts.append(f"{extra['tokens_per_pass']:.2f} tokens/target pass")
+    return " · ".join(parts)

@@ -1,0 +1,158 @@
+"""The sampling pipeline: pure functions over ``[batch, vocab]`` logits.
+
+Order (fixed, as in transformers' logits processors):
+penalties -> temperature (or greedy argmax) -> top-k -> top-p -> min-p -> softmax -> draw.
+Every command, the speculative drafter and verifier included, goes through
+:func:`sampler_stages`, so what is shown, what is drawn and what is verified agree.
+No function edits its input in place; a removed token has logit ``-inf``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from llmsample.config import SamplingConfig
+
+TOP_P_TOLERANCE = 1e-6
+"""Cumulative mass within this of p counts as reaching p: float32 softmax of [.1, .2, .3, .4]
+sums .4 + .3 to 0.70000005, and the article's rule ("equals or exceeds P") must still hold."""
+
+STAGES = ("raw", "penalties", "temperature", "top_k", "top_p", "min_p")
+
+
+@dataclass(frozen=True)
+class TokenHistory:
+    """What the penalties look at: counts of generated tokens and the set of tokens seen
+    anywhere (prompt or generated), both ``[batch, vocab]``."""
+
+    counts: Tensor
+    seen: Tensor
+
+    @classmethod
+    def start(cls, prompt_ids: Tensor, vocab_size: int) -> TokenHistory:
+        batch = prompt_ids.shape[0]
+        counts = torch.zeros(batch, vocab_size, device=prompt_ids.device)
+        seen = torch.zeros(batch, vocab_size, dtype=torch.bool, device=prompt_ids.device)
+        return cls(counts, seen.scatter(1, prompt_ids, True))
+
+    def advanced(self, tokens: Tensor) -> TokenHistory:
+        """History after appending ``tokens`` (``[batch]``) to every row; a new object."""
+        index = tokens.view(-1, 1)
+        counts = self.counts.scatter_add(1, index, torch.ones_like(index, dtype=self.counts.dtype))
+        return TokenHistory(counts, self.seen.scatter(1, index, True))
+
+
+def apply_penalties(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
+    """Repetition penalty as in CTRL (over prompt and generated tokens), then OpenAI's
+    frequency and presence penalties (over generated tokens only)."""
+    if history is None or not cfg.has_penalties:
+        return logits
+    logits = logits.float()
+    if cfg.repetition_penalty != 1.0:
+        penalised = torch.where(logits > 0, logits / cfg.repetition_penalty, logits * cfg.repetition_penalty)
+        logits = torch.where(history.seen, penalised, logits)
+    if cfg.frequency_penalty or cfg.presence_penalty:
+        counts = history.counts
+        logits = logits - counts * cfg.frequency_penalty - (counts > 0).float() * cfg.presence_penalty
+    return logits
+
+
+def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def keep_argmax(logits: Tensor) -> Tensor:
+    """Greedy: only the first maximal token survives (``torch.argmax`` picks the first)."""
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.argmax(-1, keepdim=True), True)
+    return logits.masked_fill(~keep, -math.inf)
+
+
+def keep_top_k(logits: Tensor, k: int) -> Tensor:
+    """Exactly k tokens, ties at the k-th value broken towards the lower id, so top-k 1 is greedy."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = logits.topk(k, dim=-1).values[..., -1:]
+    above = logits > kth
+    at = logits == kth
+    room = k - above.sum(-1, keepdim=True)
+    keep = above | (at & (at.cumsum(-1) <= room))
+    return logits.masked_fill(~keep, -math.inf)
+
+
+def keep_top_p(logits: Tensor, p: float) -> Tensor:
+    """The smallest set whose probability reaches p: a token stays when the mass strictly
+    before it (in descending order) has not reached p yet, so the crossing token stays."""
+    if p >= 1.0:
+        return logits
+    probs = logits.float().softmax(-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = sorted_probs.double().cumsum(-1) - sorted_probs.double()
+    keep_sorted = mass_before < p - TOP_P_TOLERANCE
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, -math.inf)
+
+
+def keep_min_p(logits: Tensor, min_p: float) -> Tensor:
+    """Drop tokens below ``min_p * p_max``; compared in log space so tiny probabilities do not
+    underflow to a false tie."""
+    if min_p <= 0.0:
+        return logits
+    logprobs = logits.float().log_softmax(-1)
+    threshold = logprobs.max(-1, keepdim=True).values + math.log(min_p)
+    return logits.masked_fill(logprobs < threshold, -math.inf)
+
+
+def sampler_stages(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> list[tuple[str, Tensor]]:
+    """Logits after each stage of the chain, named as in :data:`STAGES`; the last one is what
+    is sampled. ``explain`` shows them all; the loop counts what each filter removed."""
+    logits = logits.float()
+    stages = [("raw", logits)]
+    logits = apply_penalties(logits, history, cfg)
+    stages.append(("penalties", logits))
+    if cfg.is_greedy:
+        stages.append(("temperature", keep_argmax(logits)))
+        return stages
+    logits = apply_temperature(logits, cfg.temperature)
+    stages.append(("temperature", logits))
+    logits = keep_top_k(logits, cfg.top_k)
+    stages.append(("top_k", logits))
+    logits = keep_top_p(logits, cfg.top_p)
+    stages.append(("top_p", logits))
+    logits = keep_min_p(logits, cfg.min_p)
+    stages.append(("min_p", logits))
+    return stages
+
+
+def sampling_logits(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
+    return sampler_stages(logits, history, cfg)[-1][1]
+
+
+def sampling_probs(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
+    """The distribution a token is drawn from; the one function draft and target share."""
+    return sampling_logits(logits, history, cfg).softmax(-1)
+
+
+def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One token per row; a zero-probability token is never drawn."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def entropy_bits(probs: Tensor) -> Tensor:
+    """Shannon entropy per row in bits, with 0 log 0 = 0."""
+    logp = torch.where(probs > 0, probs.log2(), torch.zeros_like(probs))
+    return -(probs * logp).sum(-1)
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """An explicit generator: no global RNG state, so runs with the same seed repeat exactly."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

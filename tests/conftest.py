@@ -1,0 +1,87 @@
+"""Fixtures: tiny random Llama models built on the spot, an isolated user directory, and the
+real default model (converted once into a cache kept between test runs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_HOME = REPO / ".test-home"
+
+
+def make_tiny_model(path: Path, vocab_size: int = 32, seed: int = 0, init: float = 0.5, layers: int = 2) -> Path:
+    """A random LlamaForCausalLM with a word-level tokenizer (``<bos>``, ``<eos>``, ``<unk>``, w3…),
+    saved with safetensors: everything a real checkpoint directory has, in milliseconds."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2} | {f"w{i}": i for i in range(3, vocab_size)}
+    backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = Whitespace()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=0,
+        eos_token_id=1,
+        initializer_range=init,  # large weights: peaked, tie-free distributions
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = 1
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_model_dir: Path):
+    from llmsample.models import load_model
+
+    return load_model(str(tiny_model_dir), "cpu", "float32")
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test reads or writes the real user's presets; the model cache is the test cache."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+
+
+@pytest.fixture(scope="session")
+def default_lm():
+    """The real SmolLM2-135M-Instruct (float32, so answers do not depend on bf16 kernels)."""
+    from llmsample.models import load_model
+
+    os.environ["LLMSAMPLE_HOME"] = str(TEST_HOME)
+    return load_model(None, "cpu", "float32")
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for subprocess runs of the CLI: the test cache, offline, no colour settings."""
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    env.update(LLMSAMPLE_HOME=str(TEST_HOME), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
