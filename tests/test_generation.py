@@ -56,7 +56,7 @@ def test_stop_string_across_token_boundary(tiny_lm) -> None:
     # A stop string made of the end of one token and the start of the next.
     words = text.split()
     stop = f"{words[3][1:]} {words[4][:2]}"
-    cut, summary = run(tiny_lm, SamplingConfig(temperature=0, max_tokens=30, stop=(stop,)), ignore_eos=True)
+    _, summary = run(tiny_lm, SamplingConfig(temperature=0, max_tokens=30, stop=(stop,)), ignore_eos=True)
     assert summary.stop_reason == "stop"
     assert summary.text == text[: text.index(stop)]
     assert stop not in summary.text and stop[:2] not in summary.text[len(text[: text.index(stop)]) :]
