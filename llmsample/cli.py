@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import generate, models, presets
+from llmsample.commands import generate, models, presets, speculate
 from llmsample.config import ConfigError
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
@@ -66,5 +66,6 @@ def main() -> None:
 
 
 main.add_command(generate.generate)
+main.add_command(speculate.speculate)
 main.add_command(presets.presets)
 main.add_command(models.models)

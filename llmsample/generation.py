@@ -12,7 +12,7 @@ from torch import Tensor
 
 from llmsample.config import SamplingConfig
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.events import RunStats, Summary, TokenEvent, make_event, step_figures
+from llmsample.events import RunStats, StepFigures, Summary, TokenEvent, make_event, step_figures
 from llmsample.models import LoadedModel
 from llmsample.runner import ModelRunner
 from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages
@@ -50,6 +50,35 @@ def check_finite(logits: Tensor, position: int) -> None:
         )
 
 
+class Emitter:
+    """Turns sampled tokens into events: text, EOS, stop strings and the length limit, the
+    same for the plain and the speculative loop."""
+
+    def __init__(self, lm: LoadedModel, cfg: SamplingConfig, stats: RunStats, prompt_ids: Tensor, ignore_eos: bool):
+        self.lm = lm
+        self.max_tokens = cfg.max_tokens
+        self.stats = stats
+        self.eos = set() if ignore_eos else lm.eos_ids
+        self.stream = TextStream(lm.tokenizer, cfg.stop, prompt_ids[0].tolist())
+        self.reason: str | None = None
+        stats.prompt_tokens = prompt_ids.shape[1]
+
+    def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
+        index = self.stats.tokens
+        is_eos = figures.token_id in self.eos
+        if is_eos:
+            text, self.reason = self.stream.flush(), "eos"
+        else:
+            text, stopped = self.stream.push(figures.token_id)
+            if stopped:
+                self.reason = "stop"
+            elif index == self.max_tokens - 1:
+                text, self.reason = text + self.stream.flush(), "length"
+        event = make_event(figures, index, text, self.lm.tokenizer, source=source, eos=is_eos)
+        self.stats.record(event)
+        return event
+
+
 def generate(
     lm: LoadedModel,
     prompt_ids: Tensor,
@@ -63,36 +92,21 @@ def generate(
 
     ``stats`` belongs to the caller so that an interrupted run still has its summary."""
     runner = ModelRunner(lm.model)
-    eos = set() if ignore_eos else lm.eos_ids
     generator = make_generator(cfg.seed, lm.device)
-    stream = TextStream(lm.tokenizer, cfg.stop, prompt_ids[0].tolist())
-    stats.prompt_tokens = prompt_ids.shape[1]
+    emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
     logits = runner.prefill(prompt_ids)
     history = TokenHistory.start(prompt_ids, logits.shape[-1]) if cfg.has_penalties else None
-    reason = "length"
-    for index in range(cfg.max_tokens):
+    while True:
         check_finite(logits, runner.length)
         stages = sampler_stages(logits, history, cfg)
         probs = stages[-1][1].softmax(-1)
         token = draw(probs, generator)
-        figures = step_figures(stages, probs, token, top_n)[0]
-        is_eos = figures.token_id in eos
-        if is_eos:
-            text, stopped = stream.flush(), False
-        else:
-            text, stopped = stream.push(figures.token_id)
-            if index == cfg.max_tokens - 1 and not stopped:
-                text += stream.flush()
-        event = make_event(figures, index, text, lm.tokenizer, eos=is_eos)
-        stats.record(event)
-        yield event
-        if is_eos or stopped:
-            reason = "eos" if is_eos else "stop"
+        yield emitter.emit(step_figures(stages, probs, token, top_n)[0])
+        if emitter.reason:
             break
-        if index + 1 < cfg.max_tokens:
-            history = history.advanced(token) if history is not None else None
-            logits = runner.step(token)
-    yield stats.summary(reason)
+        history = history.advanced(token) if history is not None else None
+        logits = runner.step(token)
+    yield stats.summary(emitter.reason)
 
 
 def run_to_end(events: Iterator[Any]) -> tuple[list[TokenEvent], Summary]:

@@ -29,12 +29,16 @@ class ModelRunner:
         """Logits for the next token after the prompt, ``[batch, vocab]``.
 
         ``attention_mask`` (left padding) is only needed for batches of unequal prompts."""
+        self.reset(attention_mask)
+        return self.extend(input_ids, keep_last=True)[:, -1]
+
+    def reset(self, attention_mask: Tensor | None = None) -> None:
+        """An empty cache (speculation starts this way and feeds the prompt itself)."""
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
         self.attention_mask = attention_mask
         self.length = 0
-        return self.extend(input_ids, keep_last=True)[:, -1]
 
     @torch.inference_mode()
     def extend(self, tokens: Tensor, keep_last: bool = False) -> Tensor:
@@ -72,5 +76,7 @@ class ModelRunner:
 
     def rollback(self, length: int) -> None:
         """Forget every position from ``length`` on."""
-        self.cache.crop(length)
-        self.length = length
+        removed = self.length - length
+        if removed > 0:  # a negative count means "remove this many" in both old and new transformers
+            self.cache.crop(-removed)
+        self.length = min(length, self.length)

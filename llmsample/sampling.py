@@ -45,6 +45,13 @@ class TokenHistory:
         counts = self.counts.scatter_add(1, index, torch.ones_like(index, dtype=self.counts.dtype))
         return TokenHistory(counts, self.seen.scatter(1, index, True))
 
+    def prefixes(self, tokens: Tensor) -> TokenHistory:
+        """From a one-row history, ``len(tokens) + 1`` rows: row i has ``tokens[:i]`` appended.
+        Speculative verification scores every drafted position at once with these."""
+        steps = torch.nn.functional.one_hot(tokens, self.counts.shape[-1]).to(self.counts.dtype)
+        cumulative = torch.cat([torch.zeros_like(steps[:1]), steps.cumsum(0)], dim=0)
+        return TokenHistory(self.counts + cumulative, self.seen | (cumulative > 0))
+
 
 def apply_penalties(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
     """Repetition penalty as in CTRL (over prompt and generated tokens), then OpenAI's

@@ -65,7 +65,7 @@ def test_bad_preset_files_name_file_and_key(tmp_path: Path, text: str, fragment:
 
 
 def test_unknown_preset_lists_the_known_ones() -> None:
-    with pytest.raises(UserError, match="unknown preset 'nope'.*balanced"):
+    with pytest.raises(UserError, match=r"unknown preset 'nope'.*balanced"):
         presets.load("nope")
 
 

@@ -56,7 +56,7 @@ model_options = _stack(
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
         default="auto",
         show_default=True,
-        help="auto: bfloat16 on CUDA and CPU (faster per token, see README), else float32.",
+        help="auto: bfloat16 on CUDA, float32 on CPU and MPS (see README).",
     ),
 )
 

@@ -1,0 +1,240 @@
+"""Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a drafter proposes K tokens,
+the target scores them in one forward pass, rejection sampling keeps the output distribution
+exactly the target's. Draft and target probabilities both come from
+:func:`llmsample.sampling.sampler_stages`, so the distributions compared are the ones sampled."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from llmsample.config import SamplingConfig
+from llmsample.errors import UserError
+from llmsample.events import RunStats, Summary, TokenEvent, step_figures
+from llmsample.generation import Emitter, check_finite, generate, run_to_end
+from llmsample.models import LoadedModel
+from llmsample.runner import ModelRunner
+from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages, sampling_probs
+
+
+def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """The rejection step, batched: ``p`` ``[B, K+1, V]`` (target), ``q`` ``[B, K, V]`` (draft),
+    ``drafted`` ``[B, K]``. Returns how many drafts each row accepts and the token after them:
+    from ``normalize(max(0, p - q))`` at the first rejection, from ``p`` when all K pass."""
+    batch, k = drafted.shape
+    rows = torch.arange(batch, device=p.device)
+    if k == 0:
+        return torch.zeros(batch, dtype=torch.long, device=p.device), draw(p[:, 0], generator)
+    p_x = p[:, :k].gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
+    q_x = q.gather(-1, drafted.unsqueeze(-1)).squeeze(-1)
+    # min(1, p/q) is implied by u < 1; q(x) = 0 cannot be drafted, the guard only avoids 0/0.
+    ratio = torch.where(q_x > 0, p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), torch.zeros_like(p_x))
+    u = torch.rand(batch, k, generator=generator, device=p.device)
+    accepted = (u < ratio).long().cumprod(-1).sum(-1)
+    p_next = p[rows, accepted]
+    q_next = torch.cat([q, torch.zeros_like(q[:, :1])], dim=1)[rows, accepted]  # q = 0 after all K: plain p
+    residual = (p_next - q_next).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    # p == q leaves no residual (and no rejection in exact arithmetic): never normalise zeros.
+    dist = torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(mass.dtype).tiny), p_next)
+    return accepted, draw(dist, generator)
+
+
+class Drafter(Protocol):
+    def propose(
+        self, seq: list[int], k: int, history: TokenHistory | None, cfg: SamplingConfig, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        """Up to k tokens after ``seq`` and their draft distributions ``[k, V]``."""
+        ...
+
+
+class NgramDrafter:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (longest n
+    first) and propose what followed it. Deterministic, so q is one-hot."""
+
+    def __init__(self, vocab_size: int, device: torch.device, ngram_min: int = 1, ngram_max: int = 4) -> None:
+        self.vocab_size, self.device = vocab_size, device
+        self.ngram_min, self.ngram_max = ngram_min, ngram_max
+
+    def lookup(self, seq: list[int], k: int) -> list[int]:
+        for n in range(min(self.ngram_max, len(seq) - 1), self.ngram_min - 1, -1):
+            pattern = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start : start + n] == pattern:
+                    return seq[start + n : start + n + k]
+        return []
+
+    def propose(
+        self, seq: list[int], k: int, history: TokenHistory | None, cfg: SamplingConfig, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        drafted = torch.tensor(self.lookup(seq, k), dtype=torch.long, device=self.device)
+        return drafted, torch.nn.functional.one_hot(drafted, self.vocab_size).float()
+
+
+class ModelDrafter:
+    """A smaller model with its own KV cache, sampled with the same pipeline and preset."""
+
+    def __init__(self, draft: LoadedModel, vocab_size: int) -> None:
+        self.runner = ModelRunner(draft.model)
+        self.runner.reset()
+        self.vocab_size = vocab_size
+        self.fed: list[int] = []
+
+    def _fit(self, logits: Tensor) -> Tensor:
+        """Draft logits on the target's vocabulary: padding rows of either embedding differ in size."""
+        extra = self.vocab_size - logits.shape[-1]
+        if extra > 0:
+            return torch.nn.functional.pad(logits, (0, extra), value=-torch.inf)
+        return logits[..., : self.vocab_size]
+
+    def propose(
+        self, seq: list[int], k: int, history: TokenHistory | None, cfg: SamplingConfig, generator: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        common = 0
+        for a, b in zip(self.fed, seq, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(seq) - 1)  # feed at least one token to get fresh logits
+        self.runner.rollback(common)
+        device = self.runner.model.device
+        logits = self.runner.extend(torch.tensor([seq[common:]], device=device), keep_last=True)[:, -1]
+        self.fed = list(seq)
+        tokens, dists = [], []
+        for i in range(k):
+            q = sampling_probs(self._fit(logits), history, cfg)
+            token = draw(q, generator)
+            tokens.append(token)
+            dists.append(q)
+            if i < k - 1:
+                history = history.advanced(token) if history is not None else None
+                logits = self.runner.step(token)
+        if not tokens:
+            return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, self.vocab_size, device=device)
+        drafted = torch.cat(tokens)
+        self.fed += drafted[:-1].tolist()
+        return drafted, torch.cat(dists)
+
+
+@dataclasses.dataclass
+class DraftLength:
+    """Fixed K, or adaptive: +2 after a fully accepted round, -1 otherwise (within 1..max_k)."""
+
+    k: int = 4
+    adaptive: bool = True
+    max_k: int = 16
+
+    def update(self, accepted: int, drafted: int) -> None:
+        if not self.adaptive or drafted == 0:
+            return
+        self.k = min(self.k + 2, self.max_k) if accepted == drafted else max(self.k - 1, 1)
+
+
+def speculative_generate(
+    lm: LoadedModel,
+    prompt_ids: Tensor,
+    cfg: SamplingConfig,
+    stats: RunStats,
+    drafter: Drafter,
+    *,
+    draft_tokens: int | None = None,
+    top_n: int = 5,
+    ignore_eos: bool = False,
+) -> Iterator[TokenEvent | Summary]:
+    """The same events as :func:`llmsample.generation.generate`, each tagged with its source."""
+    runner = ModelRunner(lm.model)
+    runner.reset()
+    generator = make_generator(cfg.seed, lm.device)
+    emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
+    vocab = lm.model.config.vocab_size
+    seq = prompt_ids[0].tolist()
+    if len(seq) > 1:
+        runner.extend(prompt_ids[:, :-1], keep_last=True)
+    history = TokenHistory.start(prompt_ids, vocab) if cfg.has_penalties else None
+    length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
+    drafted_total = accepted_total = passes = 0
+    while not emitter.reason:
+        k = min(length.k, cfg.max_tokens - stats.tokens - 1)
+        if k > 0:
+            drafted, q = drafter.propose(seq, k, history, cfg, generator)
+        else:
+            drafted, q = prompt_ids.new_zeros(0), torch.zeros(0, vocab, device=lm.device)
+        k = drafted.shape[0]
+        # The cache holds everything but the newest token: feed it with the drafts.
+        logits = runner.extend(torch.cat([prompt_ids.new_tensor(seq[-1:]), drafted])[None])[0]
+        passes += 1
+        check_finite(logits, runner.length)
+        stages = sampler_stages(logits, history.prefixes(drafted) if history is not None else None, cfg)
+        p = stages[-1][1].softmax(-1)
+        accepted_t, after = accept_drafts(p[None], q[None], drafted[None], generator)
+        accepted = int(accepted_t)
+        emitted = torch.cat([drafted[:accepted], after])
+        rows = [(name, logits_[: accepted + 1]) for name, logits_ in stages]
+        drafted_total, accepted_total = drafted_total + k, accepted_total + accepted
+        length.update(accepted, k)
+        for i, figures in enumerate(step_figures(rows, p[: accepted + 1], emitted, top_n)):
+            yield emitter.emit(figures, source="draft" if i < accepted else "target")
+            if emitter.reason:
+                break
+            history = history.advanced(emitted[i : i + 1]) if history is not None else None
+        seq += emitted.tolist()
+        runner.rollback(len(seq) - 1)
+    stats.extra.update(
+        drafted=drafted_total,
+        accepted=accepted_total,
+        acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
+        target_passes=passes,
+        tokens_per_pass=stats.tokens / passes if passes else 0.0,
+    )
+    yield stats.summary(emitter.reason)
+
+
+def make_drafter(spec: str, lm: LoadedModel, options: dict[str, Any]) -> Drafter:
+    """``ngram`` or a model sharing the target's tokenizer (checked before generating)."""
+    vocab = lm.model.config.vocab_size
+    if spec == "ngram":
+        if options["ngram_min"] > options["ngram_max"]:
+            raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
+        return NgramDrafter(vocab, lm.device, options["ngram_min"], options["ngram_max"])
+    from llmsample.models import load_model
+
+    draft = load_model(spec, str(lm.device), str(lm.dtype).removeprefix("torch."))
+    if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+        raise UserError(
+            f"draft {spec!r} has a different tokenizer from {lm.name!r} "
+            f"({len(draft.tokenizer)} vs {len(lm.tokenizer)} tokens); use a draft from the same model family, or --draft ngram"
+        )
+    return ModelDrafter(draft, vocab)
+
+
+def speculate_events(
+    lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, stats: RunStats, options: dict[str, Any]
+) -> Iterator[TokenEvent | Summary]:
+    """The command's view: speculative events, and with ``--compare`` the same prompt decoded
+    without speculation (same seed) for the measured speedup."""
+    drafter = make_drafter(options["draft"], lm, options)
+    events = speculative_generate(
+        lm,
+        prompt_ids,
+        cfg,
+        stats,
+        drafter,
+        draft_tokens=options.get("draft_tokens"),
+        top_n=options["top_n"],
+        ignore_eos=options["ignore_eos"],
+    )
+    for item in events:
+        if isinstance(item, Summary) and options.get("compare"):
+            plain_stats = RunStats(model=stats.model, preset=stats.preset, seed=stats.seed)
+            _, plain = run_to_end(
+                generate(lm, prompt_ids, cfg, plain_stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
+            )
+            extra = dict(item.extra, plain_tokens_per_s=plain.tokens_per_s, plain_elapsed_s=plain.elapsed_s)
+            if plain.tokens_per_s and item.tokens_per_s:
+                extra["speedup"] = item.tokens_per_s / plain.tokens_per_s
+            item = dataclasses.replace(item, extra=extra)
+        yield item

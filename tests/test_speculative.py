@@ -1,0 +1,296 @@
+"""Speculative decoding: the rejection step by hand, greedy equality with the plain loop,
+statistical exactness, and the KV cache after rejections."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from llmsample.config import SamplingConfig
+from llmsample.events import RunStats
+from llmsample.generation import encode_prompt, generate, run_to_end
+from llmsample.models import load_model
+from llmsample.sampling import TokenHistory, draw, make_generator, sampling_probs
+from llmsample.speculative import ModelDrafter, NgramDrafter, accept_drafts, speculative_generate
+from tests.conftest import make_tiny_model
+
+
+def dist(*values: float) -> torch.Tensor:
+    return torch.tensor(values)
+
+
+def run_accept(p: torch.Tensor, q: torch.Tensor, drafted: list[int], samples: int = 2000, seed: int = 0):
+    """The rejection step on ``samples`` identical rows."""
+    batch = samples
+    p_b = p.expand(batch, *p.shape)
+    q_b = q.expand(batch, *q.shape) if q.numel() else torch.zeros(batch, 0, p.shape[-1])
+    d_b = torch.tensor(drafted, dtype=torch.long).expand(batch, len(drafted))
+    return accept_drafts(p_b, q_b, d_b, make_generator(seed))
+
+
+# --- the rejection step on hand-made distributions ---------------------------------------------
+
+
+def test_all_accepted_then_the_extra_token_from_p() -> None:
+    p = torch.stack([dist(0.1, 0.9, 0, 0), dist(0, 0, 1.0, 0), dist(0, 0, 0, 1.0)])
+    q = torch.stack([dist(0.5, 0.5, 0, 0), dist(0, 0, 1.0, 0)])  # p(x) >= q(x): always accepted
+    accepted, after = run_accept(p, q, [1, 2])
+    assert (accepted == 2).all() and (after == 3).all()
+
+
+def test_first_rejected_draws_from_the_residual() -> None:
+    p = torch.stack([dist(0.5, 0.0, 0.5, 0), dist(0.25, 0.25, 0.25, 0.25)])
+    q = torch.stack([dist(0.5, 0.5, 0, 0)])  # drafted 1 has p = 0: always rejected
+    accepted, after = run_accept(p, q, [1])
+    assert (accepted == 0).all()
+    assert set(after.tolist()) == {2}  # residual max(0, p - q) = [0, 0, .5, 0]
+
+
+def test_middle_rejected() -> None:
+    p = torch.stack([dist(0, 1.0, 0, 0), dist(0.5, 0, 0, 0.5), dist(1.0, 0, 0, 0)])
+    q = torch.stack([dist(0, 1.0, 0, 0), dist(0, 0, 1.0, 0)])
+    accepted, after = run_accept(p, q, [1, 2])
+    assert (accepted == 1).all()
+    assert set(after.tolist()) == {0, 3}
+    frac = (after == 0).float().mean().item()
+    assert abs(frac - 0.5) < 5 * math.sqrt(0.25 / 2000)
+
+
+def test_no_draft_samples_from_p() -> None:
+    p = dist(0, 0, 1.0, 0)[None]
+    accepted, after = run_accept(p, torch.zeros(0, 4), [])
+    assert (accepted == 0).all() and (after == 2).all()
+
+
+def test_q_equal_p_gives_no_nan_and_always_accepts() -> None:
+    p = torch.softmax(torch.randn(3, 10, generator=torch.Generator().manual_seed(0)), -1)
+    accepted, after = run_accept(p, p[:2].clone(), [3, 4])
+    assert (accepted == 2).all() and not torch.isnan(after.float()).any()
+
+
+def test_a_zero_residual_is_never_normalised() -> None:
+    q = dist(0.25, 0.25, 0.25, 0.25)[None]
+    p = torch.stack([q[0] * 0.5, dist(0, 1.0, 0, 0)])  # p <= q everywhere: residual all zeros
+    accepted, after = run_accept(p, q, [0])
+    rejected = accepted == 0
+    assert rejected.any() and (~rejected).any()
+    assert ((after >= 0) & (after < 4)).all()
+
+
+def test_tokens_with_zero_target_probability_are_never_emitted() -> None:
+    g = torch.Generator().manual_seed(1)
+    for _ in range(20):
+        p = torch.softmax(torch.randn(4, 16, generator=g), -1)
+        p = p * (torch.rand(4, 16, generator=g) > 0.5)
+        p[:, 0] += 1e-3  # at least one allowed token per row
+        p = p / p.sum(-1, keepdim=True)
+        q = torch.softmax(torch.randn(3, 16, generator=g), -1)
+        drafted = draw(q, g)
+        accepted, after = run_accept(p, q, drafted.tolist(), samples=500)
+        for k in range(3):
+            assert (p[k, drafted[k]] > 0) or (accepted <= k).all()
+        rows = accepted.clamp(max=3)
+        assert (p[rows, after] > 0).all()
+
+
+def test_drafts_outside_the_targets_filters_are_never_emitted() -> None:
+    g = torch.Generator().manual_seed(2)
+    cfg = SamplingConfig(temperature=0.8, top_k=4, top_p=0.9, min_p=0.1)
+    logits = torch.randn(3, 32, generator=g) * 2
+    p = sampling_probs(logits, None, cfg)
+    q = torch.full((2, 32), 1 / 32)  # a draft that proposes anything
+    drafted = draw(q, g)
+    accepted, after = run_accept(p, q, drafted.tolist(), samples=3000)
+    for k in range(2):
+        if p[k, drafted[k]] == 0:
+            assert (accepted <= k).all()
+    assert (p[accepted.clamp(max=2), after] > 0).all()
+
+
+# --- greedy equality with the plain loop -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def other_lm(tmp_path_factory: pytest.TempPathFactory):
+    return load_model(str(make_tiny_model(tmp_path_factory.mktemp("other"), seed=1)), "cpu", "float32")
+
+
+def plain_tokens(lm, cfg: SamplingConfig, prompt: str) -> list[int]:
+    ids = encode_prompt(lm, prompt, raw=True)
+    tokens, _ = run_to_end(generate(lm, ids, cfg, RunStats("t", "t", cfg.seed), ignore_eos=True))
+    return [t.token_id for t in tokens]
+
+
+def spec_run(lm, drafter, cfg: SamplingConfig, prompt: str, k: int | None):
+    ids = encode_prompt(lm, prompt, raw=True)
+    events = speculative_generate(lm, ids, cfg, RunStats("t", "t", cfg.seed), drafter, draft_tokens=k, ignore_eos=True)
+    return run_to_end(events)
+
+
+PROMPT = "w4 w8 w15 w16 w23 w4 w8 w15"
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, None])
+def test_greedy_equals_plain_with_the_target_as_draft(tiny_lm, k: int | None) -> None:
+    cfg = SamplingConfig(temperature=0, max_tokens=30)
+    tokens, summary = spec_run(tiny_lm, ModelDrafter(tiny_lm, 32), cfg, PROMPT, k)
+    assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
+    assert summary.extra["acceptance_rate"] > 0.95 and summary.extra["target_passes"] >= 2
+    assert any(t.source == "draft" for t in tokens)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_greedy_equals_plain_with_an_unrelated_draft(tiny_lm, other_lm, k: int) -> None:
+    cfg = SamplingConfig(temperature=0, max_tokens=30)
+    tokens, summary = spec_run(tiny_lm, ModelDrafter(other_lm, 32), cfg, PROMPT, k)
+    assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
+    assert summary.extra["acceptance_rate"] < 0.3 and summary.extra["target_passes"] >= 2
+
+
+@pytest.mark.parametrize("k", [2, 4, None])
+def test_greedy_equals_plain_with_ngram(tiny_lm, k: int | None) -> None:
+    cfg = SamplingConfig(temperature=0, max_tokens=60)
+    tokens, summary = spec_run(tiny_lm, NgramDrafter(32, torch.device("cpu"), 1, 3), cfg, PROMPT, k)
+    assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
+    assert summary.extra["drafted"] > 0
+
+
+def test_long_greedy_run_survives_rejections(tiny_lm, other_lm) -> None:
+    cfg = SamplingConfig(temperature=0, max_tokens=320)
+    expected = plain_tokens(tiny_lm, cfg, PROMPT)
+    for drafter in (ModelDrafter(other_lm, 32), NgramDrafter(32, torch.device("cpu"), 1, 4)):
+        tokens, summary = spec_run(tiny_lm, drafter, cfg, PROMPT, None)
+        assert [t.token_id for t in tokens] == expected
+        assert summary.extra["accepted"] < summary.extra["drafted"]  # there were rejections
+
+
+def test_padded_draft_vocabulary(tmp_path: Path, tiny_lm) -> None:
+    wider = load_model(str(make_tiny_model(tmp_path / "wide", vocab_size=40, seed=3)), "cpu", "float32")
+    cfg = SamplingConfig(temperature=0, max_tokens=20)
+    tokens, _ = spec_run(tiny_lm, ModelDrafter(wider, 32), cfg, PROMPT, 3)
+    assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
+
+
+# --- statistical exactness ---------------------------------------------------------------------
+
+VOCAB = 12
+SAMPLES = 120_000
+CONFIGS = {
+    "temperature": SamplingConfig(temperature=1.3),
+    "filters": SamplingConfig(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05),
+    "penalties": SamplingConfig(temperature=1.0, frequency_penalty=0.8, presence_penalty=0.5, repetition_penalty=1.5),
+}
+
+
+def tv_bound(categories: int, n: int, delta: float = 1e-6) -> float:
+    """E[TV] <= 0.5 sqrt(V/n) (Cauchy-Schwarz over the per-category standard deviations), plus
+    McDiarmid's deviation for a statistic that one sample moves by at most 1/n."""
+    return 0.5 * math.sqrt(categories / n) + math.sqrt(math.log(1 / delta) / (2 * n))
+
+
+def next_token_dists(model, prompt: list[int], history: TokenHistory | None, cfg: SamplingConfig):
+    """Sampling distribution after the prompt, and after the prompt plus each possible token."""
+    with torch.inference_mode():
+        first_logits = model(torch.tensor([prompt])).logits[:, -1]
+        seqs = torch.tensor([[*prompt, x] for x in range(VOCAB)])
+        second_logits = model(seqs).logits[:, -1]
+    rows = None
+    if history is not None:
+        rows = TokenHistory(history.counts.expand(VOCAB, -1), history.seen.expand(VOCAB, -1)).advanced(
+            torch.arange(VOCAB)
+        )
+    return sampling_probs(first_logits, history, cfg)[0], sampling_probs(second_logits, rows, cfg)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("vocab12")
+    target = load_model(str(make_tiny_model(root / "t", vocab_size=VOCAB, seed=10, init=0.15)), "cpu", "float32")
+    draft = load_model(str(make_tiny_model(root / "d", vocab_size=VOCAB, seed=11, init=0.15)), "cpu", "float32")
+    return target.model, draft.model
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_speculative_samples_follow_the_target_distribution(small_vocab_pair, name: str) -> None:
+    target, draft = small_vocab_pair
+    cfg = CONFIGS[name]
+    prompt = [0, 5, 7, 5]
+    history = (
+        TokenHistory.start(torch.tensor([prompt]), VOCAB).advanced(torch.tensor([7])) if cfg.has_penalties else None
+    )
+    p1, p2 = next_token_dists(target, prompt, history, cfg)
+    q1, q2 = next_token_dists(draft, prompt, history, cfg)
+    g = make_generator(1234)
+    n = SAMPLES
+
+    # Round 1: draft two tokens, verify both.
+    d1 = draw(q1.expand(n, -1), g)
+    d2 = draw(q2[d1], g)
+    p = torch.stack([p1.expand(n, -1), p2[d1], p2[d1]], dim=1)  # the third row (extra token) is unused
+    q = torch.stack([q1.expand(n, -1), q2[d1]], dim=1)
+    accepted, after = accept_drafts(p, q, torch.stack([d1, d2], 1), g)
+    first = torch.where(accepted >= 1, d1, after)
+    second = torch.where(accepted == 2, d2, after)
+    # Rows that rejected the first draft: the second token comes from a fresh one-token round.
+    redo = accepted == 0
+    x1 = first[redo]
+    e1 = draw(q2[x1], g)
+    a2, after2 = accept_drafts(torch.stack([p2[x1], p2[x1]], 1), q2[x1][:, None], e1[:, None], g)
+    second[redo] = torch.where(a2 == 1, e1, after2)
+
+    expected_second = (p1[:, None] * p2).sum(0)
+    for samples, expected in ((first, p1), (second, expected_second)):
+        observed = torch.bincount(samples, minlength=VOCAB).double()
+        assert observed[expected == 0].sum() == 0  # never a token the target forbids
+        tv = 0.5 * (observed / n - expected.double()).abs().sum().item()
+        assert tv < tv_bound(VOCAB, n), (name, tv)
+        support = expected > 0
+        if support.sum() > 1:
+            expected_counts = expected.double()[support] * n
+            stat = chisquare(
+                observed[support].numpy(),
+                expected_counts.numpy() * observed[support].sum().item() / expected_counts.sum().item(),
+            )
+            assert stat.pvalue > 1e-4, (name, stat)
+
+    # The acceptance rate of the first draft is sum(min(p, q)).
+    rate = (accepted >= 1).double().mean().item()
+    assert abs(rate - torch.minimum(p1, q1).sum().item()) < math.sqrt(math.log(2 / 1e-6) / (2 * n))
+
+
+# --- the real default model ---------------------------------------------------------------------
+
+CODE_PROMPT = """Rewrite this Python code, adding a docstring to every function.
+
+def mean(values):
+    total = 0
+    for value in values:
+        total += value
+    return total / len(values)
+
+def scale(values, factor):
+    return [value * factor for value in values]
+"""
+
+
+@pytest.mark.model
+def test_ngram_on_the_default_model_equals_plain_greedy(default_lm) -> None:
+    cfg = SamplingConfig(temperature=0, max_tokens=80)
+    ids = encode_prompt(default_lm, CODE_PROMPT)
+    plain, _ = run_to_end(generate(default_lm, ids, cfg, RunStats("m", "p", None)))
+    spec, summary = run_to_end(
+        speculative_generate(
+            default_lm,
+            ids,
+            cfg,
+            RunStats("m", "p", None),
+            NgramDrafter(default_lm.model.config.vocab_size, default_lm.device),
+        )
+    )
+    assert [t.token_id for t in spec] == [t.token_id for t in plain]
+    assert "".join(t.text for t in spec) == "".join(t.text for t in plain)
+    assert summary.extra["accepted"] > 0
