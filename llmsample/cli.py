@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from typing import Any
@@ -10,19 +9,13 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import generate, models, presets, speculate
+from llmsample.commands import explain, generate, models, presets, speculate
 from llmsample.config import ConfigError
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
     raise Interrupted()
-
-
-def _quiet_broken_pipe() -> None:
-    """The reader went away (``| head``): no traceback, no 'Exception ignored' at shutdown."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
 
 
 def _fail(message: str, code: int) -> None:
@@ -50,9 +43,6 @@ class LlmsampleGroup(click.Group):
             _fail(str(exc), exc.exit_code)
         except ConfigError as exc:
             _fail(f"--{exc.key.replace('_', '-')}: {str(exc).split(': ', 1)[1]}", 2)
-        except BrokenPipeError:
-            _quiet_broken_pipe()
-            sys.exit(141)
         except click.exceptions.Abort:
             sys.exit(130)
         except Interrupted:
@@ -67,5 +57,6 @@ def main() -> None:
 
 main.add_command(generate.generate)
 main.add_command(speculate.speculate)
+main.add_command(explain.explain)
 main.add_command(presets.presets)
 main.add_command(models.models)

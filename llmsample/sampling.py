@@ -21,8 +21,6 @@ TOP_P_TOLERANCE = 1e-6
 """Cumulative mass within this of p counts as reaching p: float32 softmax of [.1, .2, .3, .4]
 sums .4 + .3 to 0.70000005, and the article's rule ("equals or exceeds P") must still hold."""
 
-STAGES = ("raw", "penalties", "temperature", "top_k", "top_p", "min_p")
-
 
 @dataclass(frozen=True)
 class TokenHistory:
@@ -115,14 +113,14 @@ def keep_min_p(logits: Tensor, min_p: float) -> Tensor:
 
 
 def sampler_stages(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> list[tuple[str, Tensor]]:
-    """Logits after each stage of the chain, named as in :data:`STAGES`; the last one is what
-    is sampled. ``explain`` shows them all; the loop counts what each filter removed."""
+    """Logits after each stage of the chain — ``raw, penalties, temperature, top_k, top_p, min_p``,
+    or ``raw, penalties, greedy`` — the last one is what is sampled. ``explain`` shows them all; the loop counts what each filter removed."""
     logits = logits.float()
     stages = [("raw", logits)]
     logits = apply_penalties(logits, history, cfg)
     stages.append(("penalties", logits))
     if cfg.is_greedy:
-        stages.append(("temperature", keep_argmax(logits)))
+        stages.append(("greedy", keep_argmax(logits)))
         return stages
     logits = apply_temperature(logits, cfg.temperature)
     stages.append(("temperature", logits))

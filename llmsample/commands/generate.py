@@ -81,7 +81,8 @@ def build_renderers(options: dict[str, Any]) -> list[Any]:
     if options["inspect"]:
         from llmsample.render.inspect import InspectRenderer
 
-        renderers.append(InspectRenderer(stdout_console(color)))
+        # JSONL already carries these numbers on stdout; the table then goes to stderr.
+        renderers.append(InspectRenderer(stderr_console() if options["fmt"] == "jsonl" else stdout_console(color)))
     if options["html"]:
         from llmsample.render.html import HtmlRenderer
 

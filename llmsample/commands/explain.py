@@ -1,0 +1,125 @@
+"""``llmsample explain``: the sampler chain for the next token, or a continuation scored."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+
+from llmsample.commands.options import (
+    load_model_with_progress,
+    model_options,
+    prompt_options,
+    read_prompt,
+    resolve_sampling,
+    sampling_options,
+)
+
+STAGE_LABELS = {
+    "raw": "raw",
+    "penalties": "penal.",
+    "temperature": "temp.",
+    "greedy": "greedy",
+    "top_k": "top-k",
+    "top_p": "top-p",
+    "min_p": "min-p",
+}
+
+
+@click.command()
+@prompt_options
+@model_options
+@sampling_options
+@click.option("--continuation", metavar="TEXT", help="Score this continuation token by token (teacher forcing).")
+@click.option("--top-n", type=click.IntRange(1, 100), default=10, show_default=True, help="Candidates to show.")
+@click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
+@click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+def explain(**options: Any) -> None:
+    """Show how the preset turns the model's next-token logits into the distribution it samples.
+
+    \b
+    llmsample explain -p "The capital of France is" --raw --preset creative
+    llmsample explain -p "Say hi" --continuation "Hello there!" --preset code
+    """
+    from llmsample.explain import explain_next, score_continuation
+    from llmsample.generation import encode_prompt
+    from llmsample.terminal import stdout_console, use_color
+
+    preset, cfg = resolve_sampling(options)
+    prompt = read_prompt(options["prompt"])
+    lm = load_model_with_progress(options["model"], options["device"], options["dtype"], options["quiet"])
+    prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"])
+    console = stdout_console(use_color(options["no_color"]))
+    if options["continuation"] is not None:
+        ids = lm.tokenizer(options["continuation"], add_special_tokens=False)["input_ids"]
+        if not ids:
+            from llmsample.errors import UserError
+
+            raise UserError("--continuation is empty; give the text to score")
+        scored = score_continuation(lm, prompt_ids, ids, cfg)
+        if options["fmt"] == "jsonl":
+            for token in scored:
+                click.echo(json.dumps(token.to_dict(), ensure_ascii=False))
+        else:
+            console.print(continuation_table(scored, preset))
+        return
+    report = explain_next(lm, prompt_ids, cfg, options["top_n"])
+    if options["fmt"] == "jsonl":
+        click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+    else:
+        console.print(chain_table(report, preset))
+
+
+def chain_table(report: Any, preset: str) -> Any:
+    """Candidates by row, stages by column, fitting 80 columns."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from llmsample.render.inspect import visible
+
+    table = Table(title=f"next token under preset {preset!r}", box=None, pad_edge=False, header_style="bold")
+    table.add_column("token", overflow="fold", max_width=14)
+    for name in report.stages:
+        table.add_column(STAGE_LABELS[name], justify="right")
+    table.add_column("removed by")
+    for candidate in report.candidates:
+        cells = []
+        for name in report.stages:
+            p = candidate.probs[name]
+            cells.append(Text("–", style="dim") if p == 0 else Text(f"{p:.3f}"))
+        removed = STAGE_LABELS[candidate.removed_by] if candidate.removed_by else ""
+        table.add_row(visible(candidate.text), *cells, Text(removed, style="bold #d55e00"))
+    kept = "  ".join(f"{STAGE_LABELS[n]} {report.kept[n]}" for n in report.stages)
+    table.caption = f"candidates left: {kept}\nentropy of the final distribution: {report.entropy:.2f} bits"
+    return table
+
+
+def continuation_table(scored: list[Any], preset: str) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    from llmsample.render.inspect import visible
+
+    table = Table(title=f"continuation under preset {preset!r}", box=None, pad_edge=False, header_style="bold")
+    for name, justify in (("#", "right"), ("token", "left"), ("p model", "right"), ("p preset", "right"),
+                          ("rank", "right"), ("allowed", "left")):  # fmt: skip
+        table.add_column(name, justify=justify, overflow="fold")
+    for token in scored:
+        allowed = Text("yes") if token.allowed else Text(f"no ({STAGE_LABELS[token.removed_by]})", style="bold #d55e00")
+        table.add_row(
+            str(token.index),
+            visible(token.text),
+            f"{token.model_prob:.4f}",
+            f"{token.prob:.4f}",
+            str(token.model_rank),
+            allowed,
+        )
+    never = [t for t in scored if not t.allowed]
+    table.caption = (
+        "this preset could have written every token"
+        if not never
+        else f"this preset could never write this: {len(never)} token(s) are filtered out"
+    )
+    return table

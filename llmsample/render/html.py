@@ -1,0 +1,81 @@
+"""``--html FILE``: one self-contained page (no external assets) with the text coloured by
+probability and each token's alternatives on hover or keyboard focus."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from llmsample.errors import UserError
+from llmsample.events import Summary, TokenEvent
+from llmsample.render.bands import BANDS, band_for
+
+STYLE = """
+body { font: 16px/1.6 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem;
+       color: #1b1b1b; background: #fdfdfd; }
+@media (prefers-color-scheme: dark) { body { color: #e8e8e8; background: #161616; }
+  .tip { background: #262626 !important; color: #e8e8e8; } }
+.text { white-space: pre-wrap; font-family: ui-monospace, monospace; }
+.tok { position: relative; border-radius: 3px; cursor: help; }
+.tok:hover, .tok:focus { outline: 1px solid currentColor; }
+.tok.draft { text-decoration: underline; }
+.tip { display: none; position: absolute; left: 0; top: 1.6em; z-index: 1; min-width: 16rem;
+       background: #fff; color: #1b1b1b; border: 1px solid #888; padding: .4rem; font: 13px/1.4 system-ui;
+       white-space: normal; box-shadow: 0 2px 8px #0004; }
+.tok:hover .tip, .tok:focus .tip { display: block; }
+.tip table { border-collapse: collapse; } .tip td { padding: 0 .5rem 0 0; }
+.legend span { padding: 0 .4rem; } .meta { color: #777; font-size: 13px; }
+"""
+
+
+def _tooltip(event: TokenEvent) -> str:
+    rows = "".join(
+        f'<tr class="alt"><td>{html.escape(repr(c.text))}</td><td class="p">{c.prob:.4f}</td>'
+        f'<td class="pm">{c.model_prob:.4f}</td></tr>'
+        for c in event.top
+    )
+    return (
+        f'<span class="tip" role="tooltip">#{event.index} {html.escape(repr(event.text))} '
+        f'p=<b class="prob">{event.prob:.4f}</b> model=<span class="model-prob">{event.model_prob:.4f}</span> '
+        f"rank {event.model_rank}, entropy {event.entropy:.2f} bits"
+        f"<table><tr><th>token</th><th>p</th><th>model</th></tr>{rows}</table></span>"
+    )
+
+
+def render_page(events: list[TokenEvent], summary: Summary, color_by: str = "sampled", title: str = "llmsample") -> str:
+    spans = []
+    for event in events:
+        prob = event.prob if color_by == "sampled" else event.model_prob
+        classes = "tok draft" if event.source == "draft" else "tok"
+        spans.append(
+            f'<span class="{classes}" tabindex="0" data-index="{event.index}" data-token-id="{event.token_id}" '
+            f'data-prob="{event.prob:.6f}" style="color:{band_for(prob).hex}">'
+            f"{html.escape(event.text)}{_tooltip(event)}</span>"
+        )
+    legend = "".join(f'<span style="color:{b.hex}">{html.escape(b.label)}</span>' for b in reversed(BANDS))
+    meta = (
+        f"{summary.model} · preset {summary.preset} · seed {summary.seed} · {summary.tokens} tokens · "
+        f"stop: {summary.stop_reason}"
+    )
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body>"
+        f'<p class="legend">p({color_by}): {legend}</p><p class="meta">{html.escape(meta)}</p>'
+        f'<div class="text">{"".join(spans)}</div></body></html>\n'
+    )
+
+
+class HtmlRenderer:
+    def __init__(self, path: Path, color_by: str = "sampled") -> None:
+        self.path = path
+        self.color_by = color_by
+        self.events: list[TokenEvent] = []
+
+    def token(self, event: TokenEvent) -> None:
+        self.events.append(event)
+
+    def summary(self, summary: Summary) -> None:
+        try:
+            self.path.write_text(render_page(self.events, summary, self.color_by), encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"cannot write --html {self.path} ({exc.strerror}); check the directory") from exc
