@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import explain, generate, models, presets, speculate
+from llmsample.commands import compare, explain, generate, models, presets, speculate
 from llmsample.config import ConfigError
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
@@ -58,5 +58,6 @@ def main() -> None:
 main.add_command(generate.generate)
 main.add_command(speculate.speculate)
 main.add_command(explain.explain)
+main.add_command(compare.compare_presets)
 main.add_command(presets.presets)
 main.add_command(models.models)

@@ -91,22 +91,45 @@ def generate(
     """Sample up to ``cfg.max_tokens`` tokens; stop at EOS, a stop string or the length.
 
     ``stats`` belongs to the caller so that an interrupted run still has its summary."""
+    for _, item in generate_rows(lm, prompt_ids, cfg, [stats], [cfg.seed], top_n=top_n, ignore_eos=ignore_eos):
+        yield item
+
+
+def generate_rows(
+    lm: LoadedModel,
+    prompt_ids: Tensor,
+    cfg: SamplingConfig,
+    stats: list[RunStats],
+    seeds: list[int | None],
+    *,
+    top_n: int = 5,
+    ignore_eos: bool = False,
+) -> Iterator[tuple[int, TokenEvent | Summary]]:
+    """Several samples of one prompt advancing together, one forward pass per step; row i draws
+    with its own generator seeded ``seeds[i]``, so it equals the same sample run alone.
+    Yields ``(row, event)`` and ``(row, summary)`` when that row ends."""
+    batch = len(stats)
     runner = ModelRunner(lm.model)
-    generator = make_generator(cfg.seed, lm.device)
-    emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
-    logits = runner.prefill(prompt_ids)
-    history = TokenHistory.start(prompt_ids, logits.shape[-1]) if cfg.has_penalties else None
-    while True:
+    generators = [make_generator(seed, lm.device) for seed in seeds]
+    emitters = [Emitter(lm, cfg, row_stats, prompt_ids, ignore_eos) for row_stats in stats]
+    ids = prompt_ids.expand(batch, -1)  # the same prompt in every row: no padding needed
+    logits = runner.prefill(ids)
+    history = TokenHistory.start(ids, logits.shape[-1]) if cfg.has_penalties else None
+    active = list(range(batch))
+    while active:
         check_finite(logits, runner.length)
         stages = sampler_stages(logits, history, cfg)
         probs = stages[-1][1].softmax(-1)
-        token = draw(probs, generator)
-        yield emitter.emit(step_figures(stages, probs, token, top_n)[0])
-        if emitter.reason:
-            break
-        history = history.advanced(token) if history is not None else None
-        logits = runner.step(token)
-    yield stats.summary(emitter.reason)
+        tokens = torch.cat([draw(probs[i : i + 1], generators[i]) for i in range(batch)])
+        figures = step_figures(stages, probs, tokens, top_n)
+        for row in list(active):
+            yield row, emitters[row].emit(figures[row])
+            if emitters[row].reason:
+                active.remove(row)
+                yield row, stats[row].summary(emitters[row].reason)
+        if active:  # finished rows keep a place in the batch; their tokens are ignored
+            history = history.advanced(tokens) if history is not None else None
+            logits = runner.step(tokens)
 
 
 def run_to_end(events: Iterator[Any]) -> tuple[list[TokenEvent], Summary]:

@@ -42,7 +42,7 @@ def _tooltip(event: TokenEvent) -> str:
     )
 
 
-def render_page(events: list[TokenEvent], summary: Summary, color_by: str = "sampled", title: str = "llmsample") -> str:
+def token_spans(events: list[TokenEvent], color_by: str = "sampled") -> str:
     spans = []
     for event in events:
         prob = event.prob if color_by == "sampled" else event.model_prob
@@ -52,17 +52,40 @@ def render_page(events: list[TokenEvent], summary: Summary, color_by: str = "sam
             f'data-prob="{event.prob:.6f}" style="color:{band_for(prob).hex}">'
             f"{html.escape(event.text)}{_tooltip(event)}</span>"
         )
+    return f'<div class="text">{"".join(spans)}</div>'
+
+
+def page(body: str, color_by: str = "sampled", title: str = "llmsample") -> str:
+    """A whole document: styles inline, no scripts, no external assets."""
     legend = "".join(f'<span style="color:{b.hex}">{html.escape(b.label)}</span>' for b in reversed(BANDS))
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f'<style>{STYLE}</style></head><body><p class="legend">p({color_by}): {legend}</p>{body}</body></html>\n'
+    )
+
+
+def render_page(events: list[TokenEvent], summary: Summary, color_by: str = "sampled") -> str:
     meta = (
         f"{summary.model} · preset {summary.preset} · seed {summary.seed} · {summary.tokens} tokens · "
         f"stop: {summary.stop_reason}"
     )
-    return (
-        f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
-        f"<style>{STYLE}</style></head><body>"
-        f'<p class="legend">p({color_by}): {legend}</p><p class="meta">{html.escape(meta)}</p>'
-        f'<div class="text">{"".join(spans)}</div></body></html>\n'
+    return page(f'<p class="meta">{html.escape(meta)}</p>{token_spans(events, color_by)}', color_by)
+
+
+def compare_page(runs: list[tuple[str, int, list[TokenEvent]]]) -> str:
+    """``compare-presets``: one section per preset and sample."""
+    sections = "".join(
+        f"<h2>{html.escape(preset)} <small>sample {sample}</small></h2>{token_spans(events)}"
+        for preset, sample, events in runs
     )
+    return page(sections, title="llmsample compare-presets")
+
+
+def write_page(path: Path, document: str) -> None:
+    try:
+        path.write_text(document, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write --html {path} ({exc.strerror}); check the directory") from exc
 
 
 class HtmlRenderer:
@@ -75,7 +98,4 @@ class HtmlRenderer:
         self.events.append(event)
 
     def summary(self, summary: Summary) -> None:
-        try:
-            self.path.write_text(render_page(self.events, summary, self.color_by), encoding="utf-8")
-        except OSError as exc:
-            raise UserError(f"cannot write --html {self.path} ({exc.strerror}); check the directory") from exc
+        write_page(self.path, render_page(self.events, summary, self.color_by))
