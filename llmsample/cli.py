@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import compare, explain, generate, models, presets, speculate
+from llmsample.commands import bench, compare, explain, generate, models, presets, speculate
 from llmsample.config import ConfigError
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
@@ -61,3 +61,4 @@ main.add_command(explain.explain)
 main.add_command(compare.compare_presets)
 main.add_command(presets.presets)
 main.add_command(models.models)
+main.add_command(bench.bench)

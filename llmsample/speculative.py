@@ -56,7 +56,7 @@ class NgramDrafter:
     """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens (longest n
     first) and propose what followed it. Deterministic, so q is one-hot."""
 
-    def __init__(self, vocab_size: int, device: torch.device, ngram_min: int = 1, ngram_max: int = 4) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, ngram_min: int = 2, ngram_max: int = 4) -> None:
         self.vocab_size, self.device = vocab_size, device
         self.ngram_min, self.ngram_max = ngram_min, ngram_max
 

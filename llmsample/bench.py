@@ -1,0 +1,294 @@
+"""The benchmark: our token loop side by side with transformers' ``generate`` on the same model,
+dtype, prompt and settings, interleaved, medians of several runs, ratios first (a shared
+machine is noisy; ratios hold)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import platform
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmsample.config import SamplingConfig
+from llmsample.events import RunStats, Summary
+from llmsample.generation import encode_prompt, generate
+from llmsample.models import LoadedModel, gguf_path, load_model
+from llmsample.presets import load as load_preset
+from llmsample.render.stream import JsonlRenderer, PlainRenderer
+from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages
+from llmsample.speculative import NgramDrafter, speculative_generate
+
+CODE = """def mean(values):
+    total = 0
+    for value in values:
+        total += value
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for value in values:
+        total += (value - m) ** 2
+    return total / len(values)
+
+
+def normalise(values):
+    m = mean(values)
+    s = variance(values) ** 0.5
+    return [(value - m) / s for value in values]
+"""
+
+PROMPTS = {
+    "chat": "What is the capital of France? Answer in one sentence, then explain why it is the capital.",
+    "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "code-rewrite": "Rewrite this Python code, adding a docstring to every function. Keep everything else the same.\n\n"
+    + CODE,
+}
+
+
+@dataclass
+class Row:
+    workload: str
+    ours: list[float] = field(default_factory=list)  # tokens/s, one per run
+    theirs: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        ours, theirs = statistics.median(self.ours), statistics.median(self.theirs) if self.theirs else None
+        return {
+            "workload": self.workload,
+            "ours_tok_s": ours,
+            "reference_tok_s": theirs,
+            "ratio": ours / theirs if theirs else None,
+            "ttft_s": statistics.median(self.ttft) if self.ttft else None,
+            "runs": len(self.ours),
+        }
+
+
+def timed_tokens_per_s(run: Callable[[], int]) -> float:
+    """End-to-end tokens per second, prefill included, for both sides alike."""
+    start = time.perf_counter()
+    tokens = run()
+    return tokens / (time.perf_counter() - start)
+
+
+def ours(
+    lm: LoadedModel, ids: torch.Tensor, cfg: SamplingConfig, renderer: Any = None, ttft: list[float] | None = None
+) -> int:
+    count = 0
+    for item in generate(lm, ids, cfg, RunStats(lm.name, "bench", cfg.seed), ignore_eos=True):
+        if isinstance(item, Summary):
+            if ttft is not None and item.ttft_s is not None:
+                ttft.append(item.ttft_s)
+            if renderer:
+                renderer.summary(item)
+        else:
+            count += 1
+            if renderer:
+                renderer.token(item)
+    return count
+
+
+def theirs(lm: LoadedModel, ids: torch.Tensor, cfg: SamplingConfig, **extra: Any) -> int:
+    sampling = (
+        {}
+        if cfg.is_greedy
+        else {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
+    )
+    with torch.inference_mode():
+        out = lm.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=cfg.max_tokens,
+            min_new_tokens=cfg.max_tokens,  # EOS ignored, as on our side
+            pad_token_id=lm.tokenizer.eos_token_id,
+            **({"do_sample": False} if cfg.is_greedy else sampling),
+            **extra,
+        )
+    return out.shape[1] - ids.shape[1]
+
+
+def interleave(rows: Row, runs: int, mine: Callable[[], int], reference: Callable[[], int] | None) -> Row:
+    for _ in range(runs):
+        rows.ours.append(timed_tokens_per_s(mine))
+        if reference:
+            rows.theirs.append(timed_tokens_per_s(reference))
+    return rows
+
+
+def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5) -> float:
+    """Copy bandwidth (read + write) of a large tensor, the bound a decode step runs into."""
+    src = torch.ones(mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / min(times) / 1e9
+
+
+def weight_bytes(lm: LoadedModel) -> int:
+    """Bytes read per decode step: every weight once (a tied embedding is read as the LM head)."""
+    seen, total = set(), 0
+    for p in lm.model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50) -> float:
+    """Seconds per step for sampling + inspection figures on a real vocabulary, model excluded."""
+    from llmsample.events import step_figures
+
+    vocab = lm.model.config.vocab_size
+    logits = torch.randn(1, vocab) * 5
+    history = TokenHistory.start(torch.tensor([[1, 2, 3]]), vocab) if cfg.has_penalties else None
+    generator = make_generator(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        stages = sampler_stages(logits, history, cfg)
+        probs = stages[-1][1].softmax(-1)
+        token = draw(probs, generator)
+        step_figures(stages, probs, token, 5)
+    return (time.perf_counter() - start) / steps
+
+
+def cold_load_s() -> float | None:
+    """The first-run conversion of the shipped GGUF, into a throwaway cache."""
+    if gguf_path() is None:
+        return None
+    previous = os.environ.get("LLMSAMPLE_HOME")
+    with tempfile.TemporaryDirectory() as home:
+        os.environ["LLMSAMPLE_HOME"] = home
+        try:
+            start = time.perf_counter()
+            load_model(None, "cpu", "float32")
+            return time.perf_counter() - start
+        finally:
+            if previous is None:
+                os.environ.pop("LLMSAMPLE_HOME")
+            else:
+                os.environ["LLMSAMPLE_HOME"] = previous
+
+
+def run_benchmark(
+    model: str | None, device: str, dtype: str, runs: int, tokens: int, cold: bool, log: Callable[[str], None]
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    lm = load_model(model, device, dtype)
+    warm_load = time.perf_counter() - start
+    balanced = load_preset("balanced")[1]
+    settings = {
+        "greedy": SamplingConfig(temperature=0.0, max_tokens=tokens),
+        "balanced": SamplingConfig(**{**balanced.as_dict(), "stop": (), "max_tokens": tokens, "seed": 0}),
+    }
+    results: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": __import__("transformers").__version__,
+        },
+        "model": lm.name,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "new_tokens": tokens,
+        "runs": runs,
+        "warm_load_s": warm_load,
+    }
+    rows = []
+    for prompt_name, prompt in PROMPTS.items():
+        ids = encode_prompt(lm, prompt)
+        for setting, cfg in settings.items():
+            log(f"{prompt_name} / {setting}")
+            row = Row(f"{prompt_name} / {setting}")
+            ours(lm, ids, cfg)  # warm-up
+            interleave(
+                row,
+                runs,
+                lambda ids=ids, cfg=cfg, row=row: ours(lm, ids, cfg, ttft=row.ttft),
+                lambda ids=ids, cfg=cfg: theirs(lm, ids, cfg),
+            )
+            rows.append(row.as_dict())
+    results["generate"] = rows
+
+    log("speculative n-gram")
+    ids = encode_prompt(lm, PROMPTS["code-rewrite"])
+    greedy = settings["greedy"]
+    vocab = lm.model.config.vocab_size
+    spec = Row("code-rewrite / greedy, ngram")
+    plain = Row("code-rewrite / greedy, plain")
+    acceptance = []
+    for _ in range(runs):
+        stats = RunStats(lm.name, "bench", None)
+
+        def speculative(stats: RunStats = stats) -> int:
+            events = speculative_generate(lm, ids, greedy, stats, NgramDrafter(vocab, lm.device), ignore_eos=True)
+            return sum(1 for item in events if not isinstance(item, Summary))
+
+        spec.ours.append(timed_tokens_per_s(speculative))
+        acceptance.append(stats.extra["acceptance_rate"])
+        spec.theirs.append(timed_tokens_per_s(lambda: theirs(lm, ids, greedy, prompt_lookup_num_tokens=10)))
+        plain.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, greedy)))
+    speculative_row = spec.as_dict()
+    speculative_row["speedup_over_plain"] = speculative_row["ours_tok_s"] / statistics.median(plain.ours)
+    speculative_row["acceptance_rate"] = statistics.median(acceptance)
+    speculative_row["tokens_per_pass"] = stats.extra["tokens_per_pass"]
+    results["speculative"] = speculative_row
+
+    log("inspection cost")
+    ids = encode_prompt(lm, PROMPTS["story"])
+    cfg = settings["balanced"]
+    text_row, jsonl_row = Row("plain text"), Row("jsonl --top-n 5")
+    for _ in range(runs):
+        text_row.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, PlainRenderer(io.StringIO()))))
+        jsonl_row.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, JsonlRenderer(io.StringIO()))))
+    results["inspection"] = {
+        "text_tok_s": statistics.median(text_row.ours),
+        "jsonl_tok_s": statistics.median(jsonl_row.ours),
+        "jsonl_over_text": statistics.median(jsonl_row.ours) / statistics.median(text_row.ours),
+        "pipeline_s_per_step": pipeline_cost(lm, cfg),
+    }
+    step_s = 1 / statistics.median(text_row.ours)
+    results["inspection"]["pipeline_share_of_step"] = results["inspection"]["pipeline_s_per_step"] / step_s
+
+    bandwidth = memory_bandwidth_gb_s()
+    bytes_per_token = weight_bytes(lm)
+    bound = bandwidth * 1e9 / bytes_per_token
+    best = max(r["ours_tok_s"] for r in rows if r["workload"].endswith("greedy"))
+    results["bandwidth"] = {
+        "copy_gb_s": bandwidth,
+        "weight_mb": bytes_per_token / 1e6,
+        "bound_tok_s": bound,
+        "best_greedy_tok_s": best,
+        "fraction_of_bound": best / bound,
+    }
+    if cold:
+        log("cold load (GGUF conversion)")
+        results["cold_load_s"] = cold_load_s()
+    results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return results
+
+
+def write_results(results: dict[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = directory / f"bench-{results['device'].replace(':', '')}-{results['dtype']}-{stamp}.json"
+    path.write_text(json.dumps(results, indent=2))
+    return path

@@ -1,0 +1,84 @@
+"""``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llmsample.commands.options import model_options
+
+
+@click.command()
+@model_options
+@click.option("--runs", type=click.IntRange(1, 50), default=5, show_default=True, help="Interleaved runs per side.")
+@click.option(
+    "--tokens", type=click.IntRange(8, 4096), default=128, show_default=True, help="New tokens per run (EOS ignored)."
+)
+@click.option("--cold/--no-cold", default=True, show_default=True, help="Also time the first-run GGUF conversion.")
+@click.option(
+    "--out", type=click.Path(path_type=Path, file_okay=False), default=Path("bench/results"), show_default=True
+)
+def bench(**options: Any) -> None:
+    """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
+    from llmsample.bench import run_benchmark, write_results
+    from llmsample.terminal import stderr_console, stdout_console, use_color
+
+    err = stderr_console()
+    results = run_benchmark(
+        options["model"], options["device"], options["dtype"], options["runs"], options["tokens"], options["cold"],
+        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
+    )  # fmt: skip
+    path = write_results(results, options["out"])
+    console = stdout_console(use_color())
+    console.print(results_table(results))
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def results_table(results: dict[str, Any]) -> Any:
+    """The Markdown-friendly table the README's Performance section shows."""
+    from rich.table import Table
+
+    def f(value: float | None, digits: int = 1) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    m = results["machine"]
+    title = (
+        f"{results['model']} · {results['device']} · {results['dtype']} · {results['new_tokens']} new tokens · "
+        f"median of {results['runs']} · torch {m['torch']} · transformers {m['transformers']} · {m['cpu_capability']}, "
+        f"{m['threads']} threads"
+    )
+    table = Table(title=title, header_style="bold")
+    for name in ("workload", "llmsample tok/s", "transformers tok/s", "ratio", "TTFT s"):
+        table.add_column(name, justify="left" if name == "workload" else "right")
+    for row in results["generate"]:
+        table.add_row(
+            row["workload"], f(row["ours_tok_s"]), f(row["reference_tok_s"]), f(row["ratio"], 2), f(row["ttft_s"], 2)
+        )
+    spec = results["speculative"]
+    table.add_row(
+        "code-rewrite / ngram speculation (vs prompt_lookup_num_tokens=10)",
+        f(spec["ours_tok_s"]), f(spec["reference_tok_s"]), f(spec["ratio"], 2), "",
+    )  # fmt: skip
+    table.add_section()
+    inspect = results["inspection"]
+    bw = results["bandwidth"]
+    notes = [
+        (
+            "ngram speedup over our plain loop",
+            f"{spec['speedup_over_plain']:.2f}x (acceptance {spec['acceptance_rate']:.0%})",
+        ),
+        ("jsonl --top-n 5 vs plain text", f"{inspect['jsonl_over_text']:.2f}x"),
+        (
+            "sampling + inspection per step",
+            f"{inspect['pipeline_s_per_step'] * 1000:.2f} ms ({inspect['pipeline_share_of_step']:.1%} of a step)",
+        ),
+        ("memory bandwidth (copy)", f"{bw['copy_gb_s']:.1f} GB/s; weights {bw['weight_mb']:.0f} MB"),
+        ("bandwidth bound / reached", f"{bw['bound_tok_s']:.1f} tok/s / {bw['fraction_of_bound']:.0%}"),
+        ("model load warm / cold", f"{results['warm_load_s']:.2f} s / {f(results.get('cold_load_s'), 1)} s"),
+        ("peak resident memory", f"{results['peak_rss_mb']:.0f} MB"),
+    ]
+    for name, value in notes:
+        table.add_row(name, value, "", "", "")
+    return table
