@@ -52,8 +52,9 @@ def normalise(values):
 PROMPTS = {
     "chat": "What is the capital of France? Answer in one sentence, then explain why it is the capital.",
     "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "code-rewrite": "Rewrite this Python code, adding a docstring to every function. Keep everything else the same.\n\n"
-    + CODE,
+    # Input-grounded: the answer copies most of the prompt, where n-gram drafting pays off.
+    "code-rewrite": "Add a comment line `# statistics helpers` at the top of this file and repeat the rest of "
+    "the file unchanged.\n\n```python\n" + CODE + "```",
 }
 
 

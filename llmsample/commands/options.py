@@ -110,7 +110,11 @@ draft_options = _stack(
         "--ngram-max", type=click.IntRange(1, 64), default=4, show_default=True, help="Longest n-gram to match."
     ),
     click.option(
-        "--ngram-min", type=click.IntRange(1, 64), default=2, show_default=True, help="Shortest n-gram to match (1 guesses too often)."
+        "--ngram-min",
+        type=click.IntRange(1, 64),
+        default=2,
+        show_default=True,
+        help="Shortest n-gram to match (1 guesses too often).",
     ),
     click.option("--compare", is_flag=True, help="Also decode without speculation (same seed) and report the speedup."),
 )

@@ -92,5 +92,7 @@ def summary_line(summary: Summary) -> str:
         parts.append(f"accepted {extra['accepted']}/{extra['drafted']} drafted ({extra['acceptance_rate']:.0%})")
         parts.append(f"{extra['tokens_per_pass']:.2f} tokens/target pass")
     if "speedup" in summary.extra:
-        parts.append(f"plain loop {summary.extra['plain_tokens_per_s']:.1f} tok/s: {summary.extra['speedup']:.2f}x speedup")
+        parts.append(
+            f"plain loop {summary.extra['plain_tokens_per_s']:.1f} tok/s: {summary.extra['speedup']:.2f}x speedup"
+        )
     return " · ".join(parts)
