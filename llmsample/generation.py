@@ -19,9 +19,13 @@ from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stage
 from llmsample.text_stream import TextStream
 
 
-def encode_prompt(lm: LoadedModel, prompt: str, system: str | None = None, raw: bool = False) -> Tensor:
+def encode_prompt(
+    lm: LoadedModel, prompt: str, system: str | None = None, raw: bool = False, truncate: str = "error", room: int = 0
+) -> Tensor:
     """Prompt ids ``[1, n]`` on the model's device: a chat turn through the tokenizer's own
-    template when it has one, plain text for completion with ``raw``."""
+    template when it has one, plain text for completion with ``raw``. A prompt that does not fit
+    the context is an error, or loses its oldest tokens with ``truncate="left"`` (keeping ``room``
+    positions free for the answer where it can)."""
     tokenizer = lm.tokenizer
     if not raw and getattr(tokenizer, "chat_template", None):
         if not prompt.strip():
@@ -37,7 +41,12 @@ def encode_prompt(lm: LoadedModel, prompt: str, system: str | None = None, raw: 
             raise UserError("the prompt is empty and this tokenizer has no BOS token to start from; pass --prompt TEXT")
     limit = lm.context_length
     if limit and len(ids) >= limit:
-        raise UserError(f"the prompt is {len(ids)} tokens but {lm.name} has a context of {limit}; shorten it")
+        if truncate != "left":
+            raise UserError(
+                f"the prompt is {len(ids)} tokens but {lm.name} has a context of {limit}; "
+                "shorten it or pass --truncate left to drop its oldest tokens"
+            )
+        ids = ids[-max(limit - room, limit // 2) :]
     return torch.tensor([ids], device=lm.device)
 
 

@@ -8,11 +8,12 @@ import importlib.util
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmsample.errors import UserError
+from llmsample.errors import RuntimeFailure, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -142,6 +143,7 @@ def convert_gguf(source: Path, target: Path, progress: Any = None) -> None:
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_partials(target)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     except OSError as exc:
         raise UserError(
@@ -175,6 +177,18 @@ def convert_gguf(source: Path, target: Path, progress: Any = None) -> None:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         os.environ.pop("TQDM_DISABLE", None)
+
+
+STALE_AFTER_S = 3600
+
+
+def remove_stale_partials(target: Path) -> None:
+    """Conversions killed mid-way (kill -9) leave their staging directory behind; one untouched
+    for an hour is not another process still at work."""
+    for partial in target.parent.glob(f".{target.name}.partial-*"):
+        with contextlib.suppress(OSError):
+            if time.time() - partial.stat().st_mtime > STALE_AFTER_S:
+                shutil.rmtree(partial)
 
 
 def cached_models() -> list[Path]:
@@ -223,29 +237,47 @@ def load_model(
     hf_logging.disable_progress_bar()
     try:
         config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise UserError(_not_found_message(name, exc)) from exc
+    except (ValueError, KeyError) as exc:
+        raise UserError(
+            f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
+            f"({_first_line(exc)}); upgrade transformers or pick a supported model"
+        ) from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
     except ValueError as exc:
         raise UserError(
-            f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load: "
-            f"{str(exc).splitlines()[0]}"
+            f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load "
+            f"({_first_line(exc)}); pass a text-generation model"
         ) from exc
     except OSError as exc:
         raise UserError(_not_found_message(name, exc)) from exc
     try:
         model.to(device)
     except torch.OutOfMemoryError as exc:
-        raise UserError(f"model {name!r} does not fit on {device}; try --dtype bfloat16 or a smaller model") from exc
+        raise RuntimeFailure(
+            f"model {name!r} does not fit on {device}; try --dtype bfloat16 or a smaller model"
+        ) from exc
     model.eval()
     return LoadedModel(model, tokenizer, name, device, dtype)
 
 
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _not_found_message(name: str, exc: Exception) -> str:
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    first = _first_line(exc)
     how = (
         "HF_HUB_OFFLINE is set: unset it to download, or pass a local directory"
         if offline

@@ -39,7 +39,7 @@ def _toml_files(directory: Path) -> list[Path]:
     if not directory.exists():
         return []
     try:
-        return sorted(p for p in directory.iterdir() if p.suffix == ".toml")
+        return sorted(p for p in directory.iterdir() if p.suffix.lower() == ".toml")
     except OSError as exc:
         raise UserError(f"cannot read the preset directory {directory} ({exc.strerror}); fix its permissions") from exc
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import click
 
-from llmsample.commands.options import load_model_with_progress, model_options, prompt_options, read_prompt
+from llmsample.commands.options import html_option, load_model_with_progress, model_options, prompt_options, read_prompt
 
 
 @click.command("compare-presets")
@@ -21,7 +20,7 @@ from llmsample.commands.options import load_model_with_progress, model_options, 
 @click.option("--seed", type=click.IntRange(0, 2**62), default=0, show_default=True, help="Sample i uses seed S+i.")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=128, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
-@click.option("--html", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML view.")
+@html_option
 @click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 def compare_presets(**options: Any) -> None:
@@ -41,7 +40,9 @@ def compare_presets(**options: Any) -> None:
     lm = load_model_with_progress(options["model"], options["device"], options["dtype"], options["quiet"])
     from llmsample.generation import encode_prompt
 
-    prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"])
+    prompt_ids = encode_prompt(
+        lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]
+    )
     runs = compare(
         lm, prompt_ids, configs, options["samples"], options["seed"], options["max_tokens"], options["quiet"]
     )

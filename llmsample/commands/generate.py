@@ -50,7 +50,7 @@ def run(options: dict[str, Any]) -> None:
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
     prompt = read_prompt(options["prompt"])
     lm = load_model_with_progress(options["model"], options["device"], options["dtype"], options["quiet"])
-    prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"])
+    prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     renderers = build_renderers(options)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
     if options.get("draft"):

@@ -37,6 +37,21 @@ def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
+def _check_html_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Fail before the model loads, not after the text is generated."""
+    if value is not None and not value.parent.is_dir():
+        raise click.BadParameter(f"the directory {value.parent} does not exist")
+    return value
+
+
+html_option = click.option(
+    "--html",
+    type=click.Path(path_type=Path, dir_okay=False),
+    callback=_check_html_path,
+    help="Also write a self-contained HTML view to this file.",
+)
+
+
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def apply(f: Any) -> Any:
         for decorator in reversed(decorators):
@@ -95,9 +110,7 @@ output_options = _stack(
     ),
     click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1)."),
     click.option("--inspect", is_flag=True, help="After the text, a table of every token's numbers."),
-    click.option(
-        "--html", type=click.Path(path_type=Path, dir_okay=False), help="Also write a self-contained HTML view."
-    ),
+    html_option,
     click.option("--quiet", "-q", is_flag=True, help="No legend, progress or summary on stderr."),
     click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks)."),
 )

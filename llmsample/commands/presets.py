@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from llmsample import presets as preset_store
@@ -27,12 +29,15 @@ def list_presets() -> None:
 
 
 @presets.command("show")
-@click.argument("name")
-def show(name: str) -> None:
-    """A preset's resolved values, as TOML."""
+@click.argument("name", required=False)
+@click.option("--file", "path", type=click.Path(path_type=Path, dir_okay=False), help="Show a preset file instead.")
+def show(name: str | None, path: Path | None) -> None:
+    """A preset's resolved values, as TOML (every key, defaults filled in)."""
     import json
 
-    _, cfg = preset_store.load(name)
+    if name is None and path is None:
+        raise click.UsageError("give a preset NAME or --file PATH")
+    _, cfg = preset_store.load(name, path)
     for key, value in cfg.as_dict().items():
         if value is not None:
             click.echo(f"{key} = {json.dumps(value, ensure_ascii=False)}")
