@@ -85,13 +85,20 @@ def timed_tokens_per_s(run: Callable[[], int]) -> float:
 
 
 def ours(
-    lm: LoadedModel, ids: torch.Tensor, cfg: SamplingConfig, renderer: Any = None, ttft: list[float] | None = None
+    lm: LoadedModel,
+    ids: torch.Tensor,
+    cfg: SamplingConfig,
+    renderer: Any = None,
+    ttft: list[float] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> int:
     count = 0
     for item in generate(lm, ids, cfg, RunStats(lm.name, "bench", cfg.seed), ignore_eos=True):
         if isinstance(item, Summary):
             if ttft is not None and item.ttft_s is not None:
                 ttft.append(item.ttft_s)
+            if extra is not None:
+                extra.update(item.extra)
             if renderer:
                 renderer.summary(item)
         else:
@@ -186,10 +193,17 @@ def cold_load_s() -> float | None:
 
 
 def run_benchmark(
-    model: str | None, device: str, dtype: str, runs: int, tokens: int, cold: bool, log: Callable[[str], None]
+    model: str | None,
+    device: str,
+    dtype: str,
+    runs: int,
+    tokens: int,
+    cold: bool,
+    log: Callable[[str], None],
+    compile: bool = False,
 ) -> dict[str, Any]:
     start = time.perf_counter()
-    lm = load_model(model, device, dtype)
+    lm = load_model(model, device, dtype, compile=compile)
     warm_load = time.perf_counter() - start
     balanced = load_preset("balanced")[1]
     settings = {
@@ -211,15 +225,17 @@ def run_benchmark(
         "dtype": str(lm.dtype).removeprefix("torch."),
         "new_tokens": tokens,
         "runs": runs,
+        "compile": compile,
         "warm_load_s": warm_load,
     }
     rows = []
+    first_run: dict[str, Any] = {}
     for prompt_name, prompt in PROMPTS.items():
         ids = encode_prompt(lm, prompt)
         for setting, cfg in settings.items():
             log(f"{prompt_name} / {setting}")
             row = Row(f"{prompt_name} / {setting}")
-            ours(lm, ids, cfg)  # warm-up
+            ours(lm, ids, cfg, extra=first_run)  # warm-up (and, with --compile, the compilation)
             interleave(
                 row,
                 runs,
@@ -228,6 +244,7 @@ def run_benchmark(
             )
             rows.append(row.as_dict())
     results["generate"] = rows
+    results["compile_s"] = first_run.get("compile_s")
 
     log("speculative n-gram")
     ids = encode_prompt(lm, PROMPTS["code-rewrite"])

@@ -118,7 +118,10 @@ def generate_rows(
     with its own generator seeded ``seeds[i]``, so it equals the same sample run alone.
     Yields ``(row, event)`` and ``(row, summary)`` when that row ends."""
     batch = len(stats)
-    runner = ModelRunner(lm.model)
+    runner = ModelRunner(lm.model, (batch, prompt_ids.shape[1] + cfg.max_tokens) if lm.compile else None)
+    if runner.compile_s:
+        for row_stats in stats:
+            row_stats.extra["compile_s"] = runner.compile_s
     generators = [make_generator(seed, lm.device) for seed in seeds]
     emitters = [Emitter(lm, cfg, row_stats, prompt_ids, ignore_eos) for row_stats in stats]
     ids = prompt_ids.expand(batch, -1)  # the same prompt in every row: no padding needed

@@ -16,7 +16,10 @@ from typing import TYPE_CHECKING, Any
 from llmsample.errors import RuntimeFailure, UserError
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import torch
+    from rich.progress import Progress
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -38,6 +41,7 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
+    compile: bool = False  # decode with a static cache and a torch.compile'd step
 
     @property
     def eos_ids(self) -> set[int]:
@@ -120,7 +124,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def default_model_path(progress: Any = None) -> str:
+def default_model_path(progress: Progress | None = None) -> str:
     """The converted default model's directory, converting the shipped GGUF once; the hub id
     when the wheel is missing (the hub download then goes through its own cache)."""
     target = models_dir() / DEFAULT_MODEL
@@ -133,13 +137,12 @@ def default_model_path(progress: Any = None) -> str:
     return str(target)
 
 
-def convert_gguf(source: Path, target: Path, progress: Any = None) -> None:
+def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -> None:
     """Dequantize a GGUF checkpoint into safetensors. Written to a temporary sibling and renamed
     into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
     converting at once cannot corrupt each other."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -150,18 +153,21 @@ def convert_gguf(source: Path, target: Path, progress: Any = None) -> None:
             f"cannot write the model cache {target.parent} ({exc.strerror}); "
             "make it writable or point LLMSAMPLE_HOME at a writable directory"
         ) from exc
-    step = progress or (lambda description: None)
-    hf_logging.disable_progress_bar()
-    os.environ["TQDM_DISABLE"] = "1"  # the GGUF reader uses tqdm directly; our own progress replaces it
+
+    def step(description: str) -> None:
+        if progress is not None:
+            progress.console.print(f"converting {source.name} once: {description}")
+
     try:
-        step("reading GGUF tokenizer")
-        tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-        step("dequantizing GGUF weights")
-        gguf_model = AutoModelForCausalLM.from_pretrained(
-            str(source.parent), gguf_file=source.name, dtype=torch.float32
-        )
+        with gguf_progress(progress):
+            step("reading the tokenizer")
+            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+            step("dequantizing the weights")
+            gguf_model = AutoModelForCausalLM.from_pretrained(
+                str(source.parent), gguf_file=source.name, dtype=torch.float32
+            )
         # save_pretrained refuses a GGUF-loaded model: rebuild it from its config.
-        step("writing safetensors")
+        step(f"writing safetensors to {target}")
         model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
         model.load_state_dict(gguf_model.state_dict())
         model.generation_config = gguf_model.generation_config
@@ -176,7 +182,29 @@ def convert_gguf(source: Path, target: Path, progress: Any = None) -> None:
         ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        os.environ.pop("TQDM_DISABLE", None)
+
+
+@contextlib.contextmanager
+def gguf_progress(progress: Progress | None) -> Iterator[None]:
+    """transformers' GGUF reader reports through its own tqdm bar; draw it as ours instead (or
+    not at all), so stderr has one progress display."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+
+    original = getattr(reader, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def track(iterable: Any, desc: str | None = None, **kwargs: Any) -> Any:
+        if progress is None:
+            return iterable
+        return progress.track(iterable, description=desc or "dequantizing")
+
+    reader.tqdm = track
+    try:
+        yield
+    finally:
+        reader.tqdm = original
 
 
 STALE_AFTER_S = 3600
@@ -219,7 +247,11 @@ def looks_like_path(spec: str) -> bool:
 
 
 def load_model(
-    spec: str | None, device_name: str = "auto", dtype_name: str = "auto", progress: Any = None
+    spec: str | None,
+    device_name: str = "auto",
+    dtype_name: str = "auto",
+    progress: Progress | None = None,
+    compile: bool = False,
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
     import torch
@@ -261,7 +293,7 @@ def load_model(
             f"model {name!r} does not fit on {device}; try --dtype bfloat16 or a smaller model"
         ) from exc
     model.eval()
-    return LoadedModel(model, tokenizer, name, device, dtype)
+    return LoadedModel(model, tokenizer, name, device, dtype, compile)
 
 
 def transformers_version() -> str:

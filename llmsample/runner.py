@@ -1,43 +1,98 @@
 """A causal LM with its KV cache: prefill once, then extend by one or more tokens, and roll
-back by position after a speculative rejection."""
+back by position after a speculative rejection.
+
+With ``compile`` the cache is preallocated (transformers' ``StaticCache``) and the one-token
+decode step goes through ``torch.compile`` with frozen weights; everything else (prefill,
+multi-token verification) runs eagerly on the same cache."""
 
 from __future__ import annotations
 
 import inspect
+import os
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from llmsample.errors import RuntimeFailure
+from llmsample.errors import RuntimeFailure, UserError
+
+LENGTH_BUCKET = 512
+"""Static caches are sized in multiples of this: one compilation serves every run in a bucket."""
+
+_compiled: dict[tuple[int, int, int], tuple[Any, Callable[[Tensor], Tensor], float]] = {}
+
+
+def _cache_arg(model: Any) -> str:
+    """transformers 5.x renamed the cache argument; older releases only know the old name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def compiled_step(model: Any, batch: int, max_length: int) -> tuple[Any, Callable[[Tensor], Tensor], float]:
+    """A static cache and the compiled decode step over it, built once per (model, batch, length
+    bucket) in a process; the inductor cache on disk (under the llmsample cache) serves later runs.
+    Returns the cache, the step, and the seconds compilation took (0 when reused)."""
+    bucket = -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET
+    key = (id(model), batch, bucket)
+    if key in _compiled:
+        cache, step, _ = _compiled[key]
+        return cache, step, 0.0
+    from llmsample.models import cache_home
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
+    import torch._inductor.config as inductor_config
+    from transformers import StaticCache
+
+    inductor_config.freezing = True  # weights become constants: prepacked for the CPU kernels
+    cache = StaticCache(config=model.config, max_cache_len=bucket)
+    name = _cache_arg(model)
+
+    def decode(tokens: Tensor) -> Tensor:
+        return model(input_ids=tokens, use_cache=True, **{name: cache}).logits[:, -1]
+
+    step = torch.compile(decode, dynamic=False)
+    start = time.perf_counter()
+    try:
+        with torch.inference_mode():  # compile now, so the first real token is not the slow one
+            step(torch.zeros(batch, 1, dtype=torch.long, device=model.device))
+    except Exception as exc:  # inductor needs a working C++ toolchain; say so instead of a traceback
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"--compile failed ({first}); run without --compile") from exc
+    cache.reset()
+    elapsed = time.perf_counter() - start
+    _compiled[key] = (cache, step, elapsed)
+    return cache, step, elapsed
 
 
 class ModelRunner:
-    """Owns the cache of one sequence batch; callers see only logits as float32 ``[batch, ..., vocab]``."""
+    """Owns the cache of one sequence batch; callers see only float32 logits."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, compile_for: tuple[int, int] | None = None) -> None:
+        """``compile_for``: ``(batch, max_length)`` to preallocate and compile; None runs eagerly."""
         self.model = model
-        # transformers 5.x renamed the cache argument; older releases only know the old name.
-        params = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = _cache_arg(model)
         self.cache: Any = None
-        self.attention_mask: Tensor | None = None
         self.length = 0
+        self.compiled: Callable[[Tensor], Tensor] | None = None
+        self.compile_s = 0.0
+        if compile_for is not None:
+            self.cache, self.compiled, self.compile_s = compiled_step(model, *compile_for)
 
     @torch.inference_mode()
-    def prefill(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
-        """Logits for the next token after the prompt, ``[batch, vocab]``.
-
-        ``attention_mask`` (left padding) is only needed for batches of unequal prompts."""
-        self.reset(attention_mask)
+    def prefill(self, input_ids: Tensor) -> Tensor:
+        """Logits for the next token after the prompt, ``[batch, vocab]``."""
+        self.reset()
         return self.extend(input_ids, keep_last=True)[:, -1]
 
-    def reset(self, attention_mask: Tensor | None = None) -> None:
+    def reset(self) -> None:
         """An empty cache (speculation starts this way and feeds the prompt itself)."""
         from transformers import DynamicCache
 
-        self.cache = DynamicCache(config=self.model.config)
-        self.attention_mask = attention_mask
+        if self.compiled is not None:
+            self.cache.reset()
+        else:
+            self.cache = DynamicCache(config=self.model.config)
         self.length = 0
 
     @torch.inference_mode()
@@ -45,29 +100,24 @@ class ModelRunner:
         """Feed ``[batch, n]`` tokens; logits after each of them, ``[batch, n, vocab]`` (only the
         last position with ``keep_last``: a long prompt's logits would cost vocab floats per token)."""
         n = tokens.shape[1]
-        kwargs: dict[str, Any] = {}
-        if self.attention_mask is not None:
-            if self.attention_mask.shape[1] < self.length + n:
-                ones = self.attention_mask.new_ones(tokens.shape[0], self.length + n - self.attention_mask.shape[1])
-                self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
-            mask = self.attention_mask[:, : self.length + n]
-            kwargs["attention_mask"] = mask
-            kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)[:, -n:]
         try:
-            out = self.model(
-                input_ids=tokens,
-                use_cache=True,
-                logits_to_keep=1 if keep_last else 0,
-                **{self.cache_arg: self.cache},
-                **kwargs,
-            )
+            if self.compiled is not None and n == 1:
+                logits = self.compiled(tokens)[:, None]
+            else:
+                out = self.model(
+                    input_ids=tokens,
+                    use_cache=True,
+                    logits_to_keep=1 if keep_last else 0,
+                    **{self.cache_arg: self.cache},
+                )
+                logits = out.logits
         except torch.OutOfMemoryError as exc:
             raise RuntimeFailure(
                 f"out of memory on {tokens.device} at {self.length + n} tokens; "
                 "try --dtype bfloat16, fewer --max-tokens or a smaller model"
             ) from exc
         self.length += n
-        return out.logits.float()
+        return logits.float()
 
     @torch.inference_mode()
     def step(self, tokens: Tensor) -> Tensor:

@@ -146,7 +146,12 @@ def speculative_generate(
     ignore_eos: bool = False,
 ) -> Iterator[TokenEvent | Summary]:
     """The same events as :func:`llmsample.generation.generate`, each tagged with its source."""
-    runner = ModelRunner(lm.model)
+    length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
+    # a verification pass may write up to max_k + 1 positions before rolling back
+    room = prompt_ids.shape[1] + cfg.max_tokens + length.max_k + 1
+    runner = ModelRunner(lm.model, (1, room) if lm.compile else None)
+    if runner.compile_s:
+        stats.extra["compile_s"] = runner.compile_s
     runner.reset()
     generator = make_generator(cfg.seed, lm.device)
     emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
@@ -155,7 +160,6 @@ def speculative_generate(
     if len(seq) > 1:
         runner.extend(prompt_ids[:, :-1], keep_last=True)
     history = TokenHistory.start(prompt_ids, vocab) if cfg.has_penalties else None
-    length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
     drafted_total = accepted_total = passes = 0
     while not emitter.reason:
         k = min(length.k, cfg.max_tokens - stats.tokens - 1)

@@ -28,7 +28,7 @@ def bench(**options: Any) -> None:
     err = stderr_console()
     results = run_benchmark(
         options["model"], options["device"], options["dtype"], options["runs"], options["tokens"], options["cold"],
-        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
+        log=lambda step: err.print(f"[dim]bench: {step}…[/]"), compile=options["compile_model"],
     )  # fmt: skip
     path = write_results(results, options["out"])
     console = stdout_console(use_color())

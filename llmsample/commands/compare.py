@@ -37,7 +37,7 @@ def compare_presets(**options: Any) -> None:
     preset_store.check_names(names)  # before the model load
     configs = {name: preset_store.load(name)[1] for name in names}
     prompt = read_prompt(options["prompt"])
-    lm = load_model_with_progress(options["model"], options["device"], options["dtype"], options["quiet"])
+    lm = load_model_with_progress(options)
     from llmsample.generation import encode_prompt
 
     prompt_ids = encode_prompt(

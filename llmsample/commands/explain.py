@@ -49,7 +49,7 @@ def explain(**options: Any) -> None:
 
     preset, cfg = resolve_sampling(options)
     prompt = read_prompt(options["prompt"])
-    lm = load_model_with_progress(options["model"], options["device"], options["dtype"], options["quiet"])
+    lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))
     if options["continuation"] is not None:

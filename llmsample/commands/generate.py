@@ -49,7 +49,7 @@ def run(options: dict[str, Any]) -> None:
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
     prompt = read_prompt(options["prompt"])
-    lm = load_model_with_progress(options["model"], options["device"], options["dtype"], options["quiet"])
+    lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     renderers = build_renderers(options)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)

@@ -73,6 +73,12 @@ model_options = _stack(
         show_default=True,
         help="auto: bfloat16 on CUDA, float32 on CPU and MPS (see README).",
     ),
+    click.option(
+        "--compile",
+        "compile_model",
+        is_flag=True,
+        help="Static KV cache + torch.compile'd decode step: faster tokens after a slow first start (cached on disk).",
+    ),
 )
 
 prompt_options = _stack(
@@ -80,6 +86,13 @@ prompt_options = _stack(
     click.option("--system", metavar="TEXT", help="A system message (chat models)."),
     click.option(
         "--raw", is_flag=True, help="Send the prompt as plain text for completion, without the chat template."
+    ),
+    click.option(
+        "--truncate",
+        type=click.Choice(["error", "left"]),
+        default="error",
+        show_default=True,
+        help="A prompt longer than the context: fail, or drop its oldest tokens.",
     ),
 )
 
@@ -157,15 +170,20 @@ def read_prompt(prompt: str | None) -> str:
         raise UserError(f"stdin is not valid UTF-8 (byte {exc.start}); convert it, e.g. with iconv -t UTF-8") from exc
 
 
-def load_model_with_progress(model: str | None, device: str, dtype: str, quiet: bool = False) -> LoadedModel:
-    """Load on stderr progress: the first run converts the default model (tens of seconds)."""
+def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
+    """Load with progress on stderr: the first run converts the default model (tens of seconds)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from llmsample.models import load_model
     from llmsample.terminal import stderr_console
 
-    console = stderr_console()
-    if quiet:
-        return load_model(model, device, dtype)
-    if not console.is_terminal:
-        return load_model(model, device, dtype, progress=lambda step: console.print(f"{step}…"))
-    with console.status(f"loading {model or 'the default model'}…") as status:
-        return load_model(model, device, dtype, progress=lambda step: status.update(f"{step}…"))
+    spec = (options["model"], options["device"], options["dtype"])
+    compile_model = options.get("compile_model", False)
+    if options.get("quiet"):
+        return load_model(*spec, compile=compile_model)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=stderr_console(), transient=True) as progress:
+        task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
+        lm = load_model(*spec, progress=progress, compile=compile_model)
+        progress.remove_task(task)
+        return lm
