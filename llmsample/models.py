@@ -255,9 +255,13 @@ def load_model(
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()  # our own progress display replaces transformers' bars
     device = resolve_device(device_name)
     dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
@@ -265,8 +269,6 @@ def load_model(
     if spec is not None and looks_like_path(spec):
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as exc:
@@ -276,6 +278,11 @@ def load_model(
             f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
             f"({_first_line(exc)}); upgrade transformers or pick a supported model"
         ) from exc
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(
+            f"model {name!r} is a {config.model_type!r} model, not a causal language model; "
+            "pass a text-generation model (e.g. a Llama, Qwen, GPT-2 or SmolLM checkpoint)"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
@@ -286,6 +293,11 @@ def load_model(
         ) from exc
     except OSError as exc:
         raise UserError(_not_found_message(name, exc)) from exc
+    except SafetensorError as exc:
+        raise UserError(
+            f"cannot read the weights of {name!r} ({_first_line(exc)}); the file is incomplete or corrupt: "
+            "download or save it again"
+        ) from exc
     try:
         model.to(device)
     except torch.OutOfMemoryError as exc:

@@ -88,3 +88,20 @@ def test_event_numbers_are_consistent(tiny_lm) -> None:
 
 def test_empty_chatless_prompt_starts_from_bos(tiny_lm) -> None:
     assert encode_prompt(tiny_lm, "", raw=True).tolist() == [[0]]
+
+
+def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
+    """--compile: the static cache, the compiled step and rollback give the same greedy tokens."""
+    from llmsample.models import load_model
+    from llmsample.speculative import NgramDrafter, speculative_generate
+
+    compiled = load_model(str(tiny_model_dir), "cpu", "float32", compile=True)
+    eager = load_model(str(tiny_model_dir), "cpu", "float32")
+    cfg = SamplingConfig(temperature=0, max_tokens=40)
+    expected = [t.token_id for t in run(eager, cfg, ignore_eos=True)[0]]
+    tokens, _ = run(compiled, cfg, ignore_eos=True)
+    assert [t.token_id for t in tokens] == expected
+    ids = encode_prompt(compiled, PROMPT, raw=True)
+    drafter = NgramDrafter(compiled.model.config.vocab_size, compiled.device, 1, 3)
+    spec, _ = run_to_end(speculative_generate(compiled, ids, cfg, RunStats("t", "t", None), drafter, ignore_eos=True))
+    assert [t.token_id for t in spec] == expected

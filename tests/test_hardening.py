@@ -35,14 +35,16 @@ def bad_things(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -
     (root / "no-config").mkdir()
     (root / "no-weights").mkdir()
     (root / "no-weights" / "config.json").write_text((tiny_model_dir / "config.json").read_text())
-    bert = root / "not-causal"
-    bert.mkdir()
-    from transformers import BertConfig
+    vision = root / "not-causal"
+    from transformers import ViTConfig
 
-    BertConfig(
-        vocab_size=32, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
-    ).save_pretrained(bert)
-    (bert / "model.safetensors").write_bytes(b"")
+    ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8).save_pretrained(vision)
+    (vision / "model.safetensors").write_bytes(b"")
+    corrupt = root / "corrupt-weights"
+    corrupt.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (corrupt / name).write_bytes((tiny_model_dir / name).read_bytes())
+    (corrupt / "model.safetensors").write_bytes(b"\x00" * 4)
     alien = root / "alien"
     alien.mkdir()
     (alien / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
@@ -91,6 +93,8 @@ BAD_INPUTS = [
     (["--model", "{root}/no-weights"], None, "no weights"),
     (["--model", "{root}/not-causal"], None, "not a causal language model"),
     (["--model", "{root}/alien"], None, "architecture"),
+    (["--model", "{root}/corrupt-weights"], None, "cannot read the weights"),
+    (["--model", "{root}/corrupt-weights"], None, "cannot read the weights"),
     (["--model", "someone/unreachable-model"], None, "HF_HUB_OFFLINE"),
     (["--model", "{tiny}", "--draft", "{other}"], None, "different tokenizer"),
     (["--model", "{tiny}", "--draft", "ngram", "--ngram-min", "5", "--ngram-max", "2"], None, "--ngram-min"),
@@ -192,9 +196,9 @@ def test_conversion_killed_halfway_is_redone(tmp_path: Path) -> None:
         "--preset",
         "deterministic",
         "-p",
-        "Capital of France?",
+        "What is the capital of France?",
         "-n",
-        "8",
+        "12",
     ]
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     models = tmp_path / "models"
@@ -219,9 +223,9 @@ def test_two_conversions_at_once_do_not_corrupt_the_cache(tmp_path: Path) -> Non
         "--preset",
         "deterministic",
         "-p",
-        "Capital of France?",
+        "What is the capital of France?",
         "-n",
-        "8",
+        "12",
         "-q",
     ]
     procs = [

@@ -182,7 +182,9 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
     if options.get("quiet"):
         return load_model(*spec, compile=compile_model)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=stderr_console(), transient=True) as progress:
+    console = stderr_console()
+    # Off the terminal a live display only adds blank lines; step messages still print.
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
         lm = load_model(*spec, progress=progress, compile=compile_model)
         progress.remove_task(task)
