@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test browser bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,9 +20,16 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/llmsample generate --preset deterministic --prompt "What is the capital of France?"
 
-test: $(STAMP)
-	$(BIN)/ruff check llmsample tests bench
+test: $(STAMP) browser
+	$(BIN)/ruff check llmsample tests
 	$(BIN)/python -m pytest -q
+
+# The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
+# and apt is usable (the browser test is skipped, saying why, where it is not).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+		echo "chromium not installed: the HTML browser test will be skipped"
 
 bench: $(STAMP)
 	$(BIN)/llmsample bench
