@@ -184,22 +184,14 @@ def test_read_only_cache_names_the_directory_and_the_variable(tmp_path: Path) ->
 
 # --- the default-model conversion under faults ---------------------------------------------------
 
+PARIS = [sys.executable, "-m", "llmsample", "generate", "--preset", "deterministic", "-p",
+         "What is the capital of France?", "-n", "12"]  # fmt: skip
+
 
 @pytest.mark.model
 def test_conversion_killed_halfway_is_redone(tmp_path: Path) -> None:
     env = cli_env(LLMSAMPLE_HOME=str(tmp_path))
-    args = [
-        sys.executable,
-        "-m",
-        "llmsample",
-        "generate",
-        "--preset",
-        "deterministic",
-        "-p",
-        "What is the capital of France?",
-        "-n",
-        "12",
-    ]
+    args = PARIS
     proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     models = tmp_path / "models"
     deadline = time.time() + 120
@@ -215,19 +207,7 @@ def test_conversion_killed_halfway_is_redone(tmp_path: Path) -> None:
 @pytest.mark.model
 def test_two_conversions_at_once_do_not_corrupt_the_cache(tmp_path: Path) -> None:
     env = cli_env(LLMSAMPLE_HOME=str(tmp_path))
-    args = [
-        sys.executable,
-        "-m",
-        "llmsample",
-        "generate",
-        "--preset",
-        "deterministic",
-        "-p",
-        "What is the capital of France?",
-        "-n",
-        "12",
-        "-q",
-    ]
+    args = [*PARIS, "-q"]
     procs = [
         subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
     ]

@@ -10,25 +10,12 @@ from typing import Any
 
 import click
 
-from llmsample.commands.options import (
-    draft_options,
-    load_model_with_progress,
-    model_options,
-    output_options,
-    prompt_options,
-    read_prompt,
-    resolve_sampling,
-    sampling_options,
-)
+from llmsample.commands.options import generation_options, load_model_with_progress, read_prompt, resolve_sampling
 from llmsample.errors import Interrupted
 
 
 @click.command()
-@prompt_options
-@model_options
-@sampling_options
-@output_options
-@draft_options
+@generation_options
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
 

@@ -189,3 +189,8 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
         lm = load_model(*spec, progress=progress, compile=compile_model)
         progress.remove_task(task)
         return lm
+
+
+def generation_options(f: Any) -> Any:
+    """Everything ``generate`` and ``speculate`` share."""
+    return _stack(prompt_options, model_options, sampling_options, output_options, draft_options)(f)

@@ -7,15 +7,11 @@ from typing import Any
 import click
 
 from llmsample.commands.generate import run
-from llmsample.commands.options import draft_options, model_options, output_options, prompt_options, sampling_options
+from llmsample.commands.options import generation_options
 
 
 @click.command()
-@prompt_options
-@model_options
-@sampling_options
-@output_options
-@draft_options
+@generation_options
 def speculate(**options: Any) -> None:
     """Speculative decoding: a draft proposes, the target verifies (exact rejection sampling).
 
