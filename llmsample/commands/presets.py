@@ -24,7 +24,7 @@ def list_presets() -> None:
     table = Table("name", "source", "description", box=None, pad_edge=False)
     for name, found in sorted(preset_store.discover().items()):
         cfg = preset_store.read_preset_file(found.path)
-        table.add_row(name, f"{found.source} ({found.path})", cfg.description)
+        table.add_row(name, "built-in" if found.source == "built-in" else f"user ({found.path})", cfg.description)
     stdout_console(use_color()).print(table)
 
 
