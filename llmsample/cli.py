@@ -10,7 +10,6 @@ import click
 
 from llmsample import __version__
 from llmsample.commands import bench, compare, explain, generate, models, presets, speculate
-from llmsample.config import ConfigError
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 
@@ -41,8 +40,6 @@ class LlmsampleGroup(click.Group):
             _fail(exc.format_message(), exc.exit_code)
         except (UserError, RuntimeFailure) as exc:
             _fail(str(exc), exc.exit_code)
-        except ConfigError as exc:
-            _fail(f"--{exc.key.replace('_', '-')}: {str(exc).split(': ', 1)[1]}", 2)
         except click.exceptions.Abort:
             sys.exit(130)
         except Interrupted:

@@ -216,11 +216,10 @@ def make_drafter(spec: str, lm: LoadedModel, options: dict[str, Any]) -> Drafter
 
 
 def speculate_events(
-    lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, stats: RunStats, options: dict[str, Any]
+    lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, stats: RunStats, drafter: Drafter, options: dict[str, Any]
 ) -> Iterator[TokenEvent | Summary]:
     """The command's view: speculative events, and with ``--compare`` the same prompt decoded
     without speculation (same seed) for the measured speedup."""
-    drafter = make_drafter(options["draft"], lm, options)
     events = speculative_generate(
         lm,
         prompt_ids,

@@ -294,3 +294,22 @@ def test_ngram_on_the_default_model_equals_plain_greedy(default_lm) -> None:
     assert [t.token_id for t in spec] == [t.token_id for t in plain]
     assert "".join(t.text for t in spec) == "".join(t.text for t in plain)
     assert summary.extra["accepted"] > 0
+
+
+def test_speculate_command_reports_sources_and_speedup(tiny_model_dir: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from llmsample.cli import main
+
+    args = ["speculate", "-m", str(tiny_model_dir), "--raw", "-p", PROMPT, "--preset", "deterministic", "-n", "40",
+            "--ignore-eos", "--compare", "--format", "jsonl", "--ngram-min", "1"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    summary = lines[-1]
+    assert {t["source"] for t in lines[:-1]} == {"draft", "target"}
+    assert summary["plain_tokens_per_s"] > 0 and summary["speedup"] > 0
+    assert summary["accepted"] == sum(t["source"] == "draft" for t in lines[:-1])
+    assert "accepted" in result.stderr and "speedup" in result.stderr

@@ -38,17 +38,17 @@ def run(options: dict[str, Any]) -> None:
     prompt = read_prompt(options["prompt"])
     lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
-    renderers = build_renderers(options)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
     if options.get("draft"):
-        from llmsample.speculative import speculate_events
+        from llmsample.speculative import make_drafter, speculate_events
 
-        events = speculate_events(lm, prompt_ids, cfg, stats, options)
+        drafter = make_drafter(options["draft"], lm, options)  # a bad draft fails before any output
+        events = speculate_events(lm, prompt_ids, cfg, stats, drafter, options)
     else:
         from llmsample.generation import generate as generate_events
 
         events = generate_events(lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
-    consume(events, renderers, stats, quiet=options["quiet"])
+    consume(events, build_renderers(options), stats, quiet=options["quiet"])
 
 
 def build_renderers(options: dict[str, Any]) -> list[Any]:
