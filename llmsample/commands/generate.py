@@ -6,12 +6,16 @@ import dataclasses
 import secrets
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from llmsample.commands.options import generation_options, load_model_with_progress, read_prompt, resolve_sampling
 from llmsample.errors import Interrupted
+
+if TYPE_CHECKING:
+    from llmsample.events import RunStats
+    from llmsample.render.stream import Renderer
 
 
 @click.command()
@@ -51,11 +55,11 @@ def run(options: dict[str, Any]) -> None:
     consume(events, build_renderers(options), stats, quiet=options["quiet"])
 
 
-def build_renderers(options: dict[str, Any]) -> list[Any]:
+def build_renderers(options: dict[str, Any]) -> list[Renderer]:
     from llmsample.render.stream import ColorRenderer, JsonlRenderer, PlainRenderer, legend
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
-    renderers: list[Any] = []
+    renderers: list[Renderer] = []
     color = use_color(options["no_color"])
     if options["fmt"] == "jsonl":
         renderers.append(JsonlRenderer())
@@ -77,7 +81,7 @@ def build_renderers(options: dict[str, Any]) -> list[Any]:
     return renderers
 
 
-def consume(events: Iterator[Any], renderers: list[Any], stats: Any, quiet: bool = False) -> None:
+def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, quiet: bool = False) -> None:
     """Feed events to the renderers; on Ctrl-C or SIGTERM keep what was printed, finish with
     an 'interrupted' summary and exit 130 (143)."""
     from llmsample.events import Summary
