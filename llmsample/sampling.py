@@ -143,13 +143,9 @@ def sampler_stages(logits: Tensor, history: TokenHistory | None, cfg: SamplingCo
     return stages
 
 
-def sampling_logits(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
-    return sampler_stages(logits, history, cfg)[-1][1]
-
-
 def sampling_probs(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
     """The distribution a token is drawn from; the one function draft and target share."""
-    return sampling_logits(logits, history, cfg).softmax(-1)
+    return sampler_stages(logits, history, cfg)[-1][1].softmax(-1)
 
 
 def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
