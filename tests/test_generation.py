@@ -105,3 +105,15 @@ def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
     drafter = NgramDrafter(compiled.model.config.vocab_size, compiled.device, 1, 3)
     spec, _ = run_to_end(speculative_generate(compiled, ids, cfg, RunStats("t", "t", None), drafter, ignore_eos=True))
     assert [t.token_id for t in spec] == expected
+
+    # Not only the argmax: the compiled step's logits (its one-query attention over the static
+    # cache's masked slots) match the eager loop's.
+    from llmsample.attention import NAME
+    from llmsample.runner import ModelRunner
+
+    assert compiled.model.config._attn_implementation == NAME
+    fast, slow = ModelRunner(compiled.model, (1, 64)), ModelRunner(eager.model)
+    torch.testing.assert_close(fast.prefill(ids), slow.prefill(ids))
+    for token in expected[:12]:
+        step = torch.tensor([token])
+        torch.testing.assert_close(fast.step(step), slow.step(step), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,60 @@
+"""Attention for the compiled decode step: one query token against a preallocated cache.
+
+On CPU, SDPA's flash kernel spends ~0.4 ms per layer (bfloat16) on a single query over a
+256–512 slot static cache, most of it mask handling; the same arithmetic written as two small
+matmuls is fused by inductor into the step's own kernels (bench/NOTES.md). Every other shape
+(prefill, speculative verification) goes to transformers' SDPA unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+NAME = "llmsample_decode"
+
+
+def decode_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query ``[b, heads, q, d]``, key and value
+    ``[b, kv_heads, kv, d]``, and a boolean (or additive) mask from SDPA's mask builder."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    # A position bias (ALiBi-style models) changes the arithmetic: SDPA's wrapper handles it.
+    if query.shape[2] != 1 or kwargs.get("position_bias") is not None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    batch, heads, _, dim = query.shape
+    kv_heads = key.shape[1]
+    scale = scaling if scaling is not None else dim**-0.5
+    # The query heads that share a key/value head become rows of one matmul: no repeated K/V.
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3)) * scale  # [b, kv_heads, groups, kv]
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask
+    weights = scores.softmax(-1, dtype=torch.float32).to(value.dtype)
+    out = torch.matmul(weights, value)  # [b, kv_heads, groups, d]
+    return out.reshape(batch, 1, heads, dim), None
+
+
+def register() -> str:
+    """Make ``NAME`` an attention implementation models can be switched to (mask: SDPA's)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(NAME, decode_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    return NAME
