@@ -4,6 +4,7 @@ machine is noisy; ratios hold)."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -12,13 +13,14 @@ import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from llmsample import attention
 from llmsample.config import SamplingConfig
 from llmsample.events import RunStats, Summary
 from llmsample.generation import encode_prompt, generate
@@ -108,13 +110,28 @@ def ours(
     return count
 
 
+@contextlib.contextmanager
+def stock_attention(model: Any) -> Iterator[None]:
+    """The reference runs transformers' own SDPA: ``--compile`` switches the shared model to
+    ``llmsample.attention`` (switching back to the same name later needs no recompilation)."""
+    current = model.config._attn_implementation
+    if current != attention.NAME:
+        yield
+        return
+    model.set_attn_implementation("sdpa")
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(current)
+
+
 def theirs(lm: LoadedModel, ids: torch.Tensor, cfg: SamplingConfig, **extra: Any) -> int:
     sampling = (
         {}
         if cfg.is_greedy
         else {"do_sample": True, "temperature": cfg.temperature, "top_k": cfg.top_k, "top_p": cfg.top_p}
     )
-    with torch.inference_mode():
+    with torch.inference_mode(), stock_attention(lm.model):
         out = lm.model.generate(
             ids,
             attention_mask=torch.ones_like(ids),

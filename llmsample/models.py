@@ -260,6 +260,8 @@ def load_model(
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
+    from llmsample.precision import emulated_bf16, upcast_wide_products
+
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' bars
     device = resolve_device(device_name)
@@ -304,6 +306,8 @@ def load_model(
         raise RuntimeFailure(
             f"model {name!r} does not fit on {device}; try --dtype bfloat16 or a smaller model"
         ) from exc
+    if emulated_bf16(device, dtype):
+        upcast_wide_products(model)
     model.eval()
     return LoadedModel(model, tokenizer, name, device, dtype, compile)
 
