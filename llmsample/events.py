@@ -6,6 +6,7 @@ none of them touches the model.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -135,7 +136,12 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
     raw_logprobs = raw.log_softmax(-1)
     index = tokens.view(-1, 1)
     top_ids = ranked.topk(min(top_n, ranked.shape[-1]), dim=-1).indices if top_n > 0 else index[:, :0]
-    kept = [torch.isfinite(logits).sum(-1) for _, logits in stages]
+    kept: list[Tensor] = []
+    for position, (_, logits) in enumerate(stages):
+        # A stage that changed nothing returns its input: count it once. Logits are finite
+        # (``check_finite``) until a filter sets -inf, so that is all there is to count.
+        same = position > 0 and logits is stages[position - 1][1]
+        kept.append(kept[-1] if same else (logits != -math.inf).sum(-1))
     columns = [
         index.float(),
         probs.gather(1, index),

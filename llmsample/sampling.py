@@ -81,6 +81,9 @@ def keep_top_k(logits: Tensor, k: int) -> Tensor:
     if k <= 0 or k >= logits.shape[-1]:
         return logits
     kth = logits.topk(k, dim=-1).values[..., -1:]
+    keep = logits >= kth
+    if bool((keep.sum(-1) == k).all()):  # no tie at the k-th value, the usual case: done
+        return logits.masked_fill(~keep, -math.inf)
     above = logits > kth
     at = logits == kth
     room = k - above.sum(-1, keepdim=True)
