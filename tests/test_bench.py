@@ -27,4 +27,4 @@ def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
     assert 0 < figures["inspection"]["pipeline_share_of_step"] < 1
     assert 0 < figures["warm_load_s"] < figures["warm_start_s"]
     assert figures["bandwidth"]["copy_gb_s"] > 0 and figures["peak_rss_mb"] > 0
-    assert "warm start: imports + load" in result.output and "chat / greedy" in result.output
+    assert "warm start:" in result.output and "ratio" in result.output  # the table, however wrapped
