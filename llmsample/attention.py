@@ -2,8 +2,8 @@
 
 On CPU, SDPA's flash kernel spends ~0.4 ms per layer (bfloat16) on a single query over a
 256–512 slot static cache, most of it mask handling; the same arithmetic written as
-multiply-and-sum is fused by inductor into the step's own kernels (bench/NOTES.md). Every other shape
-(prefill, speculative verification) goes to transformers' SDPA unchanged."""
+multiply-and-sum is fused by inductor into the step's own kernels (bench/NOTES.md). Every other
+shape (prefill, speculative verification) goes to transformers' SDPA unchanged."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""bfloat16 weights on a CPU without bfloat16 arithmetic (x86 without AVX512-BF16 or AMX).
+"""bfloat16 weights on a CPU without bfloat16 arithmetic (anything but x86 with AVX512-BF16 or AMX).
 
 A one-row matmul (the decode step) is bound by memory bandwidth, so half-size bf16 weights
 make it faster. A many-row matmul (the prompt's prefill) is bound by arithmetic, and there
-oneDNN's emulated bf16 GEMM is 5–9× slower than float32's (bench/NOTES.md). The linear layers
+oneDNN's emulated bf16 GEMM is 5–9× slower than float32's for 30–150 rows (bench/NOTES.md). The linear layers
 therefore compute products of ``WIDE_ROWS`` rows or more in float32, from a copy of their weight
 upcast on the fly. Weights stay bf16 in memory; only the arithmetic of wide products changes."""
 
@@ -13,15 +13,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 WIDE_ROWS = 16
-"""From this many rows on, upcast + float32 GEMM beats bf16 GEMM for a 576×1536 weight and
-matches it for the 49152-row LM head; below it, bf16 wins."""
+"""Upcast + float32 GEMM beats bf16 GEMM from ~8 rows for a 576×1536 weight, and from ~30 for
+the 49152-row LM head (its upcast writes 113 MB); prefill asks the LM head for one row only."""
 
 
 def emulated_bf16(device: torch.device, dtype: torch.dtype) -> bool:
     """True where bf16 GEMM has no hardware support: the case this module is for."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return False
-    return not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    native = (
+        getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+    return not any(native)
 
 
 class WideFloat32Linear(nn.Linear):
