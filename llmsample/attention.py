@@ -11,6 +11,9 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 NAME = "llmsample_decode"
 
@@ -27,8 +30,6 @@ def decode_attention(
 ) -> tuple[Tensor, None]:
     """transformers' attention-function signature: query ``[b, heads, q, d]``, key and value
     ``[b, kv_heads, kv, d]``, and a boolean (or additive) mask from SDPA's mask builder."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     # A position bias (ALiBi-style models) changes the arithmetic: SDPA's wrapper handles it.
     if query.shape[2] != 1 or kwargs.get("position_bias") is not None:
         return sdpa_attention_forward(
@@ -54,9 +55,6 @@ def decode_attention(
 
 def register() -> str:
     """Make ``NAME`` an attention implementation models can be switched to (mask: SDPA's)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
     AttentionInterface.register(NAME, decode_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
     return NAME

@@ -21,10 +21,8 @@ def emulated_bf16(device: torch.device, dtype: torch.dtype) -> bool:
     """True where bf16 GEMM has no hardware support: the case this module is for."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return False
-    native = (
-        getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    )
-    return not any(native)
+    native = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return not any(getattr(torch.cpu, name, lambda: False)() for name in native)
 
 
 class WideFloat32Linear(nn.Linear):
