@@ -124,6 +124,7 @@ class StepFigures:
     top_probs: list[float]
     top_model_probs: list[float]
     removed: dict[str, int]
+    mass: float  # total of the sampling distribution: 1 unless something overflowed
 
 
 def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor, top_n: int) -> list[StepFigures]:
@@ -148,6 +149,7 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
         raw_logprobs.gather(1, index).exp(),
         (raw > raw.gather(1, index)).sum(-1, keepdim=True).float() + 1,
         entropy_bits(probs).unsqueeze(-1),
+        probs.sum(-1, keepdim=True),
         torch.stack(kept, -1).float(),
         top_ids.float(),
         probs.gather(1, top_ids),
@@ -158,11 +160,11 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
     n_stages, n_top = len(stages), top_ids.shape[-1]
     figures = []
     for row in rows:
-        kept_counts = row[5 : 5 + n_stages]
+        kept_counts = row[6 : 6 + n_stages]
         removed = {
             name: int(kept_counts[i - 1] - kept_counts[i]) for i, name in enumerate(names) if name in FILTER_STAGES
         }
-        top = row[5 + n_stages :]
+        top = row[6 + n_stages :]
         figures.append(
             StepFigures(
                 token_id=int(row[0]),
@@ -174,6 +176,7 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
                 top_probs=top[n_top : 2 * n_top],
                 top_model_probs=top[2 * n_top :],
                 removed=removed,
+                mass=row[5],
             )
         )
     return figures

@@ -74,6 +74,11 @@ class Emitter:
 
     def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
         index = self.stats.tokens
+        if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
+            raise RuntimeFailure(
+                f"the sampling distribution at position {self.stats.prompt_tokens + index} is not finite "
+                "(the settings overflowed float32); use milder penalties or temperature"
+            )
         is_eos = figures.token_id in self.eos
         if is_eos:
             text, self.reason = self.stream.flush(), "eos"

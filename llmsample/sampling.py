@@ -17,9 +17,11 @@ from torch import Tensor
 
 from llmsample.config import SamplingConfig
 
-TOP_P_TOLERANCE = 1e-6
-"""Cumulative mass within this of p counts as reaching p: float32 softmax of [.1, .2, .3, .4]
-sums .4 + .3 to 0.70000005, and the article's rule ("equals or exceeds P") must still hold."""
+TOP_P_ULPS = 4 * torch.finfo(torch.float32).eps
+"""Cumulative mass within a few float32 ulps of the running total counts as reaching p: the
+softmax of log [.1, .2, .3, .4] gives .4 + .3 a hair under .7 in float32, and the article's rule
+("equals or exceeds P") must still hold; a wider margin (1e-6 absolute) dropped tokens that exact
+arithmetic keeps, e.g. the .3 of [.4999995, .3, .2000005] at p = .5."""
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ class TokenHistory:
         """From a one-row history, ``len(tokens) + 1`` rows: row i has ``tokens[:i]`` appended.
         Speculative verification scores every drafted position at once with these."""
         steps = torch.nn.functional.one_hot(tokens, self.counts.shape[-1]).to(self.counts.dtype)
-        cumulative = torch.cat([torch.zeros_like(steps[:1]), steps.cumsum(0)], dim=0)
+        # The first row is the history itself, also when nothing was drafted (``steps[:1]`` would be empty).
+        cumulative = torch.cat([self.counts.new_zeros(1, self.counts.shape[-1]), steps.cumsum(0)], dim=0)
         return TokenHistory(self.counts + cumulative, self.seen | (cumulative > 0))
 
 
@@ -56,18 +59,26 @@ def apply_penalties(logits: Tensor, history: TokenHistory | None, cfg: SamplingC
     frequency and presence penalties (over generated tokens only)."""
     if history is None or not cfg.has_penalties:
         return logits
-    logits = logits.float()
+    raw = logits = logits.float()
     if cfg.repetition_penalty != 1.0:
         penalised = torch.where(logits > 0, logits / cfg.repetition_penalty, logits * cfg.repetition_penalty)
         logits = torch.where(history.seen, penalised, logits)
     if cfg.frequency_penalty or cfg.presence_penalty:
         counts = history.counts
         logits = logits - counts * cfg.frequency_penalty - (counts > 0).float() * cfg.presence_penalty
-    return logits
+    return keep_finite(logits, raw)
 
 
 def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
-    return logits if temperature == 1.0 else logits / temperature
+    return logits if temperature == 1.0 else keep_finite(logits / temperature, logits)
+
+
+def keep_finite(logits: Tensor, before: Tensor) -> Tensor:
+    """Clamp what a scaling overflowed (a repetition penalty of 1e-40, a temperature of 2e-4 on
+    logits of 1e35) to the largest float32, so the order survives and the softmax stays finite;
+    a token that was already ``-inf`` (removed) stays removed."""
+    limit = torch.finfo(torch.float32).max
+    return torch.where(before == -math.inf, before, logits.clamp(-limit, limit))
 
 
 def keep_argmax(logits: Tensor) -> Tensor:
@@ -105,11 +116,11 @@ def keep_top_p(logits: Tensor, p: float) -> Tensor:
     k = min(vocab, 256)
     while True:
         top, order = probs.topk(k, dim=-1)
-        if k == vocab or bool((top.double().sum(-1) >= p - TOP_P_TOLERANCE).all()):
+        if k == vocab or bool((top.double().sum(-1) * (1 + TOP_P_ULPS) >= p).all()):
             break
         k = min(vocab, k * 8)
     mass_before = top.double().cumsum(-1) - top.double()
-    keep_sorted = mass_before < p - TOP_P_TOLERANCE
+    keep_sorted = mass_before * (1 + TOP_P_ULPS) < p
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_sorted)
     return logits.masked_fill(~keep, -math.inf)

@@ -181,19 +181,21 @@ def speculative_generate(
         drafted_total, accepted_total = drafted_total + k, accepted_total + accepted
         length.update(accepted, k)
         for i, figures in enumerate(step_figures(rows, p[: accepted + 1], emitted, top_n)):
-            yield emitter.emit(figures, source="draft" if i < accepted else "target")
+            event = emitter.emit(figures, source="draft" if i < accepted else "target")
+            # Kept current at every token, so an interrupted run's summary has them too.
+            stats.extra.update(
+                drafted=drafted_total,
+                accepted=accepted_total,
+                acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
+                target_passes=passes,
+                tokens_per_pass=stats.tokens / passes,
+            )
+            yield event
             if emitter.reason:
                 break
             history = history.advanced(emitted[i : i + 1]) if history is not None else None
         seq += emitted.tolist()
         runner.rollback(len(seq) - 1)
-    stats.extra.update(
-        drafted=drafted_total,
-        accepted=accepted_total,
-        acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
-        target_passes=passes,
-        tokens_per_pass=stats.tokens / passes if passes else 0.0,
-    )
     yield stats.summary(emitter.reason)
 
 

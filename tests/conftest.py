@@ -8,6 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
+
+# CI must not depend on luck: property tests draw the same examples on every run there
+# (``CI=true make test``); locally they keep exploring new ones.
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"

@@ -44,6 +44,39 @@ def test_top_p_boundary_keeps_the_crossing_token() -> None:
     assert kept(keep_top_p(LOGITS, 1.0)) == {0, 1, 2, 3}
 
 
+def test_top_p_keeps_what_exact_arithmetic_keeps() -> None:
+    # .4999995 has not reached .5, so .3 crosses it and stays (transformers keeps it too);
+    # an absolute 1e-6 margin dropped it.
+    logits = torch.tensor([[0.4999995, 0.3, 0.2000005]]).log()
+    assert kept(keep_top_p(logits, 0.5)) == {0, 1}
+    assert kept(keep_top_p(logits, 0.4999995)) == {0}
+
+
+def test_prefixes_of_no_drafted_tokens_is_the_history_itself() -> None:
+    history = TokenHistory.start(torch.tensor([[1, 2]]), 5).advanced(torch.tensor([3]))
+    none = history.prefixes(torch.zeros(0, dtype=torch.long))
+    assert none.counts.shape == (1, 5)
+    assert torch.equal(none.counts, history.counts) and torch.equal(none.seen, history.seen)
+    two = history.prefixes(torch.tensor([4, 4]))
+    assert two.counts[:, 4].tolist() == [0, 1, 2]
+    assert two.seen[:, 4].tolist() == [False, True, True]
+
+
+def test_an_overflowing_penalty_keeps_the_distribution_finite() -> None:
+    # 5 / 1e-40 is +inf in float32: the seen token must win outright, not turn into NaN.
+    logits = torch.tensor([[5.0, 1.0, -1.0]])
+    history = TokenHistory.start(torch.tensor([[0, 2]]), 3)
+    probs = sampling_probs(logits, history, SamplingConfig(repetition_penalty=1e-40))
+    assert probs.tolist() == [[1.0, 0.0, 0.0]]
+    # Every token seen and negative, a huge penalty: all equally unlikely, still a distribution.
+    everything = TokenHistory.start(torch.tensor([[0, 1, 2]]), 3)
+    probs = sampling_probs(-logits.abs(), everything, SamplingConfig(repetition_penalty=1e38))
+    assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
+    # A removed token (-inf from the model) stays removed.
+    probs = sampling_probs(torch.tensor([[-torch.inf, 1e30, 0.0]]), None, SamplingConfig(temperature=2e-4))
+    assert probs.tolist() == [[0.0, 1.0, 0.0]]
+
+
 def test_top_k() -> None:
     assert kept(keep_top_k(LOGITS, 0)) == {0, 1, 2, 3}
     assert kept(keep_top_k(LOGITS, 4)) == {0, 1, 2, 3}
@@ -180,6 +213,38 @@ def test_a_filtered_token_is_never_drawn(row: list[float], cfg: SamplingConfig, 
     allowed = torch.isfinite(sampler_stages(logits, None, cfg)[-1][1])
     tokens = torch.multinomial(probs.expand(64, -1), 1, replacement=True, generator=make_generator(seed)).flatten()
     assert allowed[0, tokens].all()
+
+
+extreme_rows = st.lists(
+    st.one_of(st.sampled_from([1e30, -1e30, 3.4e38, -3.4e38, 0.0]), st.floats(-1e30, 1e30)),
+    min_size=2,
+    max_size=24,
+)
+extreme_configs = st.builds(
+    SamplingConfig,
+    temperature=st.sampled_from([0.0, 1.0001e-4, 1e-3, 0.7, 1.0, 1e4]),
+    top_k=st.integers(0, 30),
+    top_p=st.sampled_from([1e-9, 0.5, 0.95, 1.0]),
+    min_p=st.sampled_from([0.0, 0.05, 1.0]),
+    repetition_penalty=st.sampled_from([1e-40, 1e-3, 1.0, 1e3, 1e38]),
+    frequency_penalty=st.sampled_from([-2.0, 0.0, 2.0]),
+    presence_penalty=st.sampled_from([-2.0, 0.0, 2.0]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(extreme_rows, extreme_configs, st.data())
+def test_the_pipeline_never_emits_a_non_finite_number(row: list[float], cfg: SamplingConfig, data) -> None:
+    logits = torch.tensor([row])
+    seen = data.draw(st.lists(st.integers(0, len(row) - 1), min_size=1, max_size=8))
+    history = TokenHistory.start(torch.tensor([seen]), len(row)).advanced(torch.tensor([seen[-1]]))
+    stages = sampler_stages(logits, history, cfg)
+    for _, stage in stages:
+        assert not torch.isnan(stage).any() and not (stage == torch.inf).any()
+    probs = stages[-1][1].softmax(-1)
+    assert torch.isfinite(probs).all()
+    assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
+    assert probs[0, draw(probs, make_generator(0))].item() > 0
 
 
 @settings(max_examples=200, deadline=None)
