@@ -70,3 +70,16 @@ def test_multibyte_text_streams_whole(default_lm) -> None:
     ids = default_lm.tokenizer(text, add_special_tokens=False)["input_ids"]
     detok = Detokenizer(default_lm.tokenizer)
     assert "".join(detok.push(i) for i in ids) + detok.flush() == text
+
+
+def test_an_overflowing_repetition_penalty_samples_finite_numbers() -> None:
+    # 1e-40 is in range, and divides a seen token's positive logit past float32's largest value.
+    result = llmsample("generate", "-p", "What is the capital of France?", "-n", "3", "--repetition-penalty", "1e-40",
+                       "--format", "jsonl", "-q", "--seed", "0")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in the JSON output")
+
+    lines = [json.loads(line, parse_constant=refuse) for line in result.stdout.splitlines()]
+    assert len(lines) == 4 and all(0 < line["prob"] <= 1 for line in lines[:-1])
