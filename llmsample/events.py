@@ -125,6 +125,7 @@ class StepFigures:
     top_model_probs: list[float]
     removed: dict[str, int]
     mass: float  # total of the sampling distribution: 1 unless something overflowed
+    finite_logits: bool  # the model's logits had no NaN/+inf and something finite
 
 
 def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor, top_n: int) -> list[StepFigures]:
@@ -150,6 +151,8 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
         (raw > raw.gather(1, index)).sum(-1, keepdim=True).float() + 1,
         entropy_bits(probs).unsqueeze(-1),
         probs.sum(-1, keepdim=True),
+        # Checked here, in the step's one transfer, rather than with a host sync of its own.
+        ((raw < math.inf).all(-1, keepdim=True) & (raw > -math.inf).any(-1, keepdim=True)).float(),
         torch.stack(kept, -1).float(),
         top_ids.float(),
         probs.gather(1, top_ids),
@@ -160,11 +163,11 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
     n_stages, n_top = len(stages), top_ids.shape[-1]
     figures = []
     for row in rows:
-        kept_counts = row[6 : 6 + n_stages]
+        kept_counts = row[7 : 7 + n_stages]
         removed = {
             name: int(kept_counts[i - 1] - kept_counts[i]) for i, name in enumerate(names) if name in FILTER_STAGES
         }
-        top = row[6 + n_stages :]
+        top = row[7 + n_stages :]
         figures.append(
             StepFigures(
                 token_id=int(row[0]),
@@ -177,6 +180,7 @@ def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor
                 top_model_probs=top[2 * n_top :],
                 removed=removed,
                 mass=row[5],
+                finite_logits=row[6] == 1.0,
             )
         )
     return figures

@@ -51,12 +51,17 @@ def encode_prompt(
 
 
 def check_finite(logits: Tensor, position: int) -> None:
-    """NaN or +inf anywhere, or nothing finite, means the forward pass broke: stop, never sample it."""
+    """NaN or +inf anywhere, or nothing finite, means the forward pass broke: stop, never sample it.
+    (The plain loop checks the same in its step figures, without a host sync of its own.)"""
     broken = ~(logits < math.inf) | (logits == -math.inf).all(-1, keepdim=True)
     if broken.any():
-        raise RuntimeFailure(
-            f"the model produced NaN/inf logits at position {position}; try --dtype float32 (half precision can overflow)"
-        )
+        raise_broken_logits(position)
+
+
+def raise_broken_logits(position: int) -> None:
+    raise RuntimeFailure(
+        f"the model produced NaN/inf logits at position {position}; try --dtype float32 (half precision can overflow)"
+    )
 
 
 class Emitter:
@@ -74,9 +79,12 @@ class Emitter:
 
     def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
         index = self.stats.tokens
+        position = self.stats.prompt_tokens + index
+        if not figures.finite_logits:
+            raise_broken_logits(position)
         if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
             raise RuntimeFailure(
-                f"the sampling distribution at position {self.stats.prompt_tokens + index} is not finite "
+                f"the sampling distribution at position {position} is not finite "
                 "(the settings overflowed float32); use milder penalties or temperature"
             )
         is_eos = figures.token_id in self.eos
@@ -134,7 +142,6 @@ def generate_rows(
     history = TokenHistory.start(ids, logits.shape[-1]) if cfg.has_penalties else None
     active = list(range(batch))
     while active:
-        check_finite(logits, runner.length)
         stages = sampler_stages(logits, history, cfg)
         probs = stages[-1][1].softmax(-1)
         tokens = torch.cat([draw(probs[i : i + 1], generators[i]) for i in range(batch)])

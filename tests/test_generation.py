@@ -117,3 +117,70 @@ def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
     for token in expected[:12]:
         step = torch.tensor([token])
         torch.testing.assert_close(fast.step(step), slow.step(step), rtol=1e-4, atol=1e-4)
+
+
+# --- host synchronisations ----------------------------------------------------------------------
+
+SYNCS = {"__bool__", "item", "tolist", "__int__", "__float__", "__index__", "cpu", "numpy", "nonzero", "__repr__"}
+
+
+class SyncCounter(torch.overrides.TorchFunctionMode):
+    """Counts every tensor method that reads values back to the host (a sync on an accelerator)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in SYNCS:
+            self.calls.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class FixedLogitsModel(torch.nn.Module):
+    """Logits from a table indexed by the last token: a model that never syncs by itself."""
+
+    def __init__(self, lm) -> None:
+        super().__init__()
+        self.config = lm.model.config
+        self.generation_config = lm.model.generation_config
+        vocab = self.config.vocab_size
+        self.table = torch.randn(vocab, vocab, generator=torch.Generator().manual_seed(0)) * 3
+
+    def forward(self, input_ids, logits_to_keep=0, **kwargs):
+        logits = self.table[input_ids]
+        return type("Output", (), {"logits": logits[:, -logits_to_keep:] if logits_to_keep else logits})
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(temperature=0),
+        SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),  # every filter, top-k with ties
+        SamplingConfig(temperature=1.0, top_p=0.5, presence_penalty=0.5, repetition_penalty=1.3),
+    ],
+)
+def test_one_host_transfer_per_step(tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig) -> None:
+    # Count as on an accelerator: the CPU-only shortcuts (top-p's widening) are off.
+    monkeypatch.setattr("llmsample.sampling.host_syncs_are_free", lambda tensor: False)
+    lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
+    cfg = dataclasses.replace(cfg, max_tokens=12, seed=3)
+    ids = encode_prompt(lm, PROMPT, raw=True)
+    events = generate(lm, ids, cfg, RunStats("tiny", "test", cfg.seed), ignore_eos=True)
+    with SyncCounter() as counter:
+        tokens, _ = run_to_end(events)
+    assert len(tokens) == 12
+    # One at the start (the prompt's ids, for the text stream), then one per step.
+    assert counter.calls == ["tolist"] * (1 + 12)
+
+
+def test_top_p_sorted_and_widened_candidates_agree() -> None:
+    from llmsample.sampling import _nucleus_candidates, keep_top_p
+
+    logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2)) * 0.3  # a wide nucleus
+    for p in (0.1, 0.5, 0.9, 0.999):
+        widened = keep_top_p(logits, p)
+        assert _nucleus_candidates(logits.softmax(-1), p)[0].shape[-1] > 256 or p < 0.9
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("llmsample.sampling.host_syncs_are_free", lambda tensor: False)
+            assert torch.equal(keep_top_p(logits, p), widened)
