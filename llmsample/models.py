@@ -178,7 +178,6 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_partials(target)
         staging = new_staging_dir(target)
     except OSError as exc:
         raise UserError(
@@ -300,13 +299,52 @@ def gguf_progress(progress: Progress | None) -> Iterator[None]:
 STALE_AFTER_S = 3600
 
 
-def remove_stale_partials(target: Path) -> None:
-    """Conversions killed mid-way (kill -9) leave their staging directory behind; one untouched
-    for an hour is not another process still at work."""
-    for partial in target.parent.glob(f".{target.name}.partial-*"):
-        with contextlib.suppress(OSError):
-            if time.time() - partial.stat().st_mtime > STALE_AFTER_S:
-                shutil.rmtree(partial)
+def staging_dirs() -> list[Path]:
+    """Every conversion's staging directory in the cache, running or abandoned."""
+    root = models_dir()
+    return sorted(root.glob(f".*{PARTIAL}*")) if root.is_dir() else []
+
+
+def is_abandoned(partial: Path) -> bool:
+    """Its owner (pid on this host) is gone, or it is older than an hour (another host's, or a
+    name from an older version)."""
+    owner = partial.name.rsplit(PARTIAL, 1)[-1]
+    pid, _, rest = owner.partition("-")
+    host = rest.rpartition("-")[0]
+    if pid.isdigit() and host == socket.gethostname():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # another user's live process
+            pass
+    try:
+        return time.time() - partial.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+def remove_abandoned_staging() -> list[tuple[Path, int]]:
+    """A conversion killed mid-way (kill -9) leaves its staging directory behind, hundreds of MB
+    that no later run would otherwise touch once the cache is complete: remove them at every
+    start that sees them (a glob of one directory). Returns what was removed and its bytes."""
+    removed = []
+    for partial in staging_dirs():
+        if is_abandoned(partial):
+            size = _tree_size(partial)
+            shutil.rmtree(partial, ignore_errors=True)
+            if not partial.exists():
+                removed.append((partial, size))
+    return removed
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def cached_models() -> list[Path]:
@@ -387,6 +425,11 @@ def load_model(
     device = resolve_device(device_name)
     dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
+    removed = remove_abandoned_staging()
+    if removed and progress is not None:
+        progress.console.print(
+            f"removed {sum(size for _, size in removed) / 1e6:.0f} MB left in {models_dir()} by an interrupted conversion"
+        )
     source = default_model_path(progress) if spec is None else spec
     local = spec is not None and looks_like_path(spec)
     if local:

@@ -10,6 +10,8 @@ import errno
 import json
 import os
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -239,6 +241,49 @@ def test_cache_missing_its_weights_is_converted_again(home: Path, damage: str) -
     assert code == 0, err
     assert store.is_complete_conversion(weights.parent)
     assert [p.name for p in (home / "models").iterdir()] == [store.DEFAULT_MODEL]  # nothing moved aside is left
+
+
+# --- 8. staging directories of killed conversions --------------------------------------------------
+
+
+def staging_of_killed_process(target: Path) -> Path:
+    """A staging directory whose owner was really killed with SIGKILL mid-way."""
+    code = (
+        "import sys, time; from pathlib import Path; from llmsample.models import new_staging_dir\n"
+        "p = new_staging_dir(Path(sys.argv[1])); (p / 'model.safetensors').write_bytes(b'x' * 4096)\n"
+        "print(p, flush=True); time.sleep(600)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE, text=True, env=env)
+    partial = Path(proc.stdout.readline().strip())
+    proc.kill()
+    proc.wait()
+    return partial
+
+
+def test_abandoned_staging_is_removed_and_shown_by_models(home: Path) -> None:
+    target = home / "models" / store.DEFAULT_MODEL
+    target.parent.mkdir(parents=True)
+    killed = staging_of_killed_process(target)
+    running = store.new_staging_dir(target)  # this process: a conversion still at work
+    legacy = target.parent / f".{target.name}.partial-abc123"  # tempfile.mkdtemp's name, two hours old
+    legacy.mkdir()
+    os.utime(legacy, (time.time() - 7200, time.time() - 7200))
+    code, out, err = run_cli("models")
+    assert code == 0, err
+    assert f"removed\t{killed.name}\t0 MB left by an interrupted conversion" in out
+    assert f"removed\t{legacy.name}\t" in out
+    assert f"staging\t{running.name}\ta conversion still running" in out
+    assert not killed.exists() and not legacy.exists() and running.exists()
+
+
+def test_abandoned_staging_is_removed_by_any_load(home: Path, tiny_model_dir: Path) -> None:
+    """Even a run that never converts (here: another model) cleans the cache."""
+    target = home / "models" / store.DEFAULT_MODEL
+    target.parent.mkdir(parents=True)
+    killed = staging_of_killed_process(target)
+    store.load_model(str(tiny_model_dir), "cpu", "float32")
+    assert not killed.exists()
 
 
 # --- 11. a cache shared between users ---------------------------------------------------------------
