@@ -24,6 +24,7 @@ import torch
 
 from llmsample import attention
 from llmsample.config import SamplingConfig
+from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary
 from llmsample.generation import encode_prompt, generate
 from llmsample.models import LoadedModel, gguf_path, load_model
@@ -346,8 +347,19 @@ def run_benchmark(
 
 
 def write_results(results: dict[str, Any], directory: Path) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
+    """Written to a hidden sibling and renamed, so a full disk or a kill never leaves a truncated
+    JSON where the results go."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     path = directory / f"bench-{results['device'].replace(':', '')}-{results['dtype']}-{stamp}.json"
-    path.write_text(json.dumps(results, indent=2))
+    partial = directory / f".{path.name}.partial-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(results, indent=2))
+        partial.replace(path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write the benchmark results to {directory} ({exc.strerror or exc}); "
+            "free some space or pass --out with a writable directory"
+        ) from exc
     return path

