@@ -1,0 +1,234 @@
+"""Finished requests and errors as output lines: ours (``--format jsonl``) and OpenAI Batch's.
+
+Every line is strict JSON (``dumps``: no NaN or infinities, UTF-8 text as is) and one record.
+Only finished requests have result records: a summary whose ``stop_reason`` is
+``interrupted`` is refused (``ValueError``), so that a killed run leaves nothing half-done
+behind and resuming redoes it.
+
+**Ours** (``--format jsonl``): ``custom_id`` and ``line`` (the input line number), then the
+fields of the summary ``generate --format jsonl`` prints, without ``"type"`` (``text``,
+``tokens`` = the token count, ``prompt_tokens``, ``stop_reason``, ``ttft_s``,
+``tokens_per_s``, ``model``, ``preset``, ``seed``, ``elapsed_s`` and any extras). The
+per-token data goes under ``per_token`` (not ``tokens``, which is already the count), by level:
+
+- ``none``: no ``per_token`` key;
+- ``ids``: ``[{"token_id", "prob"}, ...]``;
+- ``full``: every token's ``generate`` JSONL record without ``"type"`` (``index``,
+  ``token_id``, ``text``, ``prob``, ``model_prob``, ``model_rank``, ``entropy``, ``top``,
+  ``removed``, ``source``, ``eos``).
+
+Errors: ``{"custom_id", "line", "error": {"code", "message"}}`` (``custom_id`` is null when
+the line had none that could be read).
+
+**OpenAI** (``--format openai``), the shape of OpenAI's Batch output file:
+``{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
+"body": …}, "error": null}``. The body is a ``chat.completion`` (``choices[0].message``) or,
+for raw prompts, a ``text_completion`` (``choices[0].text``), with ``finish_reason`` ``stop``
+(EOS or a stop string) or ``length``, ``usage`` and ``model`` (the model that ran). ``created``
+is the caller's (0 by default) so that files can be compared. Ids are a digest of the request
+(everything but its line number): a rerun writes the same ids, and ``batch_req_``, ``req_`` and
+``chatcmpl-``/``cmpl-`` share that digest. Our extras live under the key ``llmsample``: in the
+body (``line``, ``stop_reason``, ``preset``, ``seed``, timings) and, with log probabilities,
+in each token's entry and each alternative's.
+
+Log probabilities (only when the line asked for them; chat:
+``choices[0].logprobs.content[]``, completions: the legacy ``tokens`` / ``token_logprobs`` /
+``top_logprobs`` / ``text_offset`` columns) are natural logs of the **raw model's** probability
+(``model_prob``: temperature 1, no penalties or filters), as vLLM reports by default: the
+sampling distribution gives exactly 0 (log −inf) to every token a filter or a greedy step
+removed, which would make the alternatives useless; the sampled ``prob`` is in the extension.
+A probability of 0 is written as -9999.0, OpenAI's own floor, since JSON has no infinity. Each
+entry's ``token`` is the text that token added to the output (so the tokens concatenate to the
+content; a token that completes a split character carries all of it, the one before carries
+``""``); ``bytes`` is its UTF-8. Alternatives come in the order of the sampling distribution
+with their decoded text. The EOS token that ended a run is an entry too (``token`` ``""``,
+extension ``"eos": true``): ``usage.completion_tokens`` counts it.
+
+Errors: ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``, the message
+starting with ``line N:``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from llmsample.batch.requests import Request, RequestError
+
+if TYPE_CHECKING:  # events.py imports torch; these records are only read here
+    from llmsample.events import Summary, TokenEvent
+
+TokenLevel = Literal["none", "ids", "full"]
+TOKEN_LEVELS: tuple[TokenLevel, ...] = ("none", "ids", "full")
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+LOGPROB_FLOOR = -9999.0
+"""What OpenAI reports for a token of probability 0 (JSON has no -inf)."""
+
+
+def dumps(record: dict[str, Any]) -> str:
+    """One strict JSON line, without the newline; NaN or infinities raise ``ValueError``."""
+    return json.dumps(record, ensure_ascii=False, allow_nan=False)
+
+
+def result_record(
+    request: Request, summary: Summary, events: Sequence[TokenEvent], tokens: TokenLevel = "ids"
+) -> dict[str, Any]:
+    """Our record of one finished request (see the module docstring for the shape)."""
+    _check_finished(summary)
+    if tokens not in TOKEN_LEVELS:
+        raise ValueError(f"tokens level {tokens!r}; choose one of {', '.join(TOKEN_LEVELS)}")
+    fields = summary.to_dict()
+    del fields["type"]
+    record = {"custom_id": request.custom_id, "line": request.line, **fields}
+    if tokens == "ids":
+        record["per_token"] = [{"token_id": event.token_id, "prob": event.prob} for event in events]
+    elif tokens == "full":
+        record["per_token"] = [_full(event) for event in events]
+    return record
+
+
+def _full(event: TokenEvent) -> dict[str, Any]:
+    """The event's JSONL record without ``type``, in JSON's own types (``top`` as a list)."""
+    data = event.to_dict()
+    del data["type"]
+    return {**data, "top": list(data["top"])}
+
+
+def error_record(error: RequestError) -> dict[str, Any]:
+    """Our record of a line that did not run."""
+    return {"custom_id": error.custom_id, "line": error.line, "error": {"code": error.code, "message": error.message}}
+
+
+def openai_result_record(
+    request: Request, summary: Summary, events: Sequence[TokenEvent], *, created: int = 0
+) -> dict[str, Any]:
+    """OpenAI Batch's output line for one finished request."""
+    _check_finished(summary)
+    digest = request_digest(request)
+    chat = request.endpoint == "chat"
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        choice["message"] = {"role": "assistant", "content": summary.text}
+        choice["logprobs"] = {"content": _chat_logprobs(events, request.top_logprobs)} if request.logprobs else None
+    else:
+        choice["text"] = summary.text
+        offset = len(request.prompt or "")
+        choice["logprobs"] = _completion_logprobs(events, request.top_logprobs, offset) if request.logprobs else None
+    choice["finish_reason"] = FINISH_REASONS[summary.stop_reason]
+    extension = {
+        k: v for k, v in summary.to_dict().items() if k not in ("type", "text", "tokens", "prompt_tokens", "model")
+    }
+    body = {
+        "id": ("chatcmpl-" if chat else "cmpl-") + digest,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": summary.model,
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": summary.prompt_tokens,
+            "completion_tokens": summary.tokens,
+            "total_tokens": summary.prompt_tokens + summary.tokens,
+        },
+        "llmsample": {"line": request.line, **extension},
+    }
+    return {
+        "id": "batch_req_" + digest,
+        "custom_id": request.custom_id,
+        "response": {"status_code": 200, "request_id": "req_" + digest, "body": body},
+        "error": None,
+    }
+
+
+def openai_error_record(error: RequestError) -> dict[str, Any]:
+    """OpenAI Batch's output line for a request that did not run."""
+    digest = _digest({"line": error.line, "custom_id": error.custom_id, "error": error.code})
+    return {
+        "id": "batch_req_" + digest,
+        "custom_id": error.custom_id,
+        "response": None,
+        "error": {"code": error.code, "message": f"line {error.line}: {error.message}"},
+    }
+
+
+def request_digest(request: Request) -> str:
+    """Deterministic id material: the same request gives the same ids on every run."""
+    fields = dataclasses.asdict(request)
+    del fields["line"]  # moving a line within the file does not make it another request
+    return _digest(fields)
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    canonical = json.dumps(payload, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:24]
+
+
+def _check_finished(summary: Summary) -> None:
+    if summary.stop_reason not in FINISH_REASONS:
+        raise ValueError(
+            f"stop_reason {summary.stop_reason!r}: an unfinished request has no result record "
+            "(write nothing for it; resuming redoes it)"
+        )
+
+
+def _logprob(prob: float) -> float:
+    """Natural log (capped at 0 against float rounding); OpenAI's -9999 for a probability of 0."""
+    return min(math.log(prob), 0.0) if prob > 0 else LOGPROB_FLOOR
+
+
+def _token_extension(event: TokenEvent) -> dict[str, Any]:
+    return {
+        "token_id": event.token_id,
+        "prob": event.prob,
+        "model_prob": event.model_prob,
+        "model_rank": event.model_rank,
+        "entropy": event.entropy,
+        "removed": event.removed,
+        "source": event.source,
+        "eos": event.eos,
+    }
+
+
+def _chat_logprobs(events: Sequence[TokenEvent], top_n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "token": event.text,
+            "logprob": _logprob(event.model_prob),
+            "bytes": list(event.text.encode("utf-8")),
+            "top_logprobs": [
+                {
+                    "token": candidate.text,
+                    "logprob": _logprob(candidate.model_prob),
+                    "bytes": list(candidate.text.encode("utf-8")),
+                    "llmsample": {"token_id": candidate.token_id, "prob": candidate.prob},
+                }
+                for candidate in event.top[:top_n]
+            ],
+            "llmsample": _token_extension(event),
+        }
+        for event in events
+    ]
+
+
+def _completion_logprobs(events: Sequence[TokenEvent], top_n: int, offset: int) -> dict[str, Any]:
+    """The legacy columns; ``top_logprobs`` maps text to logprob, so of two alternatives that
+    decode alike the likelier one is kept. ``text_offset`` counts characters from the start of
+    the prompt, as OpenAI's does."""
+    offsets, top = [], []
+    for event in events:
+        offsets.append(offset)
+        offset += len(event.text)
+        alternatives: dict[str, float] = {}
+        for candidate in event.top[:top_n]:
+            alternatives.setdefault(candidate.text, _logprob(candidate.model_prob))
+        top.append(alternatives)
+    return {
+        "tokens": [event.text for event in events],
+        "token_logprobs": [_logprob(event.model_prob) for event in events],
+        "top_logprobs": top,
+        "text_offset": offsets,
+        "llmsample": [_token_extension(event) for event in events],
+    }
