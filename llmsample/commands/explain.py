@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
@@ -45,6 +44,7 @@ def explain(**options: Any) -> None:
     """
     from llmsample.explain import explain_next, score_continuation
     from llmsample.generation import encode_prompt
+    from llmsample.render.jsonout import strict_json
     from llmsample.terminal import stdout_console, use_color
 
     preset, cfg = resolve_sampling(options)
@@ -61,13 +61,13 @@ def explain(**options: Any) -> None:
         scored = score_continuation(lm, prompt_ids, ids, cfg)
         if options["fmt"] == "jsonl":
             for token in scored:
-                click.echo(json.dumps(token.to_dict(), ensure_ascii=False))
+                click.echo(strict_json(token.to_dict()))
         else:
             console.print(continuation_table(scored, preset))
         return
     report = explain_next(lm, prompt_ids, cfg, options["top_n"])
     if options["fmt"] == "jsonl":
-        click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+        click.echo(strict_json(report.to_dict()))
     else:
         console.print(chain_table(report, preset))
 

@@ -33,11 +33,11 @@ def list_presets() -> None:
 @click.option("--file", "path", type=click.Path(path_type=Path, dir_okay=False), help="Show a preset file instead.")
 def show(name: str | None, path: Path | None) -> None:
     """A preset's resolved values, as TOML (every key, defaults filled in)."""
-    import json
+    from llmsample.render.jsonout import strict_json
 
     if name is None and path is None:
         raise click.UsageError("give a preset NAME or --file PATH")
     _, cfg = preset_store.load(name, path)
     for key, value in cfg.as_dict().items():
         if value is not None:
-            click.echo(f"{key} = {json.dumps(value, ensure_ascii=False)}")
+            click.echo(f"{key} = {strict_json(value, key)}")
