@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from llmsample.commands.options import (
+    check_utf8_option,
     load_model_with_progress,
     model_options,
     prompt_options,
@@ -30,7 +31,12 @@ STAGE_LABELS = {
 @prompt_options
 @model_options
 @sampling_options
-@click.option("--continuation", metavar="TEXT", help="Score this continuation token by token (teacher forcing).")
+@click.option(
+    "--continuation",
+    metavar="TEXT",
+    callback=check_utf8_option,
+    help="Score this continuation token by token (teacher forcing).",
+)
 @click.option("--top-n", type=click.IntRange(1, 100), default=10, show_default=True, help="Candidates to show.")
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
 @click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")

@@ -52,6 +52,25 @@ html_option = click.option(
 )
 
 
+def check_utf8(text: str, source: str) -> str:
+    """Bytes that are not UTF-8 reach Python as lone surrogates (argv) and fail deep in the
+    tokenizer, after the model load; the same one line as for invalid stdin, up front."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = len(text[: exc.start].encode("utf-8"))
+        raise UserError(f"{source} is not valid UTF-8 (byte {byte}); convert it, e.g. with iconv -t UTF-8") from exc
+    return text
+
+
+def check_utf8_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback for text options (one value or a tuple of them)."""
+    for text in value if isinstance(value, tuple) else [value]:
+        if text is not None:
+            check_utf8(text, param.opts[0])
+    return value
+
+
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def apply(f: Any) -> Any:
         for decorator in reversed(decorators):
@@ -82,8 +101,14 @@ model_options = _stack(
 )
 
 prompt_options = _stack(
-    click.option("--prompt", "-p", metavar="TEXT", help="The prompt; '-' or omitted with piped stdin reads stdin."),
-    click.option("--system", metavar="TEXT", help="A system message (chat models)."),
+    click.option(
+        "--prompt",
+        "-p",
+        metavar="TEXT",
+        callback=check_utf8_option,
+        help="The prompt; '-' or omitted with piped stdin reads stdin.",
+    ),
+    click.option("--system", metavar="TEXT", callback=check_utf8_option, help="A system message (chat models)."),
     click.option(
         "--raw", is_flag=True, help="Send the prompt as plain text for completion, without the chat template."
     ),
@@ -107,7 +132,9 @@ sampling_options = _stack(
     click.option("--presence-penalty", type=float, help="OpenAI's, in [-2, 2]."),
     click.option("--repetition-penalty", type=float, help="CTRL's, > 0; 1 is off."),
     click.option("--max-tokens", "-n", type=int, help="Most tokens to generate."),
-    click.option("--stop", multiple=True, metavar="TEXT", help="Stop before this text (repeatable)."),
+    click.option(
+        "--stop", multiple=True, metavar="TEXT", callback=check_utf8_option, help="Stop before this text (repeatable)."
+    ),
     click.option("--seed", type=int, help="Seed for the draws: same seed, same text."),
 )
 
