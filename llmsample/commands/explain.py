@@ -54,7 +54,7 @@ def explain(**options: Any) -> None:
     from llmsample.terminal import stdout_console, use_color
 
     preset, cfg = resolve_sampling(options)
-    prompt = read_prompt(options["prompt"])
+    prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))

@@ -39,7 +39,7 @@ def run(options: dict[str, Any]) -> None:
     preset, cfg = resolve_sampling(options)
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
-    prompt = read_prompt(options["prompt"])
+    prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)

@@ -184,17 +184,20 @@ def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tupl
         raise UserError(f"--{exc.key.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from exc
 
 
-def read_prompt(prompt: str | None) -> str:
-    """``--prompt``, or stdin for ``-`` or when stdin is piped; stdin must be UTF-8."""
+def read_prompt(prompt: str | None, raw: bool = False) -> str:
+    """``--prompt``, or stdin for ``-`` or when stdin is piped; stdin must be UTF-8. A chat
+    prompt from stdin loses its trailing newline (``echo`` adds one, ``-p`` has none), so both
+    ask the same question; ``--raw`` keeps stdin verbatim for completion."""
     if prompt is not None and prompt != "-":
         return prompt
     if prompt is None and sys.stdin.isatty():
         raise UserError("no prompt: pass --prompt TEXT, or pipe the prompt on stdin")
     data = sys.stdin.buffer.read()
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"stdin is not valid UTF-8 (byte {exc.start}); convert it, e.g. with iconv -t UTF-8") from exc
+    return text if raw else text.rstrip("\r\n")
 
 
 def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
