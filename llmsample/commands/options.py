@@ -190,6 +190,8 @@ def read_prompt(prompt: str | None, raw: bool = False) -> str:
     ask the same question; ``--raw`` keeps stdin verbatim for completion."""
     if prompt is not None and prompt != "-":
         return prompt
+    if sys.stdin is None:  # closed at start (<&-)
+        raise UserError("no prompt: stdin is closed; pass --prompt TEXT, or pipe the prompt on stdin")
     if prompt is None and sys.stdin.isatty():
         raise UserError("no prompt: pass --prompt TEXT, or pipe the prompt on stdin")
     data = sys.stdin.buffer.read()
