@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,16 +38,29 @@ def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
-def _check_html_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """Fail before the model loads, not after the text is generated."""
-    if value is not None and not value.parent.is_dir():
-        raise click.BadParameter(f"the directory {value.parent} does not exist")
-    return value
+def _check_html_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """Fail before the model loads, not after the text is generated: the page replaces the
+    file by a rename (see ``write_page``), so it needs a file name in a directory we can write."""
+    if value is None:
+        return None
+    if not value:
+        raise click.BadParameter("is empty; give a file name, e.g. --html out.html")
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a directory; give a file name, e.g. {path / 'out.html'}")
+    if not path.parent.is_dir():
+        raise click.BadParameter(f"the directory {path.parent} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):  # the real test: root ignores permission bits
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write in {path.parent} ({exc.strerror}); choose another directory") from exc
+    return path
 
 
 html_option = click.option(
     "--html",
-    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
     callback=_check_html_path,
     help="Also write a self-contained HTML view to this file.",
 )
