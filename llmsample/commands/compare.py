@@ -35,7 +35,7 @@ def compare_presets(**options: Any) -> None:
     names = [n.strip() for n in options["names"].split(",") if n.strip()] if options["names"] else None
     names = names or sorted(preset_store.discover())
     preset_store.check_names(names)  # before the model load
-    configs = {name: preset_store.load(name)[1] for name in names}
+    configs = dict(preset_store.load(name) for name in names)
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     from llmsample.generation import encode_prompt

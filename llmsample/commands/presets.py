@@ -21,10 +21,12 @@ def list_presets() -> None:
 
     from llmsample.terminal import stdout_console, use_color
 
+    printable = preset_store.printable
     table = Table("name", "source", "description", box=None, pad_edge=False)
     for name, found in sorted(preset_store.discover().items()):
         cfg = preset_store.read_preset_file(found.path)
-        table.add_row(name, "built-in" if found.source == "built-in" else f"user ({found.path})", cfg.description)
+        source = "built-in" if found.source == "built-in" else f"user ({printable(str(found.path))})"
+        table.add_row(printable(name), source, cfg.description)
     stdout_console(use_color()).print(table)
 
 
