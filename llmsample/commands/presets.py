@@ -16,18 +16,27 @@ def presets() -> None:
 
 @presets.command("list")
 def list_presets() -> None:
-    """Every preset: name, where it comes from, description."""
+    """Every preset: name, where it comes from, description. A broken file does not hide the
+    others: it is left out and named on stderr (one line each), and the exit code stays 0."""
     from rich.table import Table
 
+    from llmsample.errors import UserError
     from llmsample.terminal import stdout_console, use_color
 
     printable = preset_store.printable
     table = Table("name", "source", "description", box=None, pad_edge=False)
+    broken = []
     for name, found in sorted(preset_store.discover().items()):
-        cfg = preset_store.read_preset_file(found.path)
+        try:
+            cfg = preset_store.read_preset_file(found.path)
+        except UserError as exc:
+            broken.append(str(exc))
+            continue
         source = "built-in" if found.source == "built-in" else f"user ({printable(str(found.path))})"
         table.add_row(printable(name), source, cfg.description)
     stdout_console(use_color()).print(table)
+    for problem in broken:
+        click.echo(f"Warning: skipped {problem}", err=True)
 
 
 @presets.command("show")
