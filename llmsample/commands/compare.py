@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from llmsample.commands.options import html_option, load_model_with_progress, model_options, prompt_options, read_prompt
+from llmsample.errors import UserError
 
 
 @click.command("compare-presets")
@@ -32,8 +33,15 @@ def compare_presets(**options: Any) -> None:
     """
     from llmsample import presets as preset_store
 
-    names = [n.strip() for n in options["names"].split(",") if n.strip()] if options["names"] else None
-    names = names or sorted(preset_store.discover())
+    if options["names"] is None:
+        names = sorted(preset_store.discover())
+    else:
+        names = [n.strip() for n in options["names"].split(",") if n.strip()]
+        if not names:
+            raise UserError(
+                "--presets is empty; name presets separated by commas (see `llmsample presets list`), "
+                "or leave it out to compare every preset"
+            )
     preset_store.check_names(names)  # before the model load
     configs = dict(preset_store.load(name) for name in names)
     prompt = read_prompt(options["prompt"], options["raw"])
