@@ -10,40 +10,70 @@ import click
 
 from llmsample import __version__
 from llmsample.commands import bench, compare, explain, generate, models, presets, speculate
-from llmsample.errors import Interrupted, RuntimeFailure, UserError
+from llmsample.errors import (
+    ENDING_SIGNALS,
+    Interrupted,
+    OutputFailed,
+    RuntimeFailure,
+    UserError,
+    ignore_further_interrupts,
+)
+from llmsample.terminal import prepare_streams, silence
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted()
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"Error: {message}", err=True)
-    sys.exit(code)
+    raise Interrupted(signum)
 
 
 class LlmsampleGroup(click.Group):
-    def main(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["standalone_mode"] = False
-        signal.signal(signal.SIGTERM, _raise_interrupted)
+    def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
+        """Run the command, then report how it ended in at most one line on stderr; from then
+        on interrupts are ignored, so a second Ctrl-C cannot turn the ending into a traceback.
+        Called with explicit arguments (embedded, tests) it gives the caller's handlers back."""
+        previous = {signum: signal.getsignal(signum) for signum in ENDING_SIGNALS}
+        stdout_open = prepare_streams()
+        for signum in ENDING_SIGNALS:
+            if signum != signal.SIGINT:  # SIGINT stays Python's KeyboardInterrupt
+                signal.signal(signum, _raise_interrupted)
+        if stdout_open:
+            message, code = self._outcome(args, *rest, **kwargs)
+        else:
+            message, code = "stdout is closed; redirect it (e.g. > /dev/null) instead of closing it", 1
+        ignore_further_interrupts()
         try:
-            code = super().main(*args, **kwargs)
+            if message:
+                click.echo(f"Error: {message}", err=True)
+            sys.exit(code)
+        finally:
+            if args is not None:
+                for signum, handler in previous.items():
+                    if handler is not None:
+                        signal.signal(signum, handler)
+
+    def _outcome(self, *args: Any, **kwargs: Any) -> tuple[str | None, int]:
+        kwargs["standalone_mode"] = False
+        try:
+            try:
+                code = super().main(*args, **kwargs)
+            except click.exceptions.NoArgsIsHelpError as exc:
+                click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+                code = 0
             sys.stdout.flush()
-            sys.exit(code if isinstance(code, int) else 0)
-        except click.exceptions.NoArgsIsHelpError as exc:
-            click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
-            sys.exit(0)
+            return None, code if isinstance(code, int) else 0
+        except OutputFailed as exc:
+            silence(sys.stdout)
+            return None if exc.quiet else str(exc), exc.exit_code
         except click.UsageError as exc:
             command = exc.ctx.command_path if exc.ctx else "llmsample"
-            _fail(f"{exc.format_message()} (see '{command} --help')", exc.exit_code)
+            return f"{exc.format_message()} (see '{command} --help')", exc.exit_code
         except click.ClickException as exc:
-            _fail(exc.format_message(), exc.exit_code)
+            return exc.format_message(), exc.exit_code
         except (UserError, RuntimeFailure) as exc:
-            _fail(str(exc), exc.exit_code)
-        except click.exceptions.Abort:
-            sys.exit(130)
-        except Interrupted:
-            sys.exit(143)
+            return str(exc), exc.exit_code
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            return None, 130
+        except Interrupted as exc:
+            return None, exc.exit_code
 
 
 @click.group(cls=LlmsampleGroup, context_settings={"help_option_names": ["-h", "--help"]})

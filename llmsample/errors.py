@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 
 class UserError(Exception):
     """Something the user asked for that cannot be done; the message says how to fix it."""
@@ -15,7 +17,30 @@ class RuntimeFailure(Exception):
     exit_code = 1
 
 
-class Interrupted(Exception):
-    """SIGTERM, turned into an exception so the running command can finish its output."""
+class OutputFailed(RuntimeFailure):
+    """Writing the data failed (disk full, closed descriptor): exit 1. A reader that went away
+    (``| head``) is ``quiet``: it asked for no more, so there is nothing to report."""
 
-    exit_code = 143
+    def __init__(self, message: str, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.quiet = quiet
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP, turned into an exception so the running command can finish its
+    output; it exits 128 + the signal number, as a shell reports a process killed by it."""
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.exit_code = 128 + signum
+
+
+# Signals that end a run with its summary (SIGHUP: the terminal went away; not on Windows).
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def ignore_further_interrupts() -> None:
+    """Once a run is shutting down, another Ctrl-C or SIGTERM must not cut its summary short
+    (or print a traceback): from here on they are ignored."""
+    for signum in ENDING_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)

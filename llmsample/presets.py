@@ -72,17 +72,23 @@ def read_preset_file(path: Path) -> SamplingConfig:
         raise UserError(f"preset file {path}: {exc}") from exc
 
 
+def printable(name: str) -> str:
+    """A name taken from the file system as valid text: bytes that are not UTF-8 (which Python
+    keeps as lone surrogates) become ``\\xNN``, so JSON and the terminal get valid UTF-8."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
 def load(name: str | None = None, preset_file: Path | None = None) -> tuple[str, SamplingConfig]:
-    """The preset's display name and settings; ``--preset-file`` wins over ``--preset``."""
+    """The preset's display name (printable) and settings; ``--preset-file`` wins over ``--preset``."""
     if preset_file is not None:
-        return preset_file.stem, read_preset_file(preset_file)
+        return printable(preset_file.stem), read_preset_file(preset_file)
     name = name or DEFAULT_PRESET
     presets = discover()
     if name not in presets:
         raise UserError(
             f"unknown preset {name!r}; choose one of: {', '.join(sorted(presets))} (see `llmsample presets list`)"
         )
-    return name, read_preset_file(presets[name].path)
+    return printable(name), read_preset_file(presets[name].path)
 
 
 def check_names(names: list[str]) -> None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from typing import Any
 
 import click
 
 from llmsample.commands.options import html_option, load_model_with_progress, model_options, prompt_options, read_prompt
+from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
 
 
 @click.command("compare-presets")
@@ -31,36 +31,52 @@ def compare_presets(**options: Any) -> None:
     llmsample compare-presets -p "Sort a list in Python" --presets code,deterministic --format jsonl
     """
     from llmsample import presets as preset_store
+    from llmsample.render.jsonout import strict_json
 
-    names = [n.strip() for n in options["names"].split(",") if n.strip()] if options["names"] else None
-    names = names or sorted(preset_store.discover())
+    if options["names"] is None:
+        names = sorted(preset_store.discover())
+    else:
+        names = [n.strip() for n in options["names"].split(",") if n.strip()]
+        if not names:
+            raise UserError(
+                "--presets is empty; name presets separated by commas (see `llmsample presets list`), "
+                "or leave it out to compare every preset"
+            )
     preset_store.check_names(names)  # before the model load
-    configs = {name: preset_store.load(name)[1] for name in names}
-    prompt = read_prompt(options["prompt"])
+    configs = dict(preset_store.load(name) for name in names)
+    prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     from llmsample.generation import encode_prompt
 
     prompt_ids = encode_prompt(
         lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]
     )
-    runs = compare(
+    runs, code = compare(
         lm, prompt_ids, configs, options["samples"], options["seed"], options["max_tokens"], options["quiet"]
     )
     if options["fmt"] == "jsonl":
-        for _, _, metrics in runs:
-            click.echo(json.dumps(dataclasses.asdict(metrics), ensure_ascii=False))
-    else:
+        for _, summary, metrics in runs:
+            record = dataclasses.asdict(metrics)
+            if summary.stop_reason == "interrupted":
+                record["interrupted"] = True
+            click.echo(strict_json(record))
+    elif runs:
         show(runs, options["samples"], options["no_color"])
-    if options["html"]:
+    if options["html"] and runs:
         from llmsample.render.html import compare_page, write_page
 
         write_page(options["html"], compare_page([(m.preset, m.sample, events) for events, _, m in runs]))
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 def compare(
     lm: Any, prompt_ids: Any, configs: dict[str, Any], samples: int, seed: int, max_tokens: int, quiet: bool
-) -> list[Any]:
-    """Every preset's samples as one batch each, plus a greedy run for the divergence index."""
+) -> tuple[list[Any], int]:
+    """Every preset's samples as one batch each, plus a greedy run for the divergence index.
+    Returns the runs and an exit code: on Ctrl-C, SIGTERM or SIGHUP the presets that finished
+    are kept, the interrupted one with what it had (its summaries say ``interrupted``), and the
+    code is 130 (143, 129)."""
     from rich.progress import Progress
 
     from llmsample.config import SamplingConfig
@@ -71,9 +87,14 @@ def compare(
     from llmsample.terminal import stderr_console
 
     greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
-    greedy_events, _ = run_to_end(generate_events(lm, prompt_ids, greedy_cfg, RunStats(lm.name, "greedy", None)))
-    greedy = [e.token_id for e in greedy_events]
-    runs = []
+    runs: list[Any] = []
+    try:
+        greedy_run = generate_events(lm, prompt_ids, greedy_cfg, RunStats(lm.name, "greedy", None))
+        greedy = [e.token_id for e in run_to_end(greedy_run)[0]]
+    except (KeyboardInterrupt, Interrupted) as exc:  # before any preset: nothing to show
+        ignore_further_interrupts()
+        return runs, exc.exit_code if isinstance(exc, Interrupted) else 130
+    code = 0
     with Progress(console=stderr_console(), transient=True, disable=quiet) as progress:
         task = progress.add_task("comparing presets", total=len(configs))
         for name, base in configs.items():
@@ -82,17 +103,27 @@ def compare(
             stats = [RunStats(lm.name, name, s) for s in seeds]
             events: list[list[Any]] = [[] for _ in seeds]
             summaries: dict[int, Summary] = {}
-            for row, item in generate_rows(lm, prompt_ids, cfg, stats, seeds):
-                if isinstance(item, Summary):
-                    summaries[row] = item
-                else:
-                    events[row].append(item)
+            try:
+                for row, item in generate_rows(lm, prompt_ids, cfg, stats, seeds):
+                    if isinstance(item, Summary):
+                        summaries[row] = item
+                    else:
+                        events[row].append(item)
+            except (KeyboardInterrupt, Interrupted) as exc:
+                ignore_further_interrupts()
+                code = exc.exit_code if isinstance(exc, Interrupted) else 130
             for row in range(samples):
-                runs.append(
-                    (events[row], summaries[row], sample_metrics(name, row, events[row], summaries[row], greedy))
+                # An interrupted row: its summary says so and counts the tokens it kept.
+                summary = summaries.get(row) or dataclasses.replace(
+                    stats[row].summary("interrupted"),
+                    text="".join(e.text for e in events[row]),
+                    tokens=len(events[row]),
                 )
+                runs.append((events[row], summary, sample_metrics(name, row, events[row], summary, greedy)))
+            if code:
+                break
             progress.advance(task)
-    return runs
+    return runs, code
 
 
 def _fmt(value: float | None, digits: int = 2) -> str:
@@ -147,7 +178,9 @@ def show(runs: list[Any], samples: int, no_color: bool) -> None:
 
     console = stdout_console(use_color(no_color))
     texts: dict[str, Text] = {}
-    for events, _, metrics in runs:
+    for events, summary, metrics in runs:
+        if summary.stop_reason == "interrupted":
+            texts.setdefault(metrics.preset, Text("[interrupted]\n", style="bold"))
         cell = texts.setdefault(metrics.preset, Text())
         if samples > 1:
             cell.append(f"[sample {metrics.sample}, seed {metrics.seed}]\n", style="dim")

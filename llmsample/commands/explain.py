@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import click
 
 from llmsample.commands.options import (
+    check_utf8_option,
     load_model_with_progress,
     model_options,
     prompt_options,
@@ -31,7 +31,12 @@ STAGE_LABELS = {
 @prompt_options
 @model_options
 @sampling_options
-@click.option("--continuation", metavar="TEXT", help="Score this continuation token by token (teacher forcing).")
+@click.option(
+    "--continuation",
+    metavar="TEXT",
+    callback=check_utf8_option,
+    help="Score this continuation token by token (teacher forcing).",
+)
 @click.option("--top-n", type=click.IntRange(1, 100), default=10, show_default=True, help="Candidates to show.")
 @click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
 @click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")
@@ -45,10 +50,11 @@ def explain(**options: Any) -> None:
     """
     from llmsample.explain import explain_next, score_continuation
     from llmsample.generation import encode_prompt
+    from llmsample.render.jsonout import strict_json
     from llmsample.terminal import stdout_console, use_color
 
     preset, cfg = resolve_sampling(options)
-    prompt = read_prompt(options["prompt"])
+    prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))
@@ -61,13 +67,13 @@ def explain(**options: Any) -> None:
         scored = score_continuation(lm, prompt_ids, ids, cfg)
         if options["fmt"] == "jsonl":
             for token in scored:
-                click.echo(json.dumps(token.to_dict(), ensure_ascii=False))
+                click.echo(strict_json(token.to_dict()))
         else:
             console.print(continuation_table(scored, preset))
         return
     report = explain_next(lm, prompt_ids, cfg, options["top_n"])
     if options["fmt"] == "jsonl":
-        click.echo(json.dumps(report.to_dict(), ensure_ascii=False))
+        click.echo(strict_json(report.to_dict()))
     else:
         console.print(chain_table(report, preset))
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.options import generation_options, load_model_with_progress, read_prompt, resolve_sampling
-from llmsample.errors import Interrupted
+from llmsample.errors import Interrupted, ignore_further_interrupts
 
 if TYPE_CHECKING:
     from llmsample.events import RunStats
@@ -39,7 +39,7 @@ def run(options: dict[str, Any]) -> None:
     preset, cfg = resolve_sampling(options)
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
-    prompt = read_prompt(options["prompt"])
+    prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
@@ -82,8 +82,8 @@ def build_renderers(options: dict[str, Any]) -> list[Renderer]:
 
 
 def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, quiet: bool = False) -> None:
-    """Feed events to the renderers; on Ctrl-C or SIGTERM keep what was printed, finish with
-    an 'interrupted' summary and exit 130 (143)."""
+    """Feed events to the renderers; on Ctrl-C, SIGTERM or SIGHUP keep what was printed, finish
+    with an 'interrupted' summary and exit 130 (143, 129)."""
     from llmsample.events import Summary
     from llmsample.render.stream import summary_line
     from llmsample.terminal import stderr_console
@@ -98,7 +98,8 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
                 for renderer in renderers:
                     renderer.token(item)
     except (KeyboardInterrupt, Interrupted) as exc:
-        code = 143 if isinstance(exc, Interrupted) else 130
+        ignore_further_interrupts()
+        code = exc.exit_code if isinstance(exc, Interrupted) else 130
         summary = stats.summary("interrupted")
     assert summary is not None
     for renderer in renderers:
@@ -107,4 +108,4 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
     if not quiet:
         stderr_console().print(f"[dim]{summary_line(summary)}[/]")
     if code:
-        sys.exit(code)
+        raise click.exceptions.Exit(code)

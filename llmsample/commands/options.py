@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,19 +38,51 @@ def _check_device(ctx: click.Context, param: click.Parameter, value: str) -> str
     return value
 
 
-def _check_html_path(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
-    """Fail before the model loads, not after the text is generated."""
-    if value is not None and not value.parent.is_dir():
-        raise click.BadParameter(f"the directory {value.parent} does not exist")
-    return value
+def _check_html_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
+    """Fail before the model loads, not after the text is generated: the page replaces the
+    file by a rename (see ``write_page``), so it needs a file name in a directory we can write."""
+    if value is None:
+        return None
+    if not value:
+        raise click.BadParameter("is empty; give a file name, e.g. --html out.html")
+    path = Path(value)
+    if path.is_dir():
+        raise click.BadParameter(f"{value} is a directory; give a file name, e.g. {path / 'out.html'}")
+    if not path.parent.is_dir():
+        raise click.BadParameter(f"the directory {path.parent} does not exist")
+    try:
+        with tempfile.TemporaryFile(dir=path.parent):  # the real test: root ignores permission bits
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write in {path.parent} ({exc.strerror}); choose another directory") from exc
+    return path
 
 
 html_option = click.option(
     "--html",
-    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="FILE",
     callback=_check_html_path,
     help="Also write a self-contained HTML view to this file.",
 )
+
+
+def check_utf8(text: str, source: str) -> str:
+    """Bytes that are not UTF-8 reach Python as lone surrogates (argv) and fail deep in the
+    tokenizer, after the model load; the same one line as for invalid stdin, up front."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        byte = len(text[: exc.start].encode("utf-8"))
+        raise UserError(f"{source} is not valid UTF-8 (byte {byte}); convert it, e.g. with iconv -t UTF-8") from exc
+    return text
+
+
+def check_utf8_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback for text options (one value or a tuple of them)."""
+    for text in value if isinstance(value, tuple) else [value]:
+        if text is not None:
+            check_utf8(text, param.opts[0])
+    return value
 
 
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -82,8 +115,14 @@ model_options = _stack(
 )
 
 prompt_options = _stack(
-    click.option("--prompt", "-p", metavar="TEXT", help="The prompt; '-' or omitted with piped stdin reads stdin."),
-    click.option("--system", metavar="TEXT", help="A system message (chat models)."),
+    click.option(
+        "--prompt",
+        "-p",
+        metavar="TEXT",
+        callback=check_utf8_option,
+        help="The prompt; '-' or omitted with piped stdin reads stdin.",
+    ),
+    click.option("--system", metavar="TEXT", callback=check_utf8_option, help="A system message (chat models)."),
     click.option(
         "--raw", is_flag=True, help="Send the prompt as plain text for completion, without the chat template."
     ),
@@ -107,7 +146,9 @@ sampling_options = _stack(
     click.option("--presence-penalty", type=float, help="OpenAI's, in [-2, 2]."),
     click.option("--repetition-penalty", type=float, help="CTRL's, > 0; 1 is off."),
     click.option("--max-tokens", "-n", type=int, help="Most tokens to generate."),
-    click.option("--stop", multiple=True, metavar="TEXT", help="Stop before this text (repeatable)."),
+    click.option(
+        "--stop", multiple=True, metavar="TEXT", callback=check_utf8_option, help="Stop before this text (repeatable)."
+    ),
     click.option("--seed", type=int, help="Seed for the draws: same seed, same text."),
 )
 
@@ -157,17 +198,22 @@ def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tupl
         raise UserError(f"--{exc.key.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from exc
 
 
-def read_prompt(prompt: str | None) -> str:
-    """``--prompt``, or stdin for ``-`` or when stdin is piped; stdin must be UTF-8."""
+def read_prompt(prompt: str | None, raw: bool = False) -> str:
+    """``--prompt``, or stdin for ``-`` or when stdin is piped; stdin must be UTF-8. A chat
+    prompt from stdin loses its trailing newline (``echo`` adds one, ``-p`` has none), so both
+    ask the same question; ``--raw`` keeps stdin verbatim for completion."""
     if prompt is not None and prompt != "-":
         return prompt
+    if sys.stdin is None:  # closed at start (<&-)
+        raise UserError("no prompt: stdin is closed; pass --prompt TEXT, or pipe the prompt on stdin")
     if prompt is None and sys.stdin.isatty():
         raise UserError("no prompt: pass --prompt TEXT, or pipe the prompt on stdin")
     data = sys.stdin.buffer.read()
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"stdin is not valid UTF-8 (byte {exc.start}); convert it, e.g. with iconv -t UTF-8") from exc
+    return text if raw else text.rstrip("\r\n")
 
 
 def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:

@@ -16,16 +16,27 @@ def presets() -> None:
 
 @presets.command("list")
 def list_presets() -> None:
-    """Every preset: name, where it comes from, description."""
+    """Every preset: name, where it comes from, description. A broken file does not hide the
+    others: it is left out and named on stderr (one line each), and the exit code stays 0."""
     from rich.table import Table
 
+    from llmsample.errors import UserError
     from llmsample.terminal import stdout_console, use_color
 
+    printable = preset_store.printable
     table = Table("name", "source", "description", box=None, pad_edge=False)
+    broken = []
     for name, found in sorted(preset_store.discover().items()):
-        cfg = preset_store.read_preset_file(found.path)
-        table.add_row(name, "built-in" if found.source == "built-in" else f"user ({found.path})", cfg.description)
+        try:
+            cfg = preset_store.read_preset_file(found.path)
+        except UserError as exc:
+            broken.append(str(exc))
+            continue
+        source = "built-in" if found.source == "built-in" else f"user ({printable(str(found.path))})"
+        table.add_row(printable(name), source, cfg.description)
     stdout_console(use_color()).print(table)
+    for problem in broken:
+        click.echo(f"Warning: skipped {problem}", err=True)
 
 
 @presets.command("show")
@@ -33,11 +44,11 @@ def list_presets() -> None:
 @click.option("--file", "path", type=click.Path(path_type=Path, dir_okay=False), help="Show a preset file instead.")
 def show(name: str | None, path: Path | None) -> None:
     """A preset's resolved values, as TOML (every key, defaults filled in)."""
-    import json
+    from llmsample.render.jsonout import strict_json
 
     if name is None and path is None:
         raise click.UsageError("give a preset NAME or --file PATH")
     _, cfg = preset_store.load(name, path)
     for key, value in cfg.as_dict().items():
         if value is not None:
-            click.echo(f"{key} = {json.dumps(value, ensure_ascii=False)}")
+            click.echo(f"{key} = {strict_json(value, key)}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Protocol, TextIO
 
@@ -11,6 +10,7 @@ from rich.text import Text
 
 from llmsample.events import Summary, TokenEvent
 from llmsample.render.bands import BANDS, band_for
+from llmsample.render.jsonout import strict_json
 
 
 class Renderer(Protocol):
@@ -63,7 +63,7 @@ class JsonlRenderer:
         self.out = out or sys.stdout
 
     def _write(self, data: dict) -> None:
-        self.out.write(json.dumps(data, ensure_ascii=False) + "\n")
+        self.out.write(strict_json(data) + "\n")
         self.out.flush()
 
     def token(self, event: TokenEvent) -> None:
