@@ -22,16 +22,16 @@ from typing import Any
 
 import torch
 
-from llmsample import attention
-from llmsample.config import SamplingConfig
+from llmsample.engine import attention
+from llmsample.engine.loop import encode_prompt, generate
+from llmsample.engine.speculative import NgramDrafter, speculative_generate
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary
-from llmsample.generation import encode_prompt, generate
-from llmsample.models import LoadedModel, gguf_path, load_model
-from llmsample.presets import load as load_preset
+from llmsample.models.loading import LoadedModel, gguf_path, load_model
 from llmsample.render.stream import JsonlRenderer, PlainRenderer
-from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages
-from llmsample.speculative import NgramDrafter, speculative_generate
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages
+from llmsample.sampling.presets import load as load_preset
 
 CODE = """def mean(values):
     total = 0
@@ -116,7 +116,7 @@ def ours(
 @contextlib.contextmanager
 def stock_attention(model: Any) -> Iterator[None]:
     """The reference runs transformers' own SDPA: ``--compile`` switches the shared model to
-    ``llmsample.attention`` (switching back to the same name later needs no recompilation)."""
+    ``llmsample.engine.attention`` (switching back to the same name later needs no recompilation)."""
     current = model.config._attn_implementation
     if current != attention.NAME:
         yield
@@ -215,7 +215,7 @@ def cold_load_s() -> float | None:
 WARM_START = """
 import json, sys, time
 start = time.perf_counter()
-from llmsample.models import load_model
+from llmsample.models.loading import load_model
 load_model(sys.argv[1] or None, sys.argv[2], sys.argv[3])
 ready = time.perf_counter()
 load_model(sys.argv[1] or None, sys.argv[2], sys.argv[3])

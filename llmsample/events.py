@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmsample.sampling import entropy_bits
+from llmsample.sampling.pipeline import entropy_bits
 
 FILTER_STAGES = ("top_k", "top_p", "min_p")
 

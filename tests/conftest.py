@@ -62,7 +62,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_model_dir: Path):
-    from llmsample.models import load_model
+    from llmsample.models.loading import load_model
 
     return load_model(str(tiny_model_dir), "cpu", "float32")
 
@@ -80,7 +80,7 @@ def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def default_lm():
     """The real SmolLM2-135M-Instruct (float32, so answers do not depend on bf16 kernels)."""
-    from llmsample.models import load_model
+    from llmsample.models.loading import load_model
 
     os.environ["LLMSAMPLE_HOME"] = str(TEST_HOME)
     return load_model(None, "cpu", "float32")

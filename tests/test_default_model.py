@@ -64,7 +64,7 @@ def test_stop_string_on_the_real_model() -> None:
 
 
 def test_multibyte_text_streams_whole(default_lm) -> None:
-    from llmsample.text_stream import Detokenizer
+    from llmsample.engine.text_stream import Detokenizer
 
     text = "Grüße aus Köln — 日本語 🙂 and  two spaces"
     ids = default_lm.tokenizer(text, add_special_tokens=False)["input_ids"]

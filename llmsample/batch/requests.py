@@ -45,7 +45,7 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmsample.config import ConfigError, SamplingConfig
+from llmsample.sampling.config import ConfigError, SamplingConfig
 
 SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key != "description")  # noqa: SIM118 (a classmethod)
 OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS)

@@ -30,8 +30,8 @@ def compare_presets(**options: Any) -> None:
     llmsample compare-presets -p "Write a haiku about rain" --samples 3
     llmsample compare-presets -p "Sort a list in Python" --presets code,deterministic --format jsonl
     """
-    from llmsample import presets as preset_store
     from llmsample.render.jsonout import strict_json
+    from llmsample.sampling import presets as preset_store
 
     if options["names"] is None:
         names = sorted(preset_store.discover())
@@ -46,7 +46,7 @@ def compare_presets(**options: Any) -> None:
     configs = dict(preset_store.load(name) for name in names)
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
-    from llmsample.generation import encode_prompt
+    from llmsample.engine.loop import encode_prompt
 
     prompt_ids = encode_prompt(
         lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]
@@ -79,11 +79,11 @@ def compare(
     code is 130 (143, 129)."""
     from rich.progress import Progress
 
-    from llmsample.config import SamplingConfig
+    from llmsample.analysis.metrics import sample_metrics
+    from llmsample.engine.loop import generate as generate_events
+    from llmsample.engine.loop import generate_rows, run_to_end
     from llmsample.events import RunStats, Summary
-    from llmsample.generation import generate as generate_events
-    from llmsample.generation import generate_rows, run_to_end
-    from llmsample.metrics import sample_metrics
+    from llmsample.sampling.config import SamplingConfig
     from llmsample.terminal import stderr_console
 
     greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
@@ -132,7 +132,7 @@ def _fmt(value: float | None, digits: int = 2) -> str:
 
 def metric_rows(runs: list[Any], samples: int) -> dict[str, dict[str, str]]:
     """Per preset, each metric formatted (means over samples)."""
-    from llmsample.metrics import cross_sample_diversity, mean_pairwise_overlap
+    from llmsample.analysis.metrics import cross_sample_diversity, mean_pairwise_overlap
 
     by_preset: dict[str, list[Any]] = {}
     for run in runs:

@@ -48,8 +48,8 @@ def explain(**options: Any) -> None:
     llmsample explain -p "The capital of France is" --raw --preset creative
     llmsample explain -p "Say hi" --continuation "Hello there!" --preset code
     """
-    from llmsample.explain import explain_next, score_continuation
-    from llmsample.generation import encode_prompt
+    from llmsample.analysis.explain import explain_next, score_continuation
+    from llmsample.engine.loop import encode_prompt
     from llmsample.render.jsonout import strict_json
     from llmsample.terminal import stdout_console, use_color
 

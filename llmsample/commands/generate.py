@@ -33,8 +33,8 @@ def generate(**options: Any) -> None:
 
 def run(options: dict[str, Any]) -> None:
     """Shared by ``generate`` and ``speculate``: the same renderers over the same events."""
+    from llmsample.engine.loop import encode_prompt
     from llmsample.events import RunStats
-    from llmsample.generation import encode_prompt
 
     preset, cfg = resolve_sampling(options)
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
@@ -44,12 +44,12 @@ def run(options: dict[str, Any]) -> None:
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
     if options.get("draft"):
-        from llmsample.speculative import make_drafter, speculate_events
+        from llmsample.engine.speculative import make_drafter, speculate_events
 
         drafter = make_drafter(options["draft"], lm, options)  # a bad draft fails before any output
         events = speculate_events(lm, prompt_ids, cfg, stats, drafter, options)
     else:
-        from llmsample.generation import generate as generate_events
+        from llmsample.engine.loop import generate as generate_events
 
         events = generate_events(lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
     consume(events, build_renderers(options), stats, quiet=options["quiet"])

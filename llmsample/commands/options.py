@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmsample import presets as preset_store
-from llmsample.config import ConfigError, SamplingConfig
 from llmsample.errors import UserError
+from llmsample.sampling import presets as preset_store
+from llmsample.sampling.config import ConfigError, SamplingConfig
 
 if TYPE_CHECKING:
-    from llmsample.models import LoadedModel
+    from llmsample.models.loading import LoadedModel
 
 SAMPLING_KEYS = (
     "temperature",
@@ -220,7 +220,7 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
     """Load with progress on stderr: the first run converts the default model (tens of seconds)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from llmsample.models import load_model
+    from llmsample.models.loading import load_model
     from llmsample.terminal import stderr_console
 
     spec = (options["model"], options["device"], options["dtype"])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from llmsample import presets as preset_store
+from llmsample.sampling import presets as preset_store
 
 
 @click.group()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from llmsample.batch.requests import SAMPLING_KEYS, Request, RequestError, read_requests
-from llmsample.config import SamplingConfig
+from llmsample.sampling.config import SamplingConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

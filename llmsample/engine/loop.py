@@ -10,13 +10,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmsample.config import SamplingConfig
+from llmsample.engine.runner import ModelRunner
+from llmsample.engine.text_stream import TextStream
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, StepFigures, Summary, TokenEvent, make_event, step_figures
-from llmsample.models import LoadedModel
-from llmsample.runner import ModelRunner
-from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages
-from llmsample.text_stream import TextStream
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages
 
 
 def encode_prompt(

@@ -20,9 +20,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmsample import models as store
 from llmsample.cli import main
 from llmsample.errors import RuntimeFailure, UserError
+from llmsample.models import loading as store
 from tests.conftest import make_tiny_model
 
 
@@ -249,11 +249,11 @@ def test_cache_missing_its_weights_is_converted_again(home: Path, damage: str) -
 def staging_of_killed_process(target: Path) -> Path:
     """A staging directory whose owner was really killed with SIGKILL mid-way."""
     code = (
-        "import sys, time; from pathlib import Path; from llmsample.models import new_staging_dir\n"
+        "import sys, time; from pathlib import Path; from llmsample.models.loading import new_staging_dir\n"
         "p = new_staging_dir(Path(sys.argv[1])); (p / 'model.safetensors').write_bytes(b'x' * 4096)\n"
         "print(p, flush=True); time.sleep(600)"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-c", code, str(target)], stdout=subprocess.PIPE, text=True, env=env)
     partial = Path(proc.stdout.readline().strip())
     proc.kill()

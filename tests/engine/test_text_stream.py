@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmsample.text_stream import Detokenizer, StopMatcher
+from llmsample.engine.text_stream import Detokenizer, StopMatcher
 
 
 def feed(matcher: StopMatcher, pieces: list[str]) -> tuple[str, bool]:

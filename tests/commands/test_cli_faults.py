@@ -68,10 +68,10 @@ def test_strict_json_names_the_non_finite_field() -> None:
 
 NON_FINITE = {
     "generate": ("llmsample.events.TokenEvent.to_dict", lambda self: {"type": "token", "prob": math.nan}, []),
-    "compare-presets": ("llmsample.metrics.perplexity", lambda logprob: math.inf, ["--presets", "deterministic"]),
-    "explain": ("llmsample.explain.ChainReport.to_dict", lambda self: {"entropy": math.nan}, []),
+    "compare-presets": ("llmsample.analysis.metrics.perplexity", lambda logprob: math.inf, ["--presets", "deterministic"]),
+    "explain": ("llmsample.analysis.explain.ChainReport.to_dict", lambda self: {"entropy": math.nan}, []),
     "explain --continuation": (
-        "llmsample.explain.ScoredToken.to_dict", lambda self: {"prob": -math.inf}, ["--continuation", "w5 w6"]
+        "llmsample.analysis.explain.ScoredToken.to_dict", lambda self: {"prob": -math.inf}, ["--continuation", "w5 w6"]
     ),
 }  # fmt: skip
 
@@ -89,7 +89,7 @@ def test_jsonl_never_writes_nan_or_infinity(case: str, tiny_model_dir: Path, mon
 
 
 def test_presets_show_is_strict(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("llmsample.config.SamplingConfig.as_dict", lambda self: {"temperature": math.inf})
+    monkeypatch.setattr("llmsample.sampling.config.SamplingConfig.as_dict", lambda self: {"temperature": math.inf})
     result = CliRunner().invoke(main, ["presets", "show", "balanced"])
     assert result.exit_code == 1 and "Infinity" not in result.stdout
     assert "temperature is NaN or infinite" in result.stderr
@@ -356,7 +356,7 @@ def test_sighup_ends_like_sigterm_with_a_summary(tiny_model_dir: Path) -> None:
 # Interrupt compare-presets with a real signal once the second preset has produced one token
 # (the first run is the greedy reference).
 INTERRUPT_SECOND_PRESET = """
-import llmsample.generation as generation
+import llmsample.engine.loop as generation
 rows = generation.generate_rows
 started = []
 def interrupted_rows(*args, **kwargs):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from llmsample import precision
-from llmsample.precision import WIDE_ROWS, WideFloat32Linear, emulated_bf16, upcast_wide_products
+from llmsample.models import precision
+from llmsample.models.precision import WIDE_ROWS, WideFloat32Linear, emulated_bf16, upcast_wide_products
 
 
 def bf16_linear(seed: int = 0, bias: bool = True) -> tuple[nn.Linear, WideFloat32Linear]:
@@ -72,8 +72,8 @@ def test_only_cpus_without_bf16_arithmetic_upcast(monkeypatch, avx512_bf16, amx,
 
 def test_load_model_upcasts_bf16_prefill_on_such_cpus(tiny_model_dir, monkeypatch) -> None:
     """End to end: the loaded bf16 model's prompt logits follow the float32 model's closely."""
-    from llmsample.models import load_model
-    from llmsample.runner import ModelRunner
+    from llmsample.engine.runner import ModelRunner
+    from llmsample.models.loading import load_model
 
     monkeypatch.setattr(precision, "emulated_bf16", lambda device, dtype: dtype == torch.bfloat16)
     lm = load_model(str(tiny_model_dir), "cpu", "bfloat16")

@@ -10,12 +10,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from llmsample.config import SamplingConfig
+from llmsample.engine.loop import encode_prompt, generate, run_to_end
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_drafts, speculative_generate
 from llmsample.events import RunStats
-from llmsample.generation import encode_prompt, generate, run_to_end
-from llmsample.models import load_model
-from llmsample.sampling import TokenHistory, draw, make_generator, sampling_probs
-from llmsample.speculative import ModelDrafter, NgramDrafter, accept_drafts, speculative_generate
+from llmsample.models.loading import load_model
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampling_probs
 from tests.conftest import make_tiny_model
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from llmsample.config import SamplingConfig
+from llmsample.sampling.config import SamplingConfig
 
 TOP_P_ULPS = 4 * torch.finfo(torch.float32).eps
 """Cumulative mass within a few float32 ulps of the running total counts as reaching p: the

@@ -10,11 +10,18 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from llmsample.analysis.explain import explain_next, score_continuation
 from llmsample.cli import main
-from llmsample.config import SamplingConfig
-from llmsample.explain import explain_next, score_continuation
-from llmsample.generation import encode_prompt
-from llmsample.sampling import TokenHistory, apply_penalties, keep_min_p, keep_top_k, keep_top_p, sampling_probs
+from llmsample.engine.loop import encode_prompt
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import (
+    TokenHistory,
+    apply_penalties,
+    keep_min_p,
+    keep_top_k,
+    keep_top_p,
+    sampling_probs,
+)
 
 CFG = SamplingConfig(temperature=0.7, top_k=12, top_p=0.8, min_p=0.1, repetition_penalty=1.3)
 

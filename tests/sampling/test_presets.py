@@ -9,9 +9,9 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llmsample import presets
-from llmsample.config import ConfigError, SamplingConfig
 from llmsample.errors import UserError
+from llmsample.sampling import presets
+from llmsample.sampling.config import ConfigError, SamplingConfig
 
 
 def test_builtins_exist_and_balanced_is_the_default() -> None:

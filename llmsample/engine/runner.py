@@ -41,12 +41,12 @@ def compiled_step(model: Any, batch: int, max_length: int) -> tuple[Any, Callabl
     if key in _compiled:
         cache, step, _ = _compiled[key]
         return cache, step, 0.0
-    from llmsample.models import cache_home
+    from llmsample.models.loading import cache_home
 
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_home() / "inductor"))
     from transformers import StaticCache
 
-    from llmsample import attention
+    from llmsample.engine import attention
 
     if model.config._attn_implementation == "sdpa":  # the decode attention hands other shapes to SDPA
         model.set_attn_implementation(attention.register())

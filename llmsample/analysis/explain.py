@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmsample.config import SamplingConfig
-from llmsample.models import LoadedModel
-from llmsample.runner import ModelRunner
-from llmsample.sampling import TokenHistory, entropy_bits, sampler_stages
+from llmsample.engine.runner import ModelRunner
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import TokenHistory, entropy_bits, sampler_stages
 
 
 @dataclass(frozen=True)

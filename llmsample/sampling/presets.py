@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from llmsample.config import ConfigError, SamplingConfig
 from llmsample.errors import UserError
+from llmsample.sampling.config import ConfigError, SamplingConfig
 
 DEFAULT_PRESET = "balanced"
 
@@ -27,7 +27,7 @@ def builtin_dir() -> Path:
     packaged = Path(str(resources.files("llmsample"))) / "presets"
     if packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "presets"
+    return Path(__file__).resolve().parents[2] / "presets"
 
 
 def user_dir() -> Path:

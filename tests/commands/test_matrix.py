@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from llmsample import models
 from llmsample.cli import main
+from llmsample.models import loading as models
 from tests.conftest import cli_env, make_tiny_model
 
 PRESETS = ("balanced", "creative", "code", "deterministic")

@@ -9,11 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmsample.cli import main
-from llmsample.config import SamplingConfig
-from llmsample.events import RunStats, Summary
-from llmsample.generation import encode_prompt, generate, generate_rows, run_to_end
-from llmsample.metrics import (
+from llmsample.analysis.metrics import (
     cross_sample_diversity,
     distinct_n,
     divergence_index,
@@ -22,6 +18,10 @@ from llmsample.metrics import (
     perplexity,
     repetition_rate,
 )
+from llmsample.cli import main
+from llmsample.engine.loop import encode_prompt, generate, generate_rows, run_to_end
+from llmsample.events import RunStats, Summary
+from llmsample.sampling.config import SamplingConfig
 
 
 def test_distinct_n() -> None:
@@ -121,7 +121,7 @@ def test_unknown_preset_fails_before_loading_the_model() -> None:
 @pytest.mark.model
 def test_creative_has_higher_entropy_than_deterministic(default_lm) -> None:
     from llmsample.commands.compare import compare
-    from llmsample.presets import load
+    from llmsample.sampling.presets import load
 
     ids = encode_prompt(default_lm, "Write a short story about a robot.")
     configs = {name: load(name)[1] for name in ("creative", "deterministic")}

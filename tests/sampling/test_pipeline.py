@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.config import SamplingConfig
-from llmsample.sampling import (
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import (
     TokenHistory,
     apply_penalties,
     draw,

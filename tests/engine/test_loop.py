@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 import torch
 
-from llmsample.config import SamplingConfig
+from llmsample.engine.loop import encode_prompt, generate, run_to_end
 from llmsample.events import RunStats
-from llmsample.generation import encode_prompt, generate, run_to_end
+from llmsample.sampling.config import SamplingConfig
 
 PROMPT = "w5 w9 w3 w17 w4"
 
@@ -92,8 +92,8 @@ def test_empty_chatless_prompt_starts_from_bos(tiny_lm) -> None:
 
 def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
     """--compile: the static cache, the compiled step and rollback give the same greedy tokens."""
-    from llmsample.models import load_model
-    from llmsample.speculative import NgramDrafter, speculative_generate
+    from llmsample.engine.speculative import NgramDrafter, speculative_generate
+    from llmsample.models.loading import load_model
 
     compiled = load_model(str(tiny_model_dir), "cpu", "float32", compile=True)
     eager = load_model(str(tiny_model_dir), "cpu", "float32")
@@ -108,8 +108,8 @@ def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
 
     # Not only the argmax: the compiled step's logits (its one-query attention over the static
     # cache's masked slots) match the eager loop's.
-    from llmsample.attention import NAME
-    from llmsample.runner import ModelRunner
+    from llmsample.engine.attention import NAME
+    from llmsample.engine.runner import ModelRunner
 
     assert compiled.model.config._attn_implementation == NAME
     fast, slow = ModelRunner(compiled.model, (1, 64)), ModelRunner(eager.model)
@@ -162,7 +162,7 @@ class FixedLogitsModel(torch.nn.Module):
 )
 def test_one_host_transfer_per_step(tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig) -> None:
     # Count as on an accelerator: the CPU-only shortcuts (top-p's widening) are off.
-    monkeypatch.setattr("llmsample.sampling.host_syncs_are_free", lambda tensor: False)
+    monkeypatch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
     lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
     cfg = dataclasses.replace(cfg, max_tokens=12, seed=3)
     ids = encode_prompt(lm, PROMPT, raw=True)
@@ -175,12 +175,12 @@ def test_one_host_transfer_per_step(tiny_lm, monkeypatch: pytest.MonkeyPatch, cf
 
 
 def test_top_p_sorted_and_widened_candidates_agree() -> None:
-    from llmsample.sampling import _nucleus_candidates, keep_top_p
+    from llmsample.sampling.pipeline import _nucleus_candidates, keep_top_p
 
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2)) * 0.3  # a wide nucleus
     for p in (0.1, 0.5, 0.9, 0.999):
         widened = keep_top_p(logits, p)
         assert _nucleus_candidates(logits.softmax(-1), p)[0].shape[-1] > 256 or p < 0.9
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("llmsample.sampling.host_syncs_are_free", lambda tensor: False)
+            patch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
             assert torch.equal(keep_top_p(logits, p), widened)

@@ -1,7 +1,7 @@
 """Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a drafter proposes K tokens,
 the target scores them in one forward pass, rejection sampling keeps the output distribution
 exactly the target's. Draft and target probabilities both come from
-:func:`llmsample.sampling.sampler_stages`, so the distributions compared are the ones sampled."""
+:func:`llmsample.sampling.pipeline.sampler_stages`, so the distributions compared are the ones sampled."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from llmsample.config import SamplingConfig
+from llmsample.engine.loop import Emitter, check_finite, generate, run_to_end
+from llmsample.engine.runner import ModelRunner
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent, step_figures
-from llmsample.generation import Emitter, check_finite, generate, run_to_end
-from llmsample.models import LoadedModel
-from llmsample.runner import ModelRunner
-from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages, sampling_probs
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages, sampling_probs
 
 
 def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -145,7 +145,7 @@ def speculative_generate(
     top_n: int = 5,
     ignore_eos: bool = False,
 ) -> Iterator[TokenEvent | Summary]:
-    """The same events as :func:`llmsample.generation.generate`, each tagged with its source."""
+    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source."""
     length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
     # a verification pass may write up to max_k + 1 positions before rolling back
     room = prompt_ids.shape[1] + cfg.max_tokens + length.max_k + 1
@@ -206,7 +206,7 @@ def make_drafter(spec: str, lm: LoadedModel, options: dict[str, Any]) -> Drafter
         if options["ngram_min"] > options["ngram_max"]:
             raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
         return NgramDrafter(vocab, lm.device, options["ngram_min"], options["ngram_max"])
-    from llmsample.models import load_model
+    from llmsample.models.loading import load_model
 
     draft = load_model(spec, str(lm.device), str(lm.dtype).removeprefix("torch."))
     if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():

@@ -418,7 +418,7 @@ def load_model(
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from llmsample.precision import emulated_bf16, upcast_wide_products
+    from llmsample.models.precision import emulated_bf16, upcast_wide_products
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' bars

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llmsample.cli import main
-from llmsample.config import SamplingConfig
-from llmsample.sampling import TokenHistory, draw, make_generator, sampler_stages
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages
 from tests.conftest import cli_env, make_tiny_model
 
 
@@ -274,7 +274,7 @@ def test_preset_toml_fuzz(tmp_path: Path, entries: dict[str, str], garble: bool)
         # a valid preset loads to exactly what `presets show` prints
         import tomllib
 
-        from llmsample.presets import read_preset_file
+        from llmsample.sampling.presets import read_preset_file
 
         printed = tomllib.loads(shown.stdout)
         assert printed == {k: v for k, v in read_preset_file(path).as_dict().items() if v is not None}
