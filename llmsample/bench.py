@@ -22,15 +22,19 @@ from typing import Any
 
 import torch
 
-from llmsample.engine import attention
-from llmsample.engine.loop import encode_prompt, generate
+from llmsample.engine.loop import generate
+from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter, speculative_generate
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary
-from llmsample.models.loading import LoadedModel, gguf_path, load_model
+from llmsample.models import attention
+from llmsample.models.conversion import gguf_path
+from llmsample.models.loading import LoadedModel, load_model
 from llmsample.render.stream import JsonlRenderer, PlainRenderer
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages
+from llmsample.sampling.figures import step_figures
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
 from llmsample.sampling.presets import load as load_preset
 
 CODE = """def mean(values):
@@ -116,7 +120,7 @@ def ours(
 @contextlib.contextmanager
 def stock_attention(model: Any) -> Iterator[None]:
     """The reference runs transformers' own SDPA: ``--compile`` switches the shared model to
-    ``llmsample.engine.attention`` (switching back to the same name later needs no recompilation)."""
+    ``llmsample.models.attention`` (switching back to the same name later needs no recompilation)."""
     current = model.config._attn_implementation
     if current != attention.NAME:
         yield
@@ -179,18 +183,14 @@ def weight_bytes(lm: LoadedModel) -> int:
 
 def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50) -> float:
     """Seconds per step for sampling + inspection figures on a real vocabulary, model excluded."""
-    from llmsample.events import step_figures
-
     vocab = lm.model.config.vocab_size
     logits = torch.randn(1, vocab) * 5
-    history = TokenHistory.start(torch.tensor([[1, 2, 3]]), vocab) if cfg.has_penalties else None
+    history = TokenHistory.start(torch.tensor([[1, 2, 3]]), vocab, track=cfg.has_penalties)
     generator = make_generator(0)
     start = time.perf_counter()
     for _ in range(steps):
-        stages = sampler_stages(logits, history, cfg)
-        probs = stages[-1][1].softmax(-1)
-        token = draw(probs, generator)
-        step_figures(stages, probs, token, 5)
+        chain = sampler_chain(logits, history, cfg)
+        step_figures(chain, draw(chain.probs, generator), 5)
     return (time.perf_counter() - start) / steps
 
 

@@ -44,3 +44,9 @@ def ignore_further_interrupts() -> None:
     (or print a traceback): from here on they are ignored."""
     for signum in ENDING_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+def first_line(exc: BaseException) -> str:
+    """What a wrapped library error says, in one line (its name when it says nothing)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,22 +1,14 @@
 """What the token loop tells its renderers: one event per token, then a summary.
 
 Renderers (plain, live colour, JSONL, HTML, inspection tables) read only these records;
-none of them touches the model.
+none of them touches the model, and this module imports no torch.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
-import torch
-from torch import Tensor
-
-from llmsample.sampling.pipeline import entropy_bits
-
-FILTER_STAGES = ("top_k", "top_p", "min_p")
 
 
 @dataclass(frozen=True)
@@ -126,83 +118,3 @@ class StepFigures:
     removed: dict[str, int]
     mass: float  # total of the sampling distribution: 1 unless something overflowed
     finite_logits: bool  # the model's logits had no NaN/+inf and something finite
-
-
-def step_figures(stages: list[tuple[str, Tensor]], probs: Tensor, tokens: Tensor, top_n: int) -> list[StepFigures]:
-    """Everything a token event reports, for every row, with one host sync.
-
-    The top list is ranked by the penalised logits: for kept tokens that is the order of the
-    sampling distribution, and it still ranks the alternatives a greedy step discarded."""
-    named = dict(stages)
-    raw, ranked = named["raw"], named["penalties"]
-    raw_logprobs = raw.log_softmax(-1)
-    index = tokens.view(-1, 1)
-    top_ids = ranked.topk(min(top_n, ranked.shape[-1]), dim=-1).indices if top_n > 0 else index[:, :0]
-    kept: list[Tensor] = []
-    for position, (_, logits) in enumerate(stages):
-        # A stage that changed nothing returns its input: count it once. Logits are finite
-        # (``check_finite``) until a filter sets -inf, so that is all there is to count.
-        same = position > 0 and logits is stages[position - 1][1]
-        kept.append(kept[-1] if same else (logits != -math.inf).sum(-1))
-    columns = [
-        index.float(),
-        probs.gather(1, index),
-        raw_logprobs.gather(1, index).exp(),
-        (raw > raw.gather(1, index)).sum(-1, keepdim=True).float() + 1,
-        entropy_bits(probs).unsqueeze(-1),
-        probs.sum(-1, keepdim=True),
-        # Checked here, in the step's one transfer, rather than with a host sync of its own.
-        ((raw < math.inf).all(-1, keepdim=True) & (raw > -math.inf).any(-1, keepdim=True)).float(),
-        torch.stack(kept, -1).float(),
-        top_ids.float(),
-        probs.gather(1, top_ids),
-        raw_logprobs.gather(1, top_ids).exp(),
-    ]
-    rows = torch.cat(columns, -1).tolist()
-    names = [name for name, _ in stages]
-    n_stages, n_top = len(stages), top_ids.shape[-1]
-    figures = []
-    for row in rows:
-        kept_counts = row[7 : 7 + n_stages]
-        removed = {
-            name: int(kept_counts[i - 1] - kept_counts[i]) for i, name in enumerate(names) if name in FILTER_STAGES
-        }
-        top = row[7 + n_stages :]
-        figures.append(
-            StepFigures(
-                token_id=int(row[0]),
-                prob=row[1],
-                model_prob=row[2],
-                model_rank=int(row[3]),
-                entropy=max(row[4], 0.0) + 0.0,  # no -0.0 in the output
-                top_ids=[int(t) for t in top[:n_top]],
-                top_probs=top[n_top : 2 * n_top],
-                top_model_probs=top[2 * n_top :],
-                removed=removed,
-                mass=row[5],
-                finite_logits=row[6] == 1.0,
-            )
-        )
-    return figures
-
-
-def make_event(
-    figures: StepFigures, index: int, text: str, tokenizer: Any, source: str = "target", eos: bool = False
-) -> TokenEvent:
-    top = tuple(
-        Candidate(t, tokenizer.decode([t], skip_special_tokens=False), p, m)
-        for t, p, m in zip(figures.top_ids, figures.top_probs, figures.top_model_probs, strict=True)
-    )
-    return TokenEvent(
-        index=index,
-        token_id=figures.token_id,
-        text=text,
-        prob=figures.prob,
-        model_prob=figures.model_prob,
-        model_rank=figures.model_rank,
-        entropy=figures.entropy,
-        top=top,
-        removed=figures.removed,
-        source=source,
-        eos=eos,
-    )

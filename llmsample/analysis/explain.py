@@ -12,7 +12,8 @@ from torch import Tensor
 from llmsample.engine.runner import ModelRunner
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.pipeline import TokenHistory, entropy_bits, sampler_stages
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import Chain, entropy_bits, sampler_chain
 
 
 @dataclass(frozen=True)
@@ -49,38 +50,38 @@ class ScoredToken:
         return {"type": "scored", **asdict(self)}
 
 
-def _removed_by(stages: list[tuple[str, Tensor]], token: int) -> str | None:
-    for name, logits in stages:
-        if not torch.isfinite(logits[token]):
-            return name
+def _removed_by(chain: Chain, row: int, token: int) -> str | None:
+    for stage in chain.stages:
+        if not torch.isfinite(stage.logits[row, token]):
+            return stage.name
     return None
 
 
 def chain_report(
-    logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig, tokenizer: Any, top_n: int = 10
+    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, tokenizer: Any, top_n: int = 10
 ) -> ChainReport:
     """``logits``: raw next-token logits ``[1, vocab]``."""
-    stages = [(name, t[0]) for name, t in sampler_stages(logits, history, cfg)]
-    probs = {name: t.softmax(-1) for name, t in stages}
-    raw_top = stages[0][1].topk(top_n).indices.tolist()
-    final_top = [t for t in stages[-1][1].topk(top_n).indices.tolist() if probs[stages[-1][0]][t] > 0]
+    chain = sampler_chain(logits, history, cfg)
+    probs = {stage.name: stage.logits[0].softmax(-1) for stage in chain.stages}
+    raw_top = chain.raw[0].topk(top_n).indices.tolist()
+    final_top = [t for t in chain.final[0].topk(top_n).indices.tolist() if chain.probs[0, t] > 0]
     ids = list(dict.fromkeys(final_top + raw_top))[:top_n]
     candidates = [
         StageCandidate(
             token_id=t,
             text=tokenizer.decode([t], skip_special_tokens=False),
             probs={name: float(p[t]) for name, p in probs.items()},
-            removed_by=_removed_by(stages, t),
+            removed_by=_removed_by(chain, 0, t),
         )
         for t in ids
     ]
-    kept = {name: int(torch.isfinite(t).sum()) for name, t in stages}
-    return ChainReport([name for name, _ in stages], candidates, kept, float(entropy_bits(probs[stages[-1][0]])))
+    kept = {stage.name: int(torch.isfinite(stage.logits[0]).sum()) for stage in chain.stages}
+    return ChainReport(list(chain.names), candidates, kept, float(entropy_bits(chain.probs[0])))
 
 
 def explain_next(lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10) -> ChainReport:
     logits = ModelRunner(lm.model).prefill(prompt_ids)
-    history = TokenHistory.start(prompt_ids, logits.shape[-1]) if cfg.has_penalties else None
+    history = TokenHistory.start(prompt_ids, logits.shape[-1], track=cfg.has_penalties)
     return chain_report(logits, history, cfg, lm.tokenizer, top_n)
 
 
@@ -93,16 +94,13 @@ def score_continuation(
     runner.reset()
     cont = torch.tensor(continuation, device=prompt_ids.device)
     logits = runner.extend(torch.cat([prompt_ids[0], cont])[None])[0, prompt_ids.shape[1] - 1 : -1]
-    history = None
-    if cfg.has_penalties:  # row i sees the continuation before token i
-        rows = TokenHistory.start(prompt_ids, logits.shape[-1]).prefixes(cont)
-        history = TokenHistory(rows.counts[:-1], rows.seen[:-1])
-    stages = sampler_stages(logits, history, cfg)
-    raw, final = stages[0][1], stages[-1][1]
-    model_probs, preset_probs = raw.softmax(-1), final.softmax(-1)
+    # row i sees the continuation before token i
+    history = TokenHistory.start(prompt_ids, logits.shape[-1], track=cfg.has_penalties).prefixes(cont)
+    chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
+    raw, final = chain.raw, chain.final
+    model_probs, preset_probs = raw.softmax(-1), chain.probs
     scored = []
     for i, token in enumerate(continuation):
-        rows = [(name, t[i]) for name, t in stages]
         scored.append(
             ScoredToken(
                 index=i,
@@ -112,7 +110,7 @@ def score_continuation(
                 prob=float(preset_probs[i, token]),
                 model_rank=int((raw[i] > raw[i, token]).sum()) + 1,
                 allowed=bool(torch.isfinite(final[i, token])),
-                removed_by=_removed_by(rows, token),
+                removed_by=_removed_by(chain, i, token),
             )
         )
     return scored

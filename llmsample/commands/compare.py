@@ -46,7 +46,7 @@ def compare_presets(**options: Any) -> None:
     configs = dict(preset_store.load(name) for name in names)
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
-    from llmsample.engine.loop import encode_prompt
+    from llmsample.engine.prompt import encode_prompt
 
     prompt_ids = encode_prompt(
         lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]

@@ -49,7 +49,7 @@ def explain(**options: Any) -> None:
     llmsample explain -p "Say hi" --continuation "Hello there!" --preset code
     """
     from llmsample.analysis.explain import explain_next, score_continuation
-    from llmsample.engine.loop import encode_prompt
+    from llmsample.engine.prompt import encode_prompt
     from llmsample.render.jsonout import strict_json
     from llmsample.terminal import stdout_console, use_color
 

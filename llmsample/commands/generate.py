@@ -11,11 +11,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.options import generation_options, load_model_with_progress, read_prompt, resolve_sampling
-from llmsample.errors import Interrupted, ignore_further_interrupts
+from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
 
 if TYPE_CHECKING:
+    from llmsample.engine.speculative import Drafter
     from llmsample.events import RunStats
+    from llmsample.models.loading import LoadedModel
     from llmsample.render.stream import Renderer
+    from llmsample.sampling.config import SamplingConfig
 
 
 @click.command()
@@ -33,7 +36,7 @@ def generate(**options: Any) -> None:
 
 def run(options: dict[str, Any]) -> None:
     """Shared by ``generate`` and ``speculate``: the same renderers over the same events."""
-    from llmsample.engine.loop import encode_prompt
+    from llmsample.engine.prompt import encode_prompt
     from llmsample.events import RunStats
 
     preset, cfg = resolve_sampling(options)
@@ -44,15 +47,61 @@ def run(options: dict[str, Any]) -> None:
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
     if options.get("draft"):
-        from llmsample.engine.speculative import make_drafter, speculate_events
+        from llmsample.engine.speculative import speculative_generate
 
-        drafter = make_drafter(options["draft"], lm, options)  # a bad draft fails before any output
-        events = speculate_events(lm, prompt_ids, cfg, stats, drafter, options)
+        drafter = build_drafter(options, lm)  # a bad draft fails before any output
+        events = speculative_generate(
+            lm, prompt_ids, cfg, stats, drafter,
+            draft_tokens=options.get("draft_tokens"), top_n=options["top_n"], ignore_eos=options["ignore_eos"],
+        )  # fmt: skip
+        if options.get("compare"):
+            events = with_plain_comparison(events, lm, prompt_ids, cfg, options)
     else:
         from llmsample.engine.loop import generate as generate_events
 
         events = generate_events(lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
     consume(events, build_renderers(options), stats, quiet=options["quiet"])
+
+
+def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Drafter:
+    """``--draft ngram`` (prompt lookup) or a model sharing the target's tokenizer."""
+    from llmsample.engine.speculative import ModelDrafter, NgramDrafter, check_same_tokenizer
+    from llmsample.models.loading import load_model
+
+    vocab = lm.model.config.vocab_size
+    if options["draft"] == "ngram":
+        if options["ngram_min"] > options["ngram_max"]:
+            raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
+        return NgramDrafter(vocab, lm.device, options["ngram_min"], options["ngram_max"])
+    draft = load_model(options["draft"], str(lm.device), str(lm.dtype).removeprefix("torch."))
+    check_same_tokenizer(draft, lm)
+    return ModelDrafter(draft, vocab)
+
+
+def with_plain_comparison(
+    events: Iterator[Any], lm: LoadedModel, prompt_ids: Any, cfg: SamplingConfig, options: dict[str, Any]
+) -> Iterator[Any]:
+    """``--compare``: after the speculative run (its runner given back), the same prompt decoded
+    without speculation, same seed; the summary gains the plain speed and the speedup."""
+    from llmsample.engine.loop import generate as generate_events
+    from llmsample.engine.loop import run_to_end
+    from llmsample.events import RunStats, Summary
+
+    summary = None
+    for item in events:
+        if isinstance(item, Summary):
+            summary = item
+        else:
+            yield item
+    assert summary is not None
+    plain_stats = RunStats(model=summary.model, preset=summary.preset, seed=summary.seed)
+    _, plain = run_to_end(
+        generate_events(lm, prompt_ids, cfg, plain_stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
+    )
+    extra = dict(summary.extra, plain_tokens_per_s=plain.tokens_per_s, plain_elapsed_s=plain.elapsed_s)
+    if plain.tokens_per_s and summary.tokens_per_s:
+        extra["speedup"] = summary.tokens_per_s / plain.tokens_per_s
+    yield dataclasses.replace(summary, extra=extra)
 
 
 def build_renderers(options: dict[str, Any]) -> list[Renderer]:

@@ -9,7 +9,7 @@ import click
 def models() -> None:
     """The default model (and whether it is converted yet), the cached models, and staging
     directories of conversions (abandoned ones are removed here, and said so)."""
-    from llmsample.models import loading as model_store
+    from llmsample.models import conversion as model_store
 
     removed = model_store.remove_abandoned_staging()
     converted = model_store.models_dir() / model_store.DEFAULT_MODEL

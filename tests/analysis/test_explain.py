@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from llmsample.analysis.explain import explain_next, score_continuation
 from llmsample.cli import main
-from llmsample.engine.loop import encode_prompt
+from llmsample.engine.prompt import encode_prompt
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import (
-    TokenHistory,
     apply_penalties,
     keep_min_p,
     keep_top_k,

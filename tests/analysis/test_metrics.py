@@ -19,7 +19,8 @@ from llmsample.analysis.metrics import (
     repetition_rate,
 )
 from llmsample.cli import main
-from llmsample.engine.loop import encode_prompt, generate, generate_rows, run_to_end
+from llmsample.engine.loop import generate, generate_rows, run_to_end
+from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
 from llmsample.sampling.config import SamplingConfig
 

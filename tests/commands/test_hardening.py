@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from llmsample.cli import main
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampler_stages
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
 from tests.conftest import cli_env, make_tiny_model
 
 
@@ -242,11 +243,11 @@ def test_pipeline_never_nan_never_outside_the_kept_set(row: list[float], cfg: Sa
     logits = torch.tensor([row])
     prompt = torch.tensor([[data.draw(st.integers(0, len(row) - 1))]])
     history = TokenHistory.start(prompt, len(row)).advanced(torch.tensor([data.draw(st.integers(0, len(row) - 1))]))
-    stages = sampler_stages(logits, history, cfg)
-    probs = stages[-1][1].softmax(-1)
+    chain = sampler_chain(logits, history, cfg)
+    probs = chain.probs
     assert not torch.isnan(probs).any()
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
-    kept = torch.isfinite(stages[-1][1])[0]
+    kept = torch.isfinite(chain.final)[0]
     assert kept.any()
     tokens = draw(probs.expand(32, -1), make_generator(seed))
     assert kept[tokens].all()

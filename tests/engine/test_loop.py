@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from llmsample.engine.loop import encode_prompt, generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats
 from llmsample.sampling.config import SamplingConfig
 
@@ -108,15 +109,15 @@ def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
 
     # Not only the argmax: the compiled step's logits (its one-query attention over the static
     # cache's masked slots) match the eager loop's.
-    from llmsample.engine.attention import NAME
     from llmsample.engine.runner import ModelRunner
+    from llmsample.models.attention import NAME
 
     assert compiled.model.config._attn_implementation == NAME
-    fast, slow = ModelRunner(compiled.model, (1, 64)), ModelRunner(eager.model)
-    torch.testing.assert_close(fast.prefill(ids), slow.prefill(ids))
-    for token in expected[:12]:
-        step = torch.tensor([token])
-        torch.testing.assert_close(fast.step(step), slow.step(step), rtol=1e-4, atol=1e-4)
+    with ModelRunner.for_run(compiled, 1, 64) as fast, ModelRunner.for_run(eager, 1, 64) as slow:
+        torch.testing.assert_close(fast.prefill(ids), slow.prefill(ids))
+        for token in expected[:12]:
+            step = torch.tensor([token])
+            torch.testing.assert_close(fast.step(step), slow.step(step), rtol=1e-4, atol=1e-4)
 
 
 # --- host synchronisations ----------------------------------------------------------------------

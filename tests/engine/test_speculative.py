@@ -10,12 +10,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from llmsample.engine.loop import encode_prompt, generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_drafts, speculative_generate
 from llmsample.events import RunStats
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.pipeline import TokenHistory, draw, make_generator, sampling_probs
+from llmsample.sampling.history import NO_HISTORY, TokenHistory
+from llmsample.sampling.pipeline import draw, make_generator, sampling_probs
 from tests.conftest import make_tiny_model
 
 
@@ -101,7 +103,7 @@ def test_drafts_outside_the_targets_filters_are_never_emitted() -> None:
     g = torch.Generator().manual_seed(2)
     cfg = SamplingConfig(temperature=0.8, top_k=4, top_p=0.9, min_p=0.1)
     logits = torch.randn(3, 32, generator=g) * 2
-    p = sampling_probs(logits, None, cfg)
+    p = sampling_probs(logits, NO_HISTORY, cfg)
     q = torch.full((2, 32), 1 / 32)  # a draft that proposes anything
     drafted = draw(q, g)
     accepted, after = run_accept(p, q, drafted.tolist(), samples=3000)
@@ -192,14 +194,14 @@ def tv_bound(categories: int, n: int, delta: float = 1e-6) -> float:
     return 0.5 * math.sqrt(categories / n) + math.sqrt(math.log(1 / delta) / (2 * n))
 
 
-def next_token_dists(model, prompt: list[int], history: TokenHistory | None, cfg: SamplingConfig):
+def next_token_dists(model, prompt: list[int], history: TokenHistory, cfg: SamplingConfig):
     """Sampling distribution after the prompt, and after the prompt plus each possible token."""
     with torch.inference_mode():
         first_logits = model(torch.tensor([prompt])).logits[:, -1]
         seqs = torch.tensor([[*prompt, x] for x in range(VOCAB)])
         second_logits = model(seqs).logits[:, -1]
-    rows = None
-    if history is not None:
+    rows = history
+    if not history.inert:
         rows = TokenHistory(history.counts.expand(VOCAB, -1), history.seen.expand(VOCAB, -1)).advanced(
             torch.arange(VOCAB)
         )
@@ -219,9 +221,7 @@ def test_speculative_samples_follow_the_target_distribution(small_vocab_pair, na
     target, draft = small_vocab_pair
     cfg = CONFIGS[name]
     prompt = [0, 5, 7, 5]
-    history = (
-        TokenHistory.start(torch.tensor([prompt]), VOCAB).advanced(torch.tensor([7])) if cfg.has_penalties else None
-    )
+    history = TokenHistory.start(torch.tensor([prompt]), VOCAB, track=cfg.has_penalties).advanced(torch.tensor([7]))
     p1, p2 = next_token_dists(target, prompt, history, cfg)
     q1, q2 = next_token_dists(draft, prompt, history, cfg)
     g = make_generator(1234)

@@ -22,7 +22,8 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.models import loading as store
+from llmsample.models import conversion as store
+from llmsample.models.loading import load_model
 from tests.conftest import make_tiny_model
 
 
@@ -249,7 +250,7 @@ def test_cache_missing_its_weights_is_converted_again(home: Path, damage: str) -
 def staging_of_killed_process(target: Path) -> Path:
     """A staging directory whose owner was really killed with SIGKILL mid-way."""
     code = (
-        "import sys, time; from pathlib import Path; from llmsample.models.loading import new_staging_dir\n"
+        "import sys, time; from pathlib import Path; from llmsample.models.conversion import new_staging_dir\n"
         "p = new_staging_dir(Path(sys.argv[1])); (p / 'model.safetensors').write_bytes(b'x' * 4096)\n"
         "print(p, flush=True); time.sleep(600)"
     )
@@ -282,7 +283,7 @@ def test_abandoned_staging_is_removed_by_any_load(home: Path, tiny_model_dir: Pa
     target = home / "models" / store.DEFAULT_MODEL
     target.parent.mkdir(parents=True)
     killed = staging_of_killed_process(target)
-    store.load_model(str(tiny_model_dir), "cpu", "float32")
+    load_model(str(tiny_model_dir), "cpu", "float32")
     assert not killed.exists()
 
 
@@ -306,7 +307,7 @@ def test_converted_model_follows_the_umask(home: Path) -> None:
 
 
 def test_conversion_drops_the_gguf_quantization_config(home: Path) -> None:
-    lm = store.load_model(None, "cpu", "float32")
+    lm = load_model(None, "cpu", "float32")
     config_file = home / "models" / store.DEFAULT_MODEL / "config.json"
     assert "quantization_config" not in json.loads(config_file.read_text())
     assert getattr(lm.model, "hf_quantizer", None) is None
@@ -315,7 +316,7 @@ def test_conversion_drops_the_gguf_quantization_config(home: Path) -> None:
         "quantization_config": {"quant_method": "gguf", "dequantize": False, "gguf_file": "x.gguf"}
     }
     config_file.write_text(json.dumps(stale))
-    assert getattr(store.load_model(None, "cpu", "float32").model, "hf_quantizer", None) is None
+    assert getattr(load_model(None, "cpu", "float32").model, "hf_quantizer", None) is None
 
 
 # --- out of memory while compiling ------------------------------------------------------------------

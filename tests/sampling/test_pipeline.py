@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.history import NO_HISTORY, TokenHistory
 from llmsample.sampling.pipeline import (
-    TokenHistory,
     apply_penalties,
     draw,
     entropy_bits,
@@ -19,7 +19,7 @@ from llmsample.sampling.pipeline import (
     keep_top_k,
     keep_top_p,
     make_generator,
-    sampler_stages,
+    sampler_chain,
     sampling_probs,
 )
 
@@ -73,7 +73,7 @@ def test_an_overflowing_penalty_keeps_the_distribution_finite() -> None:
     probs = sampling_probs(-logits.abs(), everything, SamplingConfig(repetition_penalty=1e38))
     assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
     # A removed token (-inf from the model) stays removed.
-    probs = sampling_probs(torch.tensor([[-torch.inf, 1e30, 0.0]]), None, SamplingConfig(temperature=2e-4))
+    probs = sampling_probs(torch.tensor([[-torch.inf, 1e30, 0.0]]), NO_HISTORY, SamplingConfig(temperature=2e-4))
     assert probs.tolist() == [[0.0, 1.0, 0.0]]
 
 
@@ -141,9 +141,9 @@ def test_stages_never_modify_their_input() -> None:
 
 
 def test_greedy_is_one_hot_argmax() -> None:
-    probs = sampling_probs(LOGITS, None, SamplingConfig(temperature=0.0))
+    probs = sampling_probs(LOGITS, NO_HISTORY, SamplingConfig(temperature=0.0))
     assert probs.tolist() == [[0.0, 0.0, 0.0, 1.0]]
-    probs = sampling_probs(LOGITS, None, SamplingConfig(temperature=1e-4))
+    probs = sampling_probs(LOGITS, NO_HISTORY, SamplingConfig(temperature=1e-4))
     assert probs.tolist() == [[0.0, 0.0, 0.0, 1.0]]
 
 
@@ -184,7 +184,7 @@ def test_pipeline_matches_the_article(seed: int) -> None:
     top_p = [1.0, 0.9, 0.5, 0.95, 0.1][(seed * 3) % 5]
     expected = article_distribution(logits.clone(), temperature, top_k, top_p)
     cfg = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    ours = sampling_probs(logits[None], None, cfg)[0]
+    ours = sampling_probs(logits[None], NO_HISTORY, cfg)[0]
     assert set((ours > 0).nonzero().flatten().tolist()) == set((expected > 0).nonzero().flatten().tolist())
     torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
 
@@ -207,10 +207,10 @@ configs = st.builds(
 @given(logit_rows, configs, st.integers(0, 2**32))
 def test_a_filtered_token_is_never_drawn(row: list[float], cfg: SamplingConfig, seed: int) -> None:
     logits = torch.tensor([row])
-    probs = sampling_probs(logits, None, cfg)
+    probs = sampling_probs(logits, NO_HISTORY, cfg)
     assert not torch.isnan(probs).any()
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
-    allowed = torch.isfinite(sampler_stages(logits, None, cfg)[-1][1])
+    allowed = torch.isfinite(sampler_chain(logits, NO_HISTORY, cfg).final)
     tokens = torch.multinomial(probs.expand(64, -1), 1, replacement=True, generator=make_generator(seed)).flatten()
     assert allowed[0, tokens].all()
 
@@ -238,10 +238,10 @@ def test_the_pipeline_never_emits_a_non_finite_number(row: list[float], cfg: Sam
     logits = torch.tensor([row])
     seen = data.draw(st.lists(st.integers(0, len(row) - 1), min_size=1, max_size=8))
     history = TokenHistory.start(torch.tensor([seen]), len(row)).advanced(torch.tensor([seen[-1]]))
-    stages = sampler_stages(logits, history, cfg)
-    for _, stage in stages:
-        assert not torch.isnan(stage).any() and not (stage == torch.inf).any()
-    probs = stages[-1][1].softmax(-1)
+    chain = sampler_chain(logits, history, cfg)
+    for stage in chain.stages:
+        assert not torch.isnan(stage.logits).any() and not (stage.logits == torch.inf).any()
+    probs = chain.probs
     assert torch.isfinite(probs).all()
     assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
     assert probs[0, draw(probs, make_generator(0))].item() > 0
@@ -251,13 +251,13 @@ def test_the_pipeline_never_emits_a_non_finite_number(row: list[float], cfg: Sam
 @given(st.lists(st.integers(-3, 3), min_size=2, max_size=30), st.sampled_from([0.3, 1.0, 2.0]))
 def test_top_k_one_equals_greedy_ties_included(row: list[int], temperature: float) -> None:
     logits = torch.tensor([row], dtype=torch.float32)  # small integers: many ties
-    greedy = sampling_probs(logits, None, SamplingConfig(temperature=0.0))
-    top1 = sampling_probs(logits, None, SamplingConfig(temperature=temperature, top_k=1))
+    greedy = sampling_probs(logits, NO_HISTORY, SamplingConfig(temperature=0.0))
+    top1 = sampling_probs(logits, NO_HISTORY, SamplingConfig(temperature=temperature, top_k=1))
     assert torch.equal(greedy, top1)
 
 
 def test_same_seed_same_draws() -> None:
-    probs = sampling_probs(torch.randn(1, 1000, generator=torch.Generator().manual_seed(1)), None, SamplingConfig())
+    probs = sampling_probs(torch.randn(1, 1000, generator=torch.Generator().manual_seed(1)), NO_HISTORY, SamplingConfig())
     runs = {tuple(draw(probs.expand(16, -1), make_generator(42)).tolist()) for _ in range(20)}
     assert len(runs) == 1
     assert len(set(next(iter(runs)))) > 1  # the draws do vary within a run

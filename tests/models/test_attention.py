@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.engine.attention import decode_attention
+from llmsample.models.attention import decode_attention
 
 
 class Module(torch.nn.Module):

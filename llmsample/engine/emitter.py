@@ -1,0 +1,88 @@
+"""From sampled tokens to events: text, EOS, stop strings and the length limit, shared by every
+loop (plain, speculative, batch)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import Tensor
+
+from llmsample.engine.text_stream import TextStream
+from llmsample.errors import RuntimeFailure
+from llmsample.events import Candidate, RunStats, StepFigures, TokenEvent
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+
+
+def check_finite(logits: Tensor, position: int) -> None:
+    """NaN or +inf anywhere, or nothing finite, means the forward pass broke: stop, never sample it.
+    (The plain loop checks the same in its step figures, without a host sync of its own.)"""
+    broken = ~(logits < math.inf) | (logits == -math.inf).all(-1, keepdim=True)
+    if broken.any():
+        raise_broken_logits(position)
+
+
+def raise_broken_logits(position: int) -> None:
+    raise RuntimeFailure(
+        f"the model produced NaN/inf logits at position {position}; try --dtype float32 (half precision can overflow)"
+    )
+
+
+class Emitter:
+    """Turns sampled tokens into events: text, EOS, stop strings and the length limit, the
+    same for the plain and the speculative loop."""
+
+    def __init__(self, lm: LoadedModel, cfg: SamplingConfig, stats: RunStats, prompt_ids: Tensor, ignore_eos: bool):
+        self.lm = lm
+        self.max_tokens = cfg.max_tokens
+        self.stats = stats
+        self.eos = set() if ignore_eos else lm.eos_ids
+        self.stream = TextStream(lm.tokenizer, cfg.stop, prompt_ids[0].tolist())
+        self.reason: str | None = None
+        stats.prompt_tokens = prompt_ids.shape[1]
+
+    def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
+        index = self.stats.tokens
+        position = self.stats.prompt_tokens + index
+        if not figures.finite_logits:
+            raise_broken_logits(position)
+        if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
+            raise RuntimeFailure(
+                f"the sampling distribution at position {position} is not finite "
+                "(the settings overflowed float32); use milder penalties or temperature"
+            )
+        is_eos = figures.token_id in self.eos
+        if is_eos:
+            text, self.reason = self.stream.flush(), "eos"
+        else:
+            text, stopped = self.stream.push(figures.token_id)
+            if stopped:
+                self.reason = "stop"
+            elif index == self.max_tokens - 1:
+                text, self.reason = text + self.stream.flush(), "length"
+        event = make_event(figures, index, text, self.lm.tokenizer, source=source, eos=is_eos)
+        self.stats.record(event)
+        return event
+
+
+def make_event(
+    figures: StepFigures, index: int, text: str, tokenizer: Any, source: str = "target", eos: bool = False
+) -> TokenEvent:
+    top = tuple(
+        Candidate(t, tokenizer.decode([t], skip_special_tokens=False), p, m)
+        for t, p, m in zip(figures.top_ids, figures.top_probs, figures.top_model_probs, strict=True)
+    )
+    return TokenEvent(
+        index=index,
+        token_id=figures.token_id,
+        text=text,
+        prob=figures.prob,
+        model_prob=figures.model_prob,
+        model_rank=figures.model_rank,
+        entropy=figures.entropy,
+        top=top,
+        removed=figures.removed,
+        source=source,
+        eos=eos,
+    )

@@ -1,0 +1,117 @@
+"""``--compile``: a model's one-token decode step through ``torch.compile``, over a preallocated
+cache (transformers' ``StaticCache``), its attention written for one query (``attention``).
+
+The loaded model owns its compiled steps (:class:`CompiledSteps`); a runner leases one for the
+length of a run and gives it back, so two runners never share a static cache by accident, and
+the steps live exactly as long as the model that holds them."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmsample.errors import RuntimeFailure, UserError, first_line
+
+LENGTH_BUCKET = 256
+"""Static caches are sized in multiples of this: one compilation serves every run in a bucket.
+The decode step attends over the whole cache, so a smaller bucket is a faster step (bfloat16:
+~3.6 ms per 256 slots here) but more distinct compilations."""
+
+
+def cache_arg(model: Any) -> str:
+    """transformers 5.x renamed the cache argument; older releases only know the old name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+@dataclass
+class CompiledStep:
+    """A static cache for ``batch`` rows of up to ``bucket`` positions and the compiled step that
+    decodes one token per row into it."""
+
+    batch: int
+    bucket: int
+    cache: Any
+    step: Callable[[Tensor], Tensor]
+    compile_s: float  # what building it cost; 0 once it is reused
+
+
+class CompiledSteps:
+    """The compiled decode steps of one model, built on first use per (batch, length bucket) and
+    leased to one runner at a time. Building the first one switches the model's attention to
+    :mod:`llmsample.models.attention` (it hands every other shape to SDPA, so eager passes keep
+    their results); the bench switches back for its reference runs."""
+
+    def __init__(self, model: Any, cache_dir: str) -> None:
+        self.model = model
+        self.cache_dir = cache_dir
+        self._free: dict[tuple[int, int], list[CompiledStep]] = {}
+
+    def lease(self, batch: int, max_length: int) -> CompiledStep:
+        """A step nobody else holds: a free one of this shape, or a newly built one."""
+        bucket = -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET
+        free = self._free.get((batch, bucket))
+        if free:
+            step = free.pop()
+            step.compile_s = 0.0
+            with torch.inference_mode():  # the cache's tensors were made there
+                step.cache.reset()
+            return step
+        return self._build(batch, bucket)
+
+    def release(self, step: CompiledStep) -> None:
+        self._free.setdefault((step.batch, step.bucket), []).append(step)
+
+    def _build(self, batch: int, bucket: int) -> CompiledStep:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", self.cache_dir)
+        from transformers import StaticCache
+
+        from llmsample.models import attention
+
+        model = self.model
+        if model.config._attn_implementation == "sdpa":  # the decode attention hands other shapes to SDPA
+            model.set_attn_implementation(attention.register())
+        # Not inductor's `freezing`: prepacked frozen weights measured ~4% faster per step here, but
+        # they keep the compiled graph out of the on-disk cache (38 s at every start, against 12.5 s
+        # for a cached second start; bench/NOTES.md).
+        cache = StaticCache(config=model.config, max_cache_len=bucket)
+        name = cache_arg(model)
+
+        def decode(tokens: Tensor) -> Tensor:
+            return model(input_ids=tokens, use_cache=True, **{name: cache}).logits[:, -1]
+
+        step = torch.compile(decode, dynamic=False)
+        start = time.perf_counter()
+        # An ordinary tensor, like the loop's tokens: an inference-mode one would compile a second graph.
+        dummy = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
+        try:
+            with torch.inference_mode():
+                decode(dummy)  # eagerly first: the cache allocates its tensors lazily, which would recompile
+                step(dummy)  # compile now, so the first real token is not the slow one
+                cache.reset()
+        except Exception as exc:  # inductor needs a working C++ toolchain; say so instead of a traceback
+            if out_of_memory(exc):
+                raise RuntimeFailure(
+                    f"out of memory while compiling the decode step on {model.device}; "
+                    "run without --compile, or try --dtype bfloat16 or a smaller model"
+                ) from exc
+            raise UserError(f"--compile failed ({first_line(exc)}); run without --compile") from exc
+        return CompiledStep(batch, bucket, cache, step, time.perf_counter() - start)
+
+
+def out_of_memory(exc: BaseException | None) -> bool:
+    """Dynamo and inductor wrap what failed inside them (BackendCompilerFailed, ...): look down
+    the chain, since running out of memory is a runtime failure (exit 1), not a usage error."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
