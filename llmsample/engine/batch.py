@@ -1,0 +1,134 @@
+"""Many requests decoded together (continuous batching): up to ``batch_size`` rows advance one
+token per forward pass; a row that finishes leaves at once and the next request takes its place
+(its prompt prefilled and merged in), so the batch stays full while the queue lasts.
+
+Every row keeps its own settings, seed, stop strings and length, and yields the same per-token
+records as :func:`llmsample.engine.loop.generate`: each row draws from its own generator with
+the pipeline's own functions, so in float32 a request gives the tokens it gives alone."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmsample.engine.emitter import Emitter
+from llmsample.engine.padded import PaddedBatch
+from llmsample.errors import RuntimeFailure
+from llmsample.events import RunStats, Summary, TokenEvent
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.figures import step_figures
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One request as the engine sees it: ``key`` is the caller's, handed back with each record."""
+
+    key: Any
+    prompt_ids: list[int]
+    cfg: SamplingConfig  # with its seed set
+    stats: RunStats
+
+
+@dataclass(frozen=True)
+class RowFailed:
+    """A request that failed while decoding (e.g. NaN logits): the others go on."""
+
+    key: Any
+    message: str
+
+
+@dataclass
+class _Row:
+    item: BatchItem
+    emitter: Emitter
+    generator: torch.Generator
+    history: TokenHistory
+
+
+def decode_batch(
+    lm: LoadedModel,
+    items: Iterable[BatchItem],
+    batch_size: int,
+    *,
+    top_n: int = 5,
+    ignore_eos: bool = False,
+) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
+    """Yields ``(key, event)`` per token, then ``(key, summary)`` or ``(key, RowFailed)`` when a
+    request ends; requests end in whatever order they finish."""
+    queue = iter(items)
+    batch = PaddedBatch(lm.model)
+    rows: list[_Row] = []
+    logits = torch.zeros(0, lm.model.config.vocab_size, device=lm.device)
+    while True:
+        joining = [item for _, item in zip(range(batch_size - len(rows)), queue, strict=False)]
+        if joining:
+            logits = torch.cat([logits, batch.admit([item.prompt_ids for item in joining])])
+            rows += [_start_row(lm, item, logits.shape[-1], ignore_eos) for item in joining]
+        if not rows:
+            return
+        tokens, outcomes = yield from _sample(rows, logits, top_n)
+        staying = [i for i, finished in enumerate(outcomes) if not finished]
+        if len(staying) < len(rows):
+            batch.keep(staying)
+            rows, tokens = [rows[i] for i in staying], tokens[staying]
+        if rows:
+            for row, token in zip(rows, tokens, strict=True):
+                row.history = row.history.advanced(token.view(1))
+            logits = batch.step(tokens)
+        else:
+            logits = logits[:0]
+
+
+def _start_row(lm: LoadedModel, item: BatchItem, vocab: int, ignore_eos: bool) -> _Row:
+    prompt = torch.tensor([item.prompt_ids], device=lm.device)
+    return _Row(
+        item=item,
+        emitter=Emitter(lm, item.cfg, item.stats, prompt, ignore_eos),
+        generator=make_generator(item.cfg.seed, lm.device),
+        history=TokenHistory.start(prompt, vocab, track=item.cfg.has_penalties),
+    )
+
+
+def _sample(rows: list[_Row], logits: Tensor, top_n: int) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
+    """One token for every row, rows that share settings through one chain (and one transfer);
+    returns the tokens and, per row, whether it finished."""
+    tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
+    finished = [False] * len(rows)
+    groups: dict[SamplingConfig, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(row.item.cfg, []).append(i)
+    for cfg, members in groups.items():
+        index = torch.tensor(members, device=logits.device)
+        history = _stack([rows[i].history for i in members])
+        chain = sampler_chain(logits[index], history, cfg)
+        drawn = torch.cat([draw(chain.probs[j : j + 1], rows[i].generator) for j, i in enumerate(members)])
+        tokens[index] = drawn
+        for i, figures in zip(members, step_figures(chain, drawn, top_n), strict=True):
+            row = rows[i]
+            try:
+                yield row.item.key, row.emitter.emit(figures)
+            except RuntimeFailure as exc:  # this request's numbers broke, not the run
+                finished[i] = True
+                yield row.item.key, RowFailed(row.item.key, str(exc))
+                continue
+            if row.emitter.reason:
+                finished[i] = True
+                yield row.item.key, row.item.stats.summary(row.emitter.reason)
+    return tokens, finished
+
+
+def _stack(histories: list[TokenHistory]) -> TokenHistory:
+    """One history for rows that are sampled together (inert when their settings have no penalties)."""
+    if histories[0].inert:
+        return histories[0]
+    return TokenHistory(
+        torch.cat([h.counts for h in histories if h.counts is not None]),
+        torch.cat([h.seen for h in histories if h.seen is not None]),
+    )

@@ -1,0 +1,124 @@
+"""Sequences of different lengths decoding together: one KV cache, left-padded, with an attention
+mask and per-row positions, that rows join (a padded prefill merged in) and leave (dropped).
+
+Rotary keys are stored already rotated at their own positions, so shifting a row's cache along
+the time axis changes nothing it attends to; the mask hides the padding, and each row's
+position ids count only its own tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmsample.errors import RuntimeFailure, UserError
+from llmsample.models.compiled import cache_arg
+
+
+class PaddedBatch:
+    """The decoding state of a changing set of rows: cache ``[rows, heads, T, dim]`` per layer,
+    ``mask`` ``[rows, T]`` (1 for a real token) and ``positions`` ``[rows]`` (the next token's)."""
+
+    def __init__(self, model: Any) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache_arg = cache_arg(model)
+        self.cache = DynamicCache(config=model.config)
+        device = model.device
+        self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
+        self.positions = torch.zeros(0, dtype=torch.long, device=device)
+
+    @property
+    def rows(self) -> int:
+        return self.mask.shape[0]
+
+    @torch.inference_mode()
+    def admit(self, prompts: list[list[int]]) -> Tensor:
+        """Prefill ``prompts`` together (left-padded) and add them as the last rows; returns their
+        next-token logits ``[len(prompts), vocab]``."""
+        from transformers import DynamicCache
+
+        device = self.model.device
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+        positions = (mask.cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, mask, positions, cache, keep_last=True)[:, -1]
+        self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=device))
+        return logits
+
+    @torch.inference_mode()
+    def step(self, tokens: Tensor) -> Tensor:
+        """One token per row in (``[rows]``), next-token logits ``[rows, vocab]`` out."""
+        self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
+        logits = self._forward(tokens.view(-1, 1), self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
+        self.positions = self.positions + 1
+        return logits
+
+    def keep(self, rows: list[int]) -> None:
+        """Only these rows go on (finished rows leave); padding no row needs any more is trimmed."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        # Leading columns that are padding in every remaining row cost attention for nothing.
+        used = self.mask.any(0)
+        first = int(used.int().argmax()) if bool(used.any()) else self.mask.shape[1]
+        self.mask = self.mask[:, first:]
+        for layer in self._layers(self.cache):
+            layer.keys = layer.keys[index, :, first:]
+            layer.values = layer.values[index, :, first:]
+
+    def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any, keep_last: bool = False) -> Tensor:
+        try:
+            out = self.model(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1 if keep_last else 0,
+                **{self.cache_arg: cache},
+            )
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeFailure(
+                f"out of memory on {ids.device} with {ids.shape[0]} rows of {mask.shape[1]} positions; "
+                "try a smaller --batch-size"
+            ) from exc
+        return out.logits.float()
+
+    def _merge(self, new: Any, new_mask: Tensor, new_positions: Tensor) -> None:
+        """Append the rows of ``new``, left-padding whichever side is shorter in time."""
+        old_t, new_t = self.mask.shape[1], new_mask.shape[1]
+        width = max(old_t, new_t)
+        if self.rows == 0:
+            self.cache, self.mask, self.positions = new, new_mask, new_positions
+            return
+        for old_layer, new_layer in zip(self._layers(self.cache), self._layers(new), strict=True):
+            old_layer.keys = torch.cat([_left_pad(old_layer.keys, width), _left_pad(new_layer.keys, width)])
+            old_layer.values = torch.cat([_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)])
+        self.mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(new_mask, width, dim=1)])
+        self.positions = torch.cat([self.positions, new_positions])
+
+    @staticmethod
+    def _layers(cache: Any) -> list[Any]:
+        from transformers.cache_utils import DynamicLayer
+
+        layers = list(cache.layers)
+        if not all(type(layer) is DynamicLayer for layer in layers):
+            kinds = sorted({type(layer).__name__ for layer in layers})
+            raise UserError(
+                f"batch decoding supports models with full attention in every layer, not {', '.join(kinds)}; "
+                "run these prompts with `llmsample generate`"
+            )
+        return layers
+
+
+def _left_pad(tensor: Tensor, width: int, dim: int = 2) -> Tensor:
+    """Zeros in front along ``dim`` (the time axis) up to ``width``."""
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)

@@ -1,0 +1,97 @@
+"""Continuous batching: every request gets exactly the tokens and records it gets alone, whatever
+the batch size, the prompt lengths, the settings of its neighbours, or when it joined."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
+from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.prompt import encode_prompt
+from llmsample.events import RunStats, Summary
+
+PROMPTS = ["w5 w9 w3 w17 w4", "w8", "w12 w12 w13 w14 w15 w16 w17 w18 w19", "w3 w4", "w20 w21 w22", "w6 w7 w6 w7"]
+CONFIGS = [
+    dict(temperature=0.0),
+    dict(temperature=0.9, top_k=8, seed=3),
+    dict(temperature=1.2, top_p=0.9, min_p=0.02, seed=5, presence_penalty=0.8, repetition_penalty=1.3),
+    dict(temperature=0.7, seed=11, stop=("w9",)),
+]
+
+
+def requests(lm) -> list[BatchItem]:
+    from llmsample.sampling.config import SamplingConfig
+
+    items = []
+    for i, prompt in enumerate(PROMPTS):
+        cfg = SamplingConfig(**CONFIGS[i % len(CONFIGS)], max_tokens=4 + 3 * i)
+        ids = encode_prompt(lm, prompt, raw=True)[0].tolist()
+        items.append(BatchItem(i, ids, cfg, RunStats("tiny", "test", cfg.seed)))
+    return items
+
+
+def alone(lm, item: BatchItem):
+    ids = torch.tensor([item.prompt_ids])
+    return run_to_end(generate(lm, ids, item.cfg, RunStats("tiny", "test", item.cfg.seed)))
+
+
+def collect(lm, items, batch_size: int):
+    events: dict[int, list] = {item.key: [] for item in items}
+    summaries: dict[int, Summary] = {}
+    order = []
+    for key, record in decode_batch(lm, items, batch_size):
+        if isinstance(record, Summary):
+            summaries[key] = record
+            order.append(key)
+        else:
+            assert not isinstance(record, RowFailed), record.message
+            assert key not in summaries
+            events[key].append(record)
+    return events, summaries, order
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
+def test_every_request_decodes_as_it_does_alone(tiny_lm, batch_size: int) -> None:
+    items = requests(tiny_lm)
+    events, summaries, _ = collect(tiny_lm, items, batch_size)
+    for item in items:
+        expected_events, expected = alone(tiny_lm, dataclasses.replace(item, stats=RunStats("t", "t", None)))
+        got = events[item.key]
+        assert [e.token_id for e in got] == [e.token_id for e in expected_events], item.key
+        assert [e.text for e in got] == [e.text for e in expected_events]
+        for mine, theirs in zip(got, expected_events, strict=True):
+            assert mine.removed == theirs.removed and mine.model_rank == theirs.model_rank
+            assert mine.prob == pytest.approx(theirs.prob, rel=1e-4, abs=1e-6)
+            assert [c.token_id for c in mine.top] == [c.token_id for c in theirs.top]
+        assert summaries[item.key].stop_reason == expected.stop_reason
+        assert summaries[item.key].text == expected.text
+
+
+def test_finished_rows_leave_and_the_queue_refills(tiny_lm) -> None:
+    items = [dataclasses.replace(item, cfg=dataclasses.replace(item.cfg, stop=())) for item in requests(tiny_lm)]
+    log = [(key, isinstance(record, Summary)) for key, record in decode_batch(tiny_lm, items, 2, ignore_eos=True)]
+    assert {key for key, done in log if done} == {item.key for item in items}
+    # Requests 0 and 1 start (4 and 7 tokens); 2 takes 0's place as soon as it ends, while 1 runs on.
+    assert log.index((0, True)) < log.index((2, False)) < log.index((1, True))
+    assert sum(1 for key, done in log if not done) == sum(item.cfg.max_tokens for item in items)
+
+
+def test_a_broken_row_fails_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmsample.engine import padded
+
+    items = requests(tiny_lm)[:3]
+    real_forward = padded.PaddedBatch._forward
+
+    def nan_in_row_one(self, ids, mask, positions, cache, keep_last=False):
+        logits = real_forward(self, ids, mask, positions, cache, keep_last)
+        if ids.shape[0] == 3 and ids.shape[1] == 1:
+            logits[1] = float("nan")
+        return logits
+
+    monkeypatch.setattr(padded.PaddedBatch, "_forward", nan_in_row_one)
+    outcomes = {key: record for key, record in decode_batch(tiny_lm, items, 3) if not hasattr(record, "token_id")}
+    assert isinstance(outcomes[1], RowFailed) and "NaN/inf" in outcomes[1].message
+    assert isinstance(outcomes[0], Summary) and isinstance(outcomes[2], Summary)
