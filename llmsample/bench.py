@@ -5,6 +5,7 @@ machine is noisy; ratios hold)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch
 
+from llmsample.bench_results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
 from llmsample.engine.loop import generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter, speculative_generate
@@ -68,22 +70,24 @@ PROMPTS = {
 
 
 @dataclass
-class Row:
+class Timings:
+    """One workload's figures as the runs come in; ``result`` takes the medians."""
+
     workload: str
     ours: list[float] = field(default_factory=list)  # tokens/s, one per run
     theirs: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
+    def result(self) -> Workload:
         ours, theirs = statistics.median(self.ours), statistics.median(self.theirs) if self.theirs else None
-        return {
-            "workload": self.workload,
-            "ours_tok_s": ours,
-            "reference_tok_s": theirs,
-            "ratio": ours / theirs if theirs else None,
-            "ttft_s": statistics.median(self.ttft) if self.ttft else None,
-            "runs": len(self.ours),
-        }
+        return Workload(
+            workload=self.workload,
+            ours_tok_s=ours,
+            reference_tok_s=theirs,
+            ratio=ours / theirs if theirs else None,
+            ttft_s=statistics.median(self.ttft) if self.ttft else None,
+            runs=len(self.ours),
+        )
 
 
 def timed_tokens_per_s(run: Callable[[], int]) -> float:
@@ -151,12 +155,13 @@ def theirs(lm: LoadedModel, ids: torch.Tensor, cfg: SamplingConfig, **extra: Any
     return out.shape[1] - ids.shape[1]
 
 
-def interleave(rows: Row, runs: int, mine: Callable[[], int], reference: Callable[[], int] | None) -> Row:
+def interleave(timings: Timings, runs: int, mine: Callable[[], int], reference: Callable[[], int] | None) -> Timings:
+    """Alternate the two sides run by run, so a noisy neighbour slows both alike."""
     for _ in range(runs):
-        rows.ours.append(timed_tokens_per_s(mine))
+        timings.ours.append(timed_tokens_per_s(mine))
         if reference:
-            rows.theirs.append(timed_tokens_per_s(reference))
-    return rows
+            timings.theirs.append(timed_tokens_per_s(reference))
+    return timings
 
 
 def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5) -> float:
@@ -223,77 +228,65 @@ print(json.dumps({"start_s": ready - start, "load_s": time.perf_counter() - read
 """
 
 
-def warm_start(model: str | None, device: str, dtype: str) -> dict[str, float]:
+def warm_start(model: str | None, device: str, dtype: str) -> StartUp:
     """A fresh process, converted model on disk: seconds until the model is ready (``start_s``,
     imports included), and what a second load costs once torch and transformers are imported
     (``load_s``: config, tokenizer, weights)."""
     out = subprocess.run(
         [sys.executable, "-c", WARM_START, model or "", device, dtype], check=True, capture_output=True, text=True
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return StartUp(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def run_benchmark(
-    model: str | None,
-    device: str,
-    dtype: str,
-    runs: int,
-    tokens: int,
-    cold: bool,
-    log: Callable[[str], None],
-    compile: bool = False,
-) -> dict[str, Any]:
-    log("warm start (fresh process)")
-    start_up = warm_start(model, device, dtype)
-    lm = load_model(model, device, dtype, compile=compile)
+def machine_info() -> Machine:
+    return Machine(
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        threads=torch.get_num_threads(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        transformers=__import__("transformers").__version__,
+    )
+
+
+def bench_settings(tokens: int) -> dict[str, SamplingConfig]:
+    """Greedy, and the default preset with a fixed seed and no stop strings (every run the same length)."""
     balanced = load_preset("balanced")[1]
-    settings = {
+    return {
         "greedy": SamplingConfig(temperature=0.0, max_tokens=tokens),
         "balanced": SamplingConfig(**{**balanced.as_dict(), "stop": (), "max_tokens": tokens, "seed": 0}),
     }
-    results: dict[str, Any] = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": torch.get_num_threads(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": __import__("transformers").__version__,
-        },
-        "model": lm.name,
-        "device": str(lm.device),
-        "dtype": str(lm.dtype).removeprefix("torch."),
-        "new_tokens": tokens,
-        "runs": runs,
-        "compile": compile,
-        "warm_start_s": start_up["start_s"],
-        "warm_load_s": start_up["load_s"],
-    }
+
+
+def bench_generate(
+    lm: LoadedModel, settings: dict[str, SamplingConfig], runs: int, log: Callable[[str], None]
+) -> tuple[list[Workload], float | None]:
+    """Every prompt under every setting, both sides; also the seconds ``--compile`` took (None without)."""
     rows = []
     first_run: dict[str, Any] = {}
     for prompt_name, prompt in PROMPTS.items():
         ids = encode_prompt(lm, prompt)
         for setting, cfg in settings.items():
             log(f"{prompt_name} / {setting}")
-            row = Row(f"{prompt_name} / {setting}")
+            timings = Timings(f"{prompt_name} / {setting}")
             ours(lm, ids, cfg, extra=first_run)  # warm-up (and, with --compile, the compilation)
             interleave(
-                row,
+                timings,
                 runs,
-                lambda ids=ids, cfg=cfg, row=row: ours(lm, ids, cfg, ttft=row.ttft),
+                lambda ids=ids, cfg=cfg, timings=timings: ours(lm, ids, cfg, ttft=timings.ttft),
                 lambda ids=ids, cfg=cfg: theirs(lm, ids, cfg),
             )
-            rows.append(row.as_dict())
-    results["generate"] = rows
-    results["compile_s"] = first_run.get("compile_s")
+            rows.append(timings.result())
+    return rows, first_run.get("compile_s")
 
-    log("speculative n-gram")
+
+def bench_speculation(lm: LoadedModel, greedy: SamplingConfig, runs: int) -> Speculation:
+    """n-gram drafting on the input-grounded prompt, against prompt lookup and our plain loop."""
     ids = encode_prompt(lm, PROMPTS["code-rewrite"])
-    greedy = settings["greedy"]
     vocab = lm.model.config.vocab_size
-    spec = Row("code-rewrite / greedy, ngram")
-    plain = Row("code-rewrite / greedy, plain")
+    spec = Timings("code-rewrite / greedy, ngram")
+    plain = Timings("code-rewrite / greedy, plain")
     acceptance = []
     for _ in range(runs):
         stats = RunStats(lm.name, "bench", None)
@@ -306,55 +299,101 @@ def run_benchmark(
         acceptance.append(stats.extra["acceptance_rate"])
         spec.theirs.append(timed_tokens_per_s(lambda: theirs(lm, ids, greedy, prompt_lookup_num_tokens=10)))
         plain.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, greedy)))
-    speculative_row = spec.as_dict()
-    speculative_row["speedup_over_plain"] = speculative_row["ours_tok_s"] / statistics.median(plain.ours)
-    speculative_row["acceptance_rate"] = statistics.median(acceptance)
-    speculative_row["tokens_per_pass"] = stats.extra["tokens_per_pass"]
-    results["speculative"] = speculative_row
+    row = spec.result()
+    return Speculation(
+        **dataclasses.asdict(row),
+        speedup_over_plain=row.ours_tok_s / statistics.median(plain.ours),
+        acceptance_rate=statistics.median(acceptance),
+        tokens_per_pass=stats.extra["tokens_per_pass"],  # the last run's
+    )
 
-    log("inspection cost")
+
+def bench_inspection(lm: LoadedModel, cfg: SamplingConfig, runs: int) -> Inspection:
+    """JSON lines with alternatives against plain text, and the pipeline's share of a step."""
     ids = encode_prompt(lm, PROMPTS["story"])
-    cfg = settings["balanced"]
-    text_row, jsonl_row = Row("plain text"), Row("jsonl --top-n 5")
+    text, jsonl = Timings("plain text"), Timings("jsonl --top-n 5")
     for _ in range(runs):
-        text_row.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, PlainRenderer(io.StringIO()))))
-        jsonl_row.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, JsonlRenderer(io.StringIO()))))
-    results["inspection"] = {
-        "text_tok_s": statistics.median(text_row.ours),
-        "jsonl_tok_s": statistics.median(jsonl_row.ours),
-        "jsonl_over_text": statistics.median(jsonl_row.ours) / statistics.median(text_row.ours),
-        "pipeline_s_per_step": pipeline_cost(lm, cfg),
-    }
-    step_s = 1 / statistics.median(text_row.ours)
-    results["inspection"]["pipeline_share_of_step"] = results["inspection"]["pipeline_s_per_step"] / step_s
+        text.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, PlainRenderer(io.StringIO()))))
+        jsonl.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, JsonlRenderer(io.StringIO()))))
+    text_tok_s, jsonl_tok_s = statistics.median(text.ours), statistics.median(jsonl.ours)
+    per_step = pipeline_cost(lm, cfg)
+    return Inspection(
+        text_tok_s=text_tok_s,
+        jsonl_tok_s=jsonl_tok_s,
+        jsonl_over_text=jsonl_tok_s / text_tok_s,
+        pipeline_s_per_step=per_step,
+        pipeline_share_of_step=per_step / (1 / text_tok_s),  # of the plain text's seconds per step
+    )
 
+
+def bench_bandwidth(lm: LoadedModel, rows: list[Workload]) -> Bandwidth:
     bandwidth = memory_bandwidth_gb_s()
     bytes_per_token = weight_bytes(lm)
     bound = bandwidth * 1e9 / bytes_per_token
-    best = max(r["ours_tok_s"] for r in rows if r["workload"].endswith("greedy"))
-    results["bandwidth"] = {
-        "copy_gb_s": bandwidth,
-        "weight_mb": bytes_per_token / 1e6,
-        "bound_tok_s": bound,
-        "best_greedy_tok_s": best,
-        "fraction_of_bound": best / bound,
-    }
+    best = max(row.ours_tok_s for row in rows if row.workload.endswith("greedy"))
+    return Bandwidth(
+        copy_gb_s=bandwidth,
+        weight_mb=bytes_per_token / 1e6,
+        bound_tok_s=bound,
+        best_greedy_tok_s=best,
+        fraction_of_bound=best / bound,
+    )
+
+
+def run_benchmark(
+    model: str | None,
+    device: str,
+    dtype: str,
+    runs: int,
+    tokens: int,
+    cold: bool,
+    log: Callable[[str], None],
+    compile: bool = False,
+) -> BenchResults:
+    """Every figure of the benchmark, in one process (the warm start in a fresh one)."""
+    log("warm start (fresh process)")
+    start_up = warm_start(model, device, dtype)
+    lm = load_model(model, device, dtype, compile=compile)
+    machine = machine_info()
+    settings = bench_settings(tokens)
+    rows, compile_s = bench_generate(lm, settings, runs, log)
+    log("speculative n-gram")
+    speculative = bench_speculation(lm, settings["greedy"], runs)
+    log("inspection cost")
+    inspection = bench_inspection(lm, settings["balanced"], runs)
+    bandwidth = bench_bandwidth(lm, rows)
     if cold:
         log("cold load (GGUF conversion)")
-        results["cold_load_s"] = cold_load_s()
-    results["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return results
+    cold_load = cold_load_s() if cold else None
+    return BenchResults(
+        machine=machine,
+        model=lm.name,
+        device=str(lm.device),
+        dtype=str(lm.dtype).removeprefix("torch."),
+        new_tokens=tokens,
+        runs=runs,
+        compile=compile,
+        start_up=start_up,
+        generate=tuple(rows),
+        compile_s=compile_s,
+        speculative=speculative,
+        inspection=inspection,
+        bandwidth=bandwidth,
+        cold=cold,
+        cold_load_s=cold_load,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    )
 
 
-def write_results(results: dict[str, Any], directory: Path) -> Path:
-    """Written to a hidden sibling and renamed, so a full disk or a kill never leaves a truncated
-    JSON where the results go."""
+def write_results(document: dict[str, Any], directory: Path) -> Path:
+    """``BenchResults.to_dict()`` as JSON, written to a hidden sibling and renamed, so a full disk
+    or a kill never leaves a truncated JSON where the results go."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = directory / f"bench-{results['device'].replace(':', '')}-{results['dtype']}-{stamp}.json"
+    path = directory / f"bench-{document['device'].replace(':', '')}-{document['dtype']}-{stamp}.json"
     partial = directory / f".{path.name}.partial-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps(results, indent=2))
+        partial.write_text(json.dumps(document, indent=2))
         partial.replace(path)
     except OSError as exc:
         partial.unlink(missing_ok=True)

@@ -1,12 +1,21 @@
-"""``llmsample bench`` end to end on a tiny model: every figure present, the JSON and the table agree."""
+"""``llmsample bench`` end to end on a tiny model: every figure present, the JSON and the table agree.
+Its JSON keys stay those of earlier result files, and ``--out`` is checked before the minutes of
+measuring."""
 
 from __future__ import annotations
 
+import errno
 import json
+import tempfile
+from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
+import llmsample.bench
+from llmsample.bench_results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
 from llmsample.cli import main
+from llmsample.commands.bench import results_table
 
 
 def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
@@ -28,3 +37,77 @@ def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
     assert 0 < figures["warm_load_s"] < figures["warm_start_s"]
     assert figures["bandwidth"]["copy_gb_s"] > 0 and figures["peak_rss_mb"] > 0
     assert "warm start:" in result.output and "ratio" in result.output  # the table, however wrapped
+
+
+def made_up_results(cold: bool) -> BenchResults:
+    row = Workload("chat / greedy", 100.0, 50.0, 2.0, 0.01, 3)
+    return BenchResults(
+        machine=Machine("Linux", "x86_64", "AVX2", 4, "3.11.7", "2.13.0", "5.0.0"),
+        model="tiny", device="cpu", dtype="float32", new_tokens=8, runs=3, compile=False,
+        start_up=StartUp(start_s=3.0, load_s=0.5), generate=(row,), compile_s=None,
+        speculative=Speculation("code-rewrite / greedy, ngram", 120.0, 60.0, 2.0, None, 3, 1.2, 0.75, 2.5),
+        inspection=Inspection(100.0, 90.0, 0.9, 0.0005, 0.05),
+        bandwidth=Bandwidth(20.0, 10.0, 2000.0, 100.0, 0.05),
+        cold=cold, cold_load_s=None, peak_rss_mb=900.0,
+    )  # fmt: skip
+
+
+# The keys (in order) of the result files written before the figures were typed.
+TOP_KEYS = ["machine", "model", "device", "dtype", "new_tokens", "runs", "compile", "warm_start_s", "warm_load_s",
+            "generate", "compile_s", "speculative", "inspection", "bandwidth", "peak_rss_mb"]  # fmt: skip
+ROW_KEYS = ["workload", "ours_tok_s", "reference_tok_s", "ratio", "ttft_s", "runs"]
+SECTION_KEYS = {
+    "machine": ["platform", "processor", "cpu_capability", "threads", "python", "torch", "transformers"],
+    "speculative": [*ROW_KEYS, "speedup_over_plain", "acceptance_rate", "tokens_per_pass"],
+    "inspection": ["text_tok_s", "jsonl_tok_s", "jsonl_over_text", "pipeline_s_per_step", "pipeline_share_of_step"],
+    "bandwidth": ["copy_gb_s", "weight_mb", "bound_tok_s", "best_greedy_tok_s", "fraction_of_bound"],
+}
+
+
+def test_the_json_keeps_the_keys_of_earlier_results() -> None:
+    document = made_up_results(cold=False).to_dict()
+    assert list(document) == TOP_KEYS
+    assert [list(row) for row in document["generate"]] == [ROW_KEYS]
+    assert {name: list(document[name]) for name in SECTION_KEYS} == SECTION_KEYS
+    assert document["warm_start_s"] == 3.0 and document["warm_load_s"] == 0.5
+    assert json.loads(json.dumps(document)) == document
+    with_cold = made_up_results(cold=True).to_dict()  # measured, but no GGUF shipped: null
+    assert list(with_cold) == [*TOP_KEYS[:-1], "cold_load_s", "peak_rss_mb"] and with_cold["cold_load_s"] is None
+
+
+def test_the_table_reads_the_figures() -> None:
+    from rich.console import Console
+
+    console = Console(width=200, record=True, color_system=None)
+    console.print(results_table(made_up_results(cold=True)))
+    text = console.export_text()
+    for figure in ("100.0", "50.0", "2.00", "0.01", "1.20x (acceptance 75%)", "3.00 s = 2.50 s + 0.50 s", "- s"):
+        assert figure in text
+
+
+@pytest.fixture
+def no_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the benchmark started although --out cannot be written")
+
+    monkeypatch.setattr(llmsample.bench, "run_benchmark", refuse)
+
+
+def test_out_under_a_file_fails_before_the_benchmark(tmp_path: Path, no_benchmark: None) -> None:
+    (tmp_path / "file").write_text("")
+    result = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "file" / "results")])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"{tmp_path / 'file'} is not a directory" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_unwritable_out_fails_before_the_benchmark(
+    tmp_path: Path, no_benchmark: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def read_only(*args: object, **kwargs: object) -> None:  # root ignores permission bits: fake it
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", read_only)
+    result = CliRunner().invoke(main, ["bench", "--out", str(tmp_path / "new" / "results")])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert f"cannot write in {tmp_path} (Read-only file system)" in result.stderr
+    assert not (tmp_path / "new").exists()

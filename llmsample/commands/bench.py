@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from llmsample.commands.options import model_options
+from llmsample.render.numbers import format_number
+
+if TYPE_CHECKING:
+    from llmsample.bench_results import BenchResults
+
+
+def _check_out_dir(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
+    """The benchmark takes minutes: find out before it starts, not after, that its results could
+    not be written. The nearest directory that exists must take a file (``write_results``
+    creates the rest)."""
+    existing = value
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise click.BadParameter(f"{existing} is not a directory; pass --out with a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # the real test: root ignores permission bits
+            pass
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write in {existing} ({exc.strerror}); choose another directory") from exc
+    return value
 
 
 @click.command()
@@ -18,7 +40,11 @@ from llmsample.commands.options import model_options
 )
 @click.option("--cold/--no-cold", default=True, show_default=True, help="Also time the first-run GGUF conversion.")
 @click.option(
-    "--out", type=click.Path(path_type=Path, file_okay=False), default=Path("bench/results"), show_default=True
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("bench/results"),
+    show_default=True,
+    callback=_check_out_dir,
 )
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
@@ -30,60 +56,63 @@ def bench(**options: Any) -> None:
         options["model"], options["device"], options["dtype"], options["runs"], options["tokens"], options["cold"],
         log=lambda step: err.print(f"[dim]bench: {step}…[/]"), compile=options["compile_model"],
     )  # fmt: skip
-    path = write_results(results, options["out"])
+    path = write_results(results.to_dict(), options["out"])
     console = stdout_console(use_color())
     console.print(results_table(results))
     err.print(f"[dim]figures written to {path}[/]")
 
 
-def results_table(results: dict[str, Any]) -> Any:
+def results_table(results: BenchResults) -> Any:
     """The Markdown-friendly table the README's Performance section shows."""
     from rich.table import Table
 
-    def f(value: float | None, digits: int = 1) -> str:
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    m = results["machine"]
+    m = results.machine
     title = (
-        f"{results['model']} · {results['device']} · {results['dtype']} · {results['new_tokens']} new tokens · "
-        f"median of {results['runs']} · torch {m['torch']} · transformers {m['transformers']} · {m['cpu_capability']}, "
-        f"{m['threads']} threads"
+        f"{results.model} · {results.device} · {results.dtype} · {results.new_tokens} new tokens · "
+        f"median of {results.runs} · torch {m.torch} · transformers {m.transformers} · {m.cpu_capability}, "
+        f"{m.threads} threads"
     )
     table = Table(title=title, header_style="bold")
     for name in ("workload", "llmsample tok/s", "transformers tok/s", "ratio", "TTFT s"):
         table.add_column(name, justify="left" if name == "workload" else "right")
-    for row in results["generate"]:
+    for row in results.generate:
         table.add_row(
-            row["workload"], f(row["ours_tok_s"]), f(row["reference_tok_s"]), f(row["ratio"], 2), f(row["ttft_s"], 2)
+            row.workload,
+            format_number(row.ours_tok_s, 1),
+            format_number(row.reference_tok_s, 1),
+            format_number(row.ratio, 2),
+            format_number(row.ttft_s, 2),
         )
-    spec = results["speculative"]
+    spec = results.speculative
     table.add_row(
         "code-rewrite / ngram speculation (vs prompt_lookup_num_tokens=10)",
-        f(spec["ours_tok_s"]), f(spec["reference_tok_s"]), f(spec["ratio"], 2), "",
+        format_number(spec.ours_tok_s, 1), format_number(spec.reference_tok_s, 1), format_number(spec.ratio, 2), "",
     )  # fmt: skip
     table.add_section()
-    inspect = results["inspection"]
-    bw = results["bandwidth"]
-    notes = [
-        (
-            "ngram speedup over our plain loop",
-            f"{spec['speedup_over_plain']:.2f}x (acceptance {spec['acceptance_rate']:.0%})",
-        ),
-        ("jsonl --top-n 5 vs plain text", f"{inspect['jsonl_over_text']:.2f}x"),
-        (
-            "sampling + inspection per step",
-            f"{inspect['pipeline_s_per_step'] * 1000:.2f} ms ({inspect['pipeline_share_of_step']:.1%} of a step)",
-        ),
-        ("memory bandwidth (copy)", f"{bw['copy_gb_s']:.1f} GB/s; weights {bw['weight_mb']:.0f} MB"),
-        ("bandwidth bound / reached", f"{bw['bound_tok_s']:.1f} tok/s / {bw['fraction_of_bound']:.0%}"),
-        (
-            "warm start: imports + load",
-            f"{results['warm_start_s']:.2f} s = {results['warm_start_s'] - results['warm_load_s']:.2f} s "
-            f"+ {results['warm_load_s']:.2f} s",
-        ),
-        ("cold load (GGUF conversion)", f"{f(results.get('cold_load_s'), 1)} s"),
-        ("peak resident memory", f"{results['peak_rss_mb']:.0f} MB"),
-    ]
-    for name, value in notes:
+    for name, value in notes(results):
         table.add_row(name, value, "", "", "")
     return table
+
+
+def notes(results: BenchResults) -> list[tuple[str, str]]:
+    """The figures under the table, one line each."""
+    spec, inspect, bw, start = results.speculative, results.inspection, results.bandwidth, results.start_up
+    return [
+        (
+            "ngram speedup over our plain loop",
+            f"{spec.speedup_over_plain:.2f}x (acceptance {spec.acceptance_rate:.0%})",
+        ),
+        ("jsonl --top-n 5 vs plain text", f"{inspect.jsonl_over_text:.2f}x"),
+        (
+            "sampling + inspection per step",
+            f"{inspect.pipeline_s_per_step * 1000:.2f} ms ({inspect.pipeline_share_of_step:.1%} of a step)",
+        ),
+        ("memory bandwidth (copy)", f"{bw.copy_gb_s:.1f} GB/s; weights {bw.weight_mb:.0f} MB"),
+        ("bandwidth bound / reached", f"{bw.bound_tok_s:.1f} tok/s / {bw.fraction_of_bound:.0%}"),
+        (
+            "warm start: imports + load",
+            f"{start.start_s:.2f} s = {start.imports_s:.2f} s + {start.load_s:.2f} s",
+        ),
+        ("cold load (GGUF conversion)", f"{format_number(results.cold_load_s, 1)} s"),
+        ("peak resident memory", f"{results.peak_rss_mb:.0f} MB"),
+    ]

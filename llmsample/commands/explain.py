@@ -8,9 +8,12 @@ import click
 
 from llmsample.commands.options import (
     check_utf8_option,
+    format_option,
     load_model_with_progress,
     model_options,
+    no_color_option,
     prompt_options,
+    quiet_option,
     read_prompt,
     resolve_sampling,
     sampling_options,
@@ -38,9 +41,9 @@ STAGE_LABELS = {
     help="Score this continuation token by token (teacher forcing).",
 )
 @click.option("--top-n", type=click.IntRange(1, 100), default=10, show_default=True, help="Candidates to show.")
-@click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
-@click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@format_option
+@no_color_option
+@quiet_option()
 def explain(**options: Any) -> None:
     """Show how the preset turns the model's next-token logits into the distribution it samples.
 

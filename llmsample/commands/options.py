@@ -18,17 +18,8 @@ from llmsample.sampling.config import ConfigError, SamplingConfig
 if TYPE_CHECKING:
     from llmsample.models.loading import LoadedModel
 
-SAMPLING_KEYS = (
-    "temperature",
-    "top_k",
-    "top_p",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "max_tokens",
-    "seed",
-)
+# The config's keys that are plain flags: ``description`` is not a flag, ``--stop`` repeats.
+SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key not in ("description", "stop"))  # noqa: SIM118
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
@@ -64,6 +55,13 @@ html_option = click.option(
     callback=_check_html_path,
     help="Also write a self-contained HTML view to this file.",
 )
+format_option = click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
+no_color_option = click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")
+
+
+def quiet_option(silenced: str = "progress") -> Callable[[Any], Any]:
+    """``--quiet``/``-q``; ``silenced`` says what each command keeps off stderr."""
+    return click.option("--quiet", "-q", is_flag=True, help=f"No {silenced} on stderr.")
 
 
 def check_utf8(text: str, source: str) -> str:
@@ -153,7 +151,7 @@ sampling_options = _stack(
 )
 
 output_options = _stack(
-    click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True),
+    format_option,
     click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token."),
     click.option(
         "--color-by",
@@ -162,10 +160,10 @@ output_options = _stack(
         show_default=True,
         help="Colour by the probability in the sampling distribution, or under the raw model.",
     ),
-    click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1)."),
+    no_color_option,
     click.option("--inspect", is_flag=True, help="After the text, a table of every token's numbers."),
     html_option,
-    click.option("--quiet", "-q", is_flag=True, help="No legend, progress or summary on stderr."),
+    quiet_option("legend, progress or summary"),
     click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks)."),
 )
 
@@ -195,7 +193,7 @@ def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tupl
     try:
         return name, cfg.with_overrides(**overrides)
     except ConfigError as exc:
-        raise UserError(f"--{exc.key.replace('_', '-')}: {str(exc).split(': ', 1)[1]}") from exc
+        raise UserError(f"--{exc.key.replace('_', '-')}: {exc.reason}") from exc
 
 
 def read_prompt(prompt: str | None, raw: bool = False) -> str:

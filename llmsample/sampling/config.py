@@ -12,11 +12,13 @@ GREEDY_TEMPERATURE = 1e-4
 
 
 class ConfigError(ValueError):
-    """A setting out of range or of the wrong type; the message names the key and the range."""
+    """A setting out of range or of the wrong type; the message names the key and the range.
+    ``key`` and ``reason`` are kept apart so callers can name the key their own way (a flag)."""
 
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(f"{key}: {message}")
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason}")
         self.key = key
+        self.reason = reason
 
 
 def _number(key: str, value: Any) -> float:

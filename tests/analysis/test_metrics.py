@@ -121,11 +121,11 @@ def test_unknown_preset_fails_before_loading_the_model() -> None:
 
 @pytest.mark.model
 def test_creative_has_higher_entropy_than_deterministic(default_lm) -> None:
-    from llmsample.commands.compare import compare
+    from llmsample.analysis.compare import compare
     from llmsample.sampling.presets import load
 
     ids = encode_prompt(default_lm, "Write a short story about a robot.")
     configs = {name: load(name)[1] for name in ("creative", "deterministic")}
-    runs = compare(default_lm, ids, configs, samples=2, seed=0, max_tokens=30, quiet=True)
-    entropy = {m.preset: m.mean_entropy for _, _, m in runs}
+    runs = compare(default_lm, ids, configs, samples=2, seed=0, max_tokens=30).runs
+    entropy = {run.preset: run.metrics.mean_entropy for run in runs}
     assert entropy["creative"] > entropy["deterministic"] == 0.0

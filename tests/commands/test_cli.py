@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from llmsample.cli import main
@@ -95,3 +96,22 @@ def test_presets_list_and_show() -> None:
 def test_models_lists_the_default() -> None:
     result = invoke("models")
     assert result.exit_code == 0 and "SmolLM2-135M-Instruct" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("seed", "samples", "fragment"),
+    [
+        (-1, 1, "--seed: must be an integer in [0, 2^63), got -1"),
+        (2**63 - 2, 3, f"--seed: sample 2 uses seed S+2, which must be an integer in [0, 2^63), got {2**63}"),
+    ],
+)
+def test_compare_seeds_are_checked_against_the_config_before_loading(seed: int, samples: int, fragment: str) -> None:
+    result = invoke("compare-presets", "-m", "/nonexistent", "-p", "x", "--seed", str(seed), "--samples", str(samples))
+    assert result.exit_code == 2 and fragment in result.stderr and "/nonexistent" not in result.stderr
+
+
+def test_compare_accepts_every_seed_the_config_does(tiny_model_dir: Path) -> None:
+    args = ("compare-presets", "-m", str(tiny_model_dir), "--raw", "-p", "w3", "-n", "2", "-q", "--format", "jsonl")
+    result = invoke(*args, "--presets", "balanced", "--samples", "2", "--seed", str(2**63 - 2))
+    assert result.exit_code == 0, result.output
+    assert [json.loads(line)["seed"] for line in result.stdout.splitlines()] == [2**63 - 2, 2**63 - 1]

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -369,7 +370,8 @@ def test_bench_results_write_error_through_the_command(
         real_write_text(self, data[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(llmsample.bench, "run_benchmark", lambda *args, **kwargs: dict(RESULTS))
+    finished = SimpleNamespace(to_dict=lambda: dict(RESULTS))  # a BenchResults, as far as writing goes
+    monkeypatch.setattr(llmsample.bench, "run_benchmark", lambda *args, **kwargs: finished)
     monkeypatch.setattr(Path, "write_text", half_then_enospc)
     out = tmp_path / "results"
     err = assert_one_line(*run_cli("bench", "--model", str(tiny_model_dir), "--no-cold", "--out", str(out)))

@@ -1,0 +1,125 @@
+"""What ``llmsample bench`` measured, as typed figures. Torch-free: the table and the JSON file
+are made from these without the model stack. ``to_dict`` keeps the JSON keys of earlier
+results, so files from before and after stay comparable."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where the figures were taken: they only compare on the same machine and versions."""
+
+    platform: str
+    processor: str
+    cpu_capability: str
+    threads: int
+    python: str
+    torch: str
+    transformers: str
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One prompt and setting: medians over the runs, our loop against transformers' generate."""
+
+    workload: str
+    ours_tok_s: float
+    reference_tok_s: float | None
+    ratio: float | None
+    ttft_s: float | None
+    runs: int
+
+
+@dataclass(frozen=True)
+class Speculation(Workload):
+    """n-gram speculation against transformers' prompt lookup, and against our plain loop."""
+
+    speedup_over_plain: float
+    acceptance_rate: float
+    tokens_per_pass: float
+
+
+@dataclass(frozen=True)
+class Inspection:
+    """What the per-token numbers cost: JSON lines against plain text, and the sampling
+    pipeline's own time per step (model excluded)."""
+
+    text_tok_s: float
+    jsonl_tok_s: float
+    jsonl_over_text: float
+    pipeline_s_per_step: float
+    pipeline_share_of_step: float
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """The memory-bandwidth bound on decoding (every weight read once per token) and how close
+    the best greedy workload comes to it."""
+
+    copy_gb_s: float
+    weight_mb: float
+    bound_tok_s: float
+    best_greedy_tok_s: float
+    fraction_of_bound: float
+
+
+@dataclass(frozen=True)
+class StartUp:
+    """A fresh process until the model is ready (``start_s``), and a second load in it (``load_s``)."""
+
+    start_s: float
+    load_s: float
+
+    @property
+    def imports_s(self) -> float:
+        return self.start_s - self.load_s
+
+
+@dataclass(frozen=True)
+class BenchResults:
+    """One benchmark run. ``cold_load_s`` is None without a shipped GGUF; it is left out of the
+    JSON file when ``cold`` was not asked for, as before."""
+
+    machine: Machine
+    model: str
+    device: str
+    dtype: str
+    new_tokens: int
+    runs: int
+    compile: bool
+    start_up: StartUp
+    generate: tuple[Workload, ...]
+    compile_s: float | None
+    speculative: Speculation
+    inspection: Inspection
+    bandwidth: Bandwidth
+    cold: bool
+    cold_load_s: float | None
+    peak_rss_mb: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON file's document, its keys in the order they always had."""
+        document: dict[str, Any] = {
+            "machine": dataclasses.asdict(self.machine),
+            "model": self.model,
+            "device": self.device,
+            "dtype": self.dtype,
+            "new_tokens": self.new_tokens,
+            "runs": self.runs,
+            "compile": self.compile,
+            "warm_start_s": self.start_up.start_s,
+            "warm_load_s": self.start_up.load_s,
+            "generate": [dataclasses.asdict(row) for row in self.generate],
+            "compile_s": self.compile_s,
+            "speculative": dataclasses.asdict(self.speculative),
+            "inspection": dataclasses.asdict(self.inspection),
+            "bandwidth": dataclasses.asdict(self.bandwidth),
+        }
+        if self.cold:
+            document["cold_load_s"] = self.cold_load_s
+        document["peak_rss_mb"] = self.peak_rss_mb
+        return document
