@@ -81,7 +81,7 @@ def chain_report(
 
 def explain_next(lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10) -> ChainReport:
     logits = ModelRunner(lm.model).prefill(prompt_ids)
-    history = TokenHistory.start(prompt_ids, logits.shape[-1], track=cfg.has_penalties)
+    history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     return chain_report(logits, history, cfg, lm.tokenizer, top_n)
 
 
@@ -95,7 +95,8 @@ def score_continuation(
     cont = torch.tensor(continuation, device=prompt_ids.device)
     logits = runner.extend(torch.cat([prompt_ids[0], cont])[None])[0, prompt_ids.shape[1] - 1 : -1]
     # row i sees the continuation before token i
-    history = TokenHistory.start(prompt_ids, logits.shape[-1], track=cfg.has_penalties).prefixes(cont)
+    history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
+    history = history.prefixes(cont, continuation)
     chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
     raw, final = chain.raw, chain.final
     model_probs, preset_probs = raw.softmax(-1), chain.probs

@@ -18,8 +18,15 @@ from llmsample.sampling.config import ConfigError, SamplingConfig
 if TYPE_CHECKING:
     from llmsample.models.loading import LoadedModel
 
-# The config's keys that are plain flags: ``description`` is not a flag, ``--stop`` repeats.
-SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key not in ("description", "stop"))  # noqa: SIM118
+# The config's keys that repeat on the command line, each a flag in the singular (or as it is).
+REPEATED_FLAGS = {
+    "stop": "stop",
+    "dry_sequence_breakers": "dry_sequence_breaker",
+    "logit_bias": "logit_bias",
+    "ban": "ban",
+}
+# The config's keys that are plain flags: ``description`` is not a flag, the repeated ones are apart.
+SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key != "description" and key not in REPEATED_FLAGS)  # noqa: SIM118
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 
 
@@ -81,6 +88,26 @@ def check_utf8_option(ctx: click.Context, param: click.Parameter, value: Any) ->
         if text is not None:
             check_utf8(text, param.opts[0])
     return value
+
+
+def _parse_logit_bias(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[tuple[str, float], ...]:
+    """``TOKEN=BIAS``: TOKEN an id or a text (split at the last ``=``, so a text may hold one)."""
+    check_utf8_option(ctx, param, value)
+    pairs = []
+    for item in value:
+        token, sep, bias = item.rpartition("=")
+        try:
+            number = float(bias)
+        except ValueError:
+            number = None
+        if not sep or not token or number is None:
+            raise click.BadParameter(
+                f"{item!r} is not TOKEN=BIAS; e.g. --logit-bias 504=-100 or --logit-bias ' Paris=5'"
+            )
+        pairs.append((token, number))
+    return tuple(pairs)
 
 
 def _stack(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -148,6 +175,44 @@ sampling_options = _stack(
         "--stop", multiple=True, metavar="TEXT", callback=check_utf8_option, help="Stop before this text (repeatable)."
     ),
     click.option("--seed", type=int, help="Seed for the draws: same seed, same text."),
+    click.option(
+        "--typical-p", type=float, help="Locally typical sampling: keep this mass nearest the entropy; 1 is off."
+    ),
+    click.option(
+        "--top-n-sigma", type=float, help="Keep logits within n standard deviations of the top one; 0 is off."
+    ),
+    click.option(
+        "--xtc-threshold", type=float, help="XTC: tokens at least this likely are top choices [default: 0.1]."
+    ),
+    click.option(
+        "--xtc-probability", type=float, help="XTC: how often top choices but the least are excluded; 0 is off."
+    ),
+    click.option("--dry-multiplier", type=float, help="DRY repetition penalty strength; 0 is off."),
+    click.option("--dry-base", type=float, help="DRY: growth per repeated token [default: 1.75]."),
+    click.option("--dry-allowed-length", type=int, help="DRY: repeats up to this long are free [default: 2]."),
+    click.option("--dry-penalty-last-n", type=int, help="DRY: look at the last N tokens; 0: all [default: 0]."),
+    click.option(
+        "--dry-sequence-breaker",
+        multiple=True,
+        metavar="TEXT",
+        callback=check_utf8_option,
+        help='DRY: a token holding this text ends a repeat (repeatable; replaces \\n : " *).',
+    ),
+    click.option(
+        "--logit-bias",
+        multiple=True,
+        metavar="TOKEN=BIAS",
+        callback=_parse_logit_bias,
+        help="Add BIAS in [-100, 100] to a token: an id or a one-token text (repeatable).",
+    ),
+    click.option(
+        "--ban",
+        multiple=True,
+        metavar="TEXT",
+        callback=check_utf8_option,
+        help="Never generate this text (repeatable).",
+    ),
+    click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
 )
 
 output_options = _stack(
@@ -189,11 +254,12 @@ def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tupl
     """Preset (or ``--preset-file``) with the flags on top; bad values name the flag."""
     name, cfg = preset_store.load(preset or options.get("preset"), options.get("preset_file"))
     overrides = {key: options.get(key) for key in SAMPLING_KEYS}
-    overrides["stop"] = tuple(options["stop"]) if options.get("stop") else None
+    for key, flag in REPEATED_FLAGS.items():  # given: replaces the preset's list
+        overrides[key] = tuple(options[flag]) if options.get(flag) else None
     try:
         return name, cfg.with_overrides(**overrides)
     except ConfigError as exc:
-        raise UserError(f"--{exc.key.replace('_', '-')}: {exc.reason}") from exc
+        raise UserError(f"--{REPEATED_FLAGS.get(exc.key, exc.key).replace('_', '-')}: {exc.reason}") from exc
 
 
 def read_prompt(prompt: str | None, raw: bool = False) -> str:

@@ -50,5 +50,8 @@ def show(name: str | None, path: Path | None) -> None:
         raise click.UsageError("give a preset NAME or --file PATH")
     _, cfg = preset_store.load(name, path)
     for key, value in cfg.as_dict().items():
-        if value is not None:
+        if isinstance(value, dict):  # an inline TOML table: JSON keys and values, TOML's `=`
+            pairs = ", ".join(f"{strict_json(k, key)} = {strict_json(v, f'{key}.{k}')}" for k, v in value.items())
+            click.echo(f"{key} = {{{pairs}}}" if pairs else f"{key} = {{}}")
+        elif value is not None:
             click.echo(f"{key} = {strict_json(value, key)}")

@@ -73,14 +73,14 @@ def decode_batch(
             rows += [_start_row(lm, item, logits.shape[-1], ignore_eos) for item in joining]
         if not rows:
             return
-        tokens, outcomes = yield from _sample(rows, logits, top_n)
+        tokens, outcomes, ids = yield from _sample(rows, logits, top_n)
         staying = [i for i, finished in enumerate(outcomes) if not finished]
         if len(staying) < len(rows):
             batch.keep(staying)
-            rows, tokens = [rows[i] for i in staying], tokens[staying]
+            rows, tokens, ids = [rows[i] for i in staying], tokens[staying], [ids[i] for i in staying]
         if rows:
-            for row, token in zip(rows, tokens, strict=True):
-                row.history = row.history.advanced(token.view(1))
+            for row, token, token_id in zip(rows, tokens, ids, strict=True):
+                row.history = row.history.advanced(token.view(1), [token_id])
             logits = batch.step(tokens)
         else:
             logits = logits[:0]
@@ -92,15 +92,16 @@ def _start_row(lm: LoadedModel, item: BatchItem, vocab: int, ignore_eos: bool) -
         item=item,
         emitter=Emitter(lm, item.cfg, item.stats, prompt, ignore_eos),
         generator=make_generator(item.cfg.seed, lm.device),
-        history=TokenHistory.start(prompt, vocab, track=item.cfg.has_penalties),
+        history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
     )
 
 
 def _sample(rows: list[_Row], logits: Tensor, top_n: int) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
     """One token for every row, rows that share settings through one chain (and one transfer);
-    returns the tokens and, per row, whether it finished."""
+    returns the tokens, per row whether it finished, and the token ids on the host."""
     tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
     finished = [False] * len(rows)
+    ids = [0] * len(rows)
     groups: dict[SamplingConfig, list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault(row.item.cfg, []).append(i)
@@ -112,6 +113,7 @@ def _sample(rows: list[_Row], logits: Tensor, top_n: int) -> Iterator[tuple[Any,
         tokens[index] = drawn
         for i, figures in zip(members, step_figures(chain, drawn, top_n), strict=True):
             row = rows[i]
+            ids[i] = figures.token_id
             try:
                 yield row.item.key, row.emitter.emit(figures)
             except RuntimeFailure as exc:  # this request's numbers broke, not the run
@@ -121,14 +123,9 @@ def _sample(rows: list[_Row], logits: Tensor, top_n: int) -> Iterator[tuple[Any,
             if row.emitter.reason:
                 finished[i] = True
                 yield row.item.key, row.item.stats.summary(row.emitter.reason)
-    return tokens, finished
+    return tokens, finished, ids
 
 
 def _stack(histories: list[TokenHistory]) -> TokenHistory:
     """One history for rows that are sampled together (inert when their settings have no penalties)."""
-    if histories[0].inert:
-        return histories[0]
-    return TokenHistory(
-        torch.cat([h.counts for h in histories if h.counts is not None]),
-        torch.cat([h.seen for h in histories if h.seen is not None]),
-    )
+    return TokenHistory.stack(histories)

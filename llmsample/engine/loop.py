@@ -57,7 +57,7 @@ def generate_rows(
         emitters = [Emitter(lm, cfg, row_stats, prompt_ids, ignore_eos) for row_stats in stats]
         ids = prompt_ids.expand(batch, -1)  # the same prompt in every row: no padding needed
         logits = runner.prefill(ids)
-        history = TokenHistory.start(ids, logits.shape[-1], track=cfg.has_penalties)
+        history = TokenHistory.for_config(ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
         active = list(range(batch))
         while active:
             chain = sampler_chain(logits, history, cfg)
@@ -69,7 +69,7 @@ def generate_rows(
                     active.remove(row)
                     yield row, stats[row].summary(emitters[row].reason)
             if active:  # finished rows keep a place in the batch; their tokens are ignored
-                history = history.advanced(tokens)
+                history = history.advanced(tokens, [f.token_id for f in figures])
                 logits = runner.step(tokens)
 
 

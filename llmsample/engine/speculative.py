@@ -161,7 +161,7 @@ def speculative_generate(
         seq = prompt_ids[0].tolist()
         if len(seq) > 1:
             runner.extend(prompt_ids[:, :-1], keep_last=True)
-        history = TokenHistory.start(prompt_ids, vocab, track=cfg.has_penalties)
+        history = TokenHistory.for_config(prompt_ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
         drafted_total = accepted_total = passes = 0
         while not emitter.reason:
             k = min(length.k, cfg.max_tokens - stats.tokens - 1)
@@ -193,7 +193,7 @@ def speculative_generate(
                 yield event
                 if emitter.reason:
                     break
-                history = history.advanced(emitted[i : i + 1])
+                history = history.advanced(emitted[i : i + 1], [figures.token_id])
             seq += emitted.tolist()
             runner.rollback(len(seq) - 1)
     yield stats.summary(emitter.reason)

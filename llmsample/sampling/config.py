@@ -106,6 +106,96 @@ def _check_seed(value: Any) -> int | None:
     return v
 
 
+def _check_typical_p(value: Any) -> float:
+    v = _number("typical_p", value)
+    if not 0 < v <= 1:
+        raise ConfigError("typical_p", f"must be in (0, 1] (1 turns it off), got {value!r}")
+    return v
+
+
+def _check_non_negative(key: str, off: str) -> Any:
+    def check(value: Any) -> float:
+        v = _number(key, value)
+        if v < 0:
+            raise ConfigError(key, f"must be >= 0 ({off}), got {value!r}")
+        return v
+
+    return check
+
+
+def _check_count(key: str, minimum: int, meaning: str) -> Any:
+    def check(value: Any) -> int:
+        v = _integer(key, value)
+        if v < minimum:
+            raise ConfigError(key, f"must be an integer >= {minimum} ({meaning}), got {value!r}")
+        return v
+
+    return check
+
+
+def _check_unit(key: str, low: float, high: float, meaning: str) -> Any:
+    def check(value: Any) -> float:
+        v = _number(key, value)
+        if not low <= v <= high:
+            raise ConfigError(key, f"must be in [{low:g}, {high:g}] ({meaning}), got {value!r}")
+        return v
+
+    return check
+
+
+def _check_xtc_threshold(value: Any) -> float:
+    v = _number("xtc_threshold", value)
+    if not 0 < v <= 0.5:
+        raise ConfigError(
+            "xtc_threshold",
+            f"must be in (0, 0.5] (0 would leave only the least likely token; above 0.5 no two tokens pass), got {value!r}",
+        )
+    return v
+
+
+def _check_dry_base(value: Any) -> float:
+    v = _number("dry_base", value)
+    if v < 1:
+        raise ConfigError("dry_base", f"must be >= 1 (the penalty grows by this factor per token), got {value!r}")
+    return v
+
+
+def _check_strings(key: str) -> Any:
+    def check(value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) for s in value):
+            raise ConfigError(key, f"expected a string or a list of strings, got {value!r}")
+        if any(s == "" for s in value):
+            raise ConfigError(key, "the strings must not be empty")
+        return tuple(value)
+
+    return check
+
+
+LOGIT_BIAS_LIMIT = 100.0
+"""As OpenAI's ``logit_bias``: -100 all but bans a token, +100 all but forces it."""
+
+
+def _check_logit_bias(value: Any) -> tuple[tuple[str, float], ...]:
+    """``{TOKEN: BIAS}`` (TOML table) or ``(TOKEN, BIAS)`` pairs; TOKEN is a token id written in
+    digits or a text that must encode to one token (checked against the tokenizer when a run starts)."""
+    pairs = value.items() if isinstance(value, dict) else value
+    if not isinstance(pairs, (list, tuple)) and not isinstance(value, dict):
+        raise ConfigError("logit_bias", f"expected a table of TOKEN = BIAS, got {value!r}")
+    out = []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2 or not isinstance(pair[0], str) or not pair[0]:
+            raise ConfigError("logit_bias", f"expected TOKEN = BIAS with a non-empty TOKEN, got {pair!r}")
+        if isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)) or not math.isfinite(pair[1]):
+            raise ConfigError("logit_bias", f"the bias of {pair[0]!r} must be a finite number, got {pair[1]!r}")
+        bias = float(pair[1])
+        if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+            raise ConfigError("logit_bias", f"the bias of {pair[0]!r} must be in [-100, 100], got {pair[1]!r}")
+        out.append((pair[0], bias))
+    return tuple(out)
+
+
 def _check_description(value: Any) -> str:
     if not isinstance(value, str):
         raise ConfigError("description", f"expected a string, got {value!r}")
@@ -124,7 +214,22 @@ _CHECKS = {
     "max_tokens": _check_max_tokens,
     "stop": _check_stop,
     "seed": _check_seed,
+    "typical_p": _check_typical_p,
+    "top_n_sigma": _check_non_negative("top_n_sigma", "0 turns it off"),
+    "xtc_threshold": _check_xtc_threshold,
+    "xtc_probability": _check_unit("xtc_probability", 0.0, 1.0, "0 turns it off"),
+    "dry_multiplier": _check_non_negative("dry_multiplier", "0 turns it off"),
+    "dry_base": _check_dry_base,
+    "dry_allowed_length": _check_count("dry_allowed_length", 1, "repeats this long go unpenalised"),
+    "dry_penalty_last_n": _check_count("dry_penalty_last_n", 0, "0 looks at the whole sequence"),
+    "dry_sequence_breakers": _check_strings("dry_sequence_breakers"),
+    "logit_bias": _check_logit_bias,
+    "ban": _check_strings("ban"),
+    "min_tokens": _check_count("min_tokens", 0, "0 turns it off"),
 }
+
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
+"""The default breakers of text-generation-webui and llama.cpp."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +247,18 @@ class SamplingConfig:
     max_tokens: int = 256
     stop: tuple[str, ...] = field(default=())
     seed: int | None = None
+    typical_p: float = 1.0
+    top_n_sigma: float = 0.0
+    xtc_threshold: float = 0.1
+    xtc_probability: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 0
+    dry_sequence_breakers: tuple[str, ...] = field(default=DRY_SEQUENCE_BREAKERS)
+    logit_bias: tuple[tuple[str, float], ...] = field(default=())
+    ban: tuple[str, ...] = field(default=())
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         for key, check in _CHECKS.items():
@@ -172,5 +289,31 @@ class SamplingConfig:
     def has_penalties(self) -> bool:
         return bool(self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0)
 
+    @property
+    def has_dry(self) -> bool:
+        return self.dry_multiplier > 0
+
+    @property
+    def has_xtc(self) -> bool:
+        return self.xtc_probability > 0
+
+    @property
+    def needs_sequences(self) -> bool:
+        """Stages that read the token sequence itself (DRY, bans, min-tokens), not only counts."""
+        return self.has_dry or bool(self.ban) or self.min_tokens > 0
+
+    @property
+    def needs_vocabulary(self) -> bool:
+        """Stages that need the tokenizer: token texts, EOS ids, texts to token ids."""
+        return self.needs_sequences or bool(self.logit_bias)
+
     def as_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(self).items()}
+        out: dict[str, Any] = {}
+        for key in self.keys():
+            value = getattr(self, key)
+            if key == "logit_bias":
+                value = dict(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[key] = value
+        return out

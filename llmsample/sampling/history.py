@@ -1,58 +1,143 @@
-"""What the penalties look at: the tokens seen so far, per row."""
+"""What the penalties and the text-aware stages look at: the tokens seen so far, per row."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from llmsample.errors import UserError
+from llmsample.sampling.config import ConfigError, SamplingConfig
+from llmsample.sampling.vocabulary import Vocabulary, bias_vector
 
 
 @dataclass(frozen=True)
 class TokenHistory:
     """Counts of generated tokens and the set of tokens seen anywhere (prompt or generated), both
-    ``[batch, vocab]``; or inert (both None) when no penalty is on, so the loops never branch."""
+    ``[batch, vocab]``; or inert (both None) when no penalty is on, so the loops never branch.
+
+    ``sequences`` (prompt + generated ids per row, on the host) and ``prompt_lengths`` are kept
+    only for stages that read the order of tokens (DRY, bans, min-tokens); ``vocabulary`` only for
+    stages that need the tokenizer. The loops hand the new ids over from the step's one transfer,
+    so keeping them costs no device synchronisation."""
 
     counts: Tensor | None
     seen: Tensor | None
+    sequences: tuple[tuple[int, ...], ...] | None = None
+    prompt_lengths: tuple[int, ...] | None = None
+    vocabulary: Vocabulary | None = None
 
     @classmethod
-    def start(cls, prompt_ids: Tensor, vocab_size: int, track: bool = True) -> TokenHistory:
-        """The history of ``prompt_ids`` ``[batch, n]``; inert unless ``track``."""
+    def start(
+        cls,
+        prompt_ids: Tensor,
+        vocab_size: int,
+        track: bool = True,
+        *,
+        sequences: bool = False,
+        vocabulary: Vocabulary | None = None,
+    ) -> TokenHistory:
+        """The history of ``prompt_ids`` ``[batch, n]``; counts inert unless ``track``, token
+        sequences kept with ``sequences``."""
+        rows = tuple(tuple(row) for row in prompt_ids.tolist()) if sequences else None
+        lengths = tuple(len(row) for row in rows) if rows is not None else None
         if not track:
-            return cls(None, None)
+            return cls(None, None, rows, lengths, vocabulary)
         batch = prompt_ids.shape[0]
         counts = torch.zeros(batch, vocab_size, device=prompt_ids.device)
         seen = torch.zeros(batch, vocab_size, dtype=torch.bool, device=prompt_ids.device)
-        return cls(counts, seen.scatter(1, prompt_ids, True))
+        return cls(counts, seen.scatter(1, prompt_ids, True), rows, lengths, vocabulary)
+
+    @classmethod
+    def for_config(
+        cls,
+        prompt_ids: Tensor,
+        vocab_size: int,
+        cfg: SamplingConfig,
+        tokenizer: Any = None,
+        eos_ids: Iterable[int] = (),
+    ) -> TokenHistory:
+        """Exactly what ``cfg``'s stages read: counts for penalties, sequences for DRY, bans and
+        min-tokens (the prompt read back once, not per step), the tokenizer's vocabulary for those
+        and for logit biases. Texts in ``logit_bias`` are resolved here, so a text that is not
+        one token fails before the first token, in one line."""
+        vocabulary = None
+        if cfg.needs_vocabulary:
+            if tokenizer is None:
+                raise ValueError("these settings need the tokenizer")
+            vocabulary = Vocabulary.of(tokenizer, vocab_size, eos_ids)
+            try:
+                bias_vector(vocabulary, cfg.logit_bias)
+            except ConfigError as exc:
+                raise UserError(f"logit_bias (--logit-bias or the preset): {exc.reason}") from exc
+        return cls.start(
+            prompt_ids, vocab_size, cfg.has_penalties, sequences=cfg.needs_sequences, vocabulary=vocabulary
+        )
 
     @property
     def inert(self) -> bool:
         return self.counts is None
 
-    def advanced(self, tokens: Tensor) -> TokenHistory:
-        """History after appending ``tokens`` (``[batch]``) to every row; a new object."""
+    def generated(self, row: int) -> tuple[int, ...]:
+        """The ids generated so far in ``row`` (needs sequences)."""
+        assert self.sequences is not None and self.prompt_lengths is not None
+        return self.sequences[row][self.prompt_lengths[row] :]
+
+    def advanced(self, tokens: Tensor, ids: Sequence[int] | None = None) -> TokenHistory:
+        """History after appending ``tokens`` (``[batch]``) to every row; a new object. ``ids``: the
+        same tokens on the host, which the loops have from the step's transfer (read back here
+        only when sequences are kept and the caller has none)."""
+        sequences = self.sequences
+        if sequences is not None:
+            ids = tokens.view(-1).tolist() if ids is None else list(ids)
+            sequences = tuple((*row, int(t)) for row, t in zip(sequences, ids, strict=True))
         if self.counts is None or self.seen is None:
-            return self
+            return TokenHistory(None, None, sequences, self.prompt_lengths, self.vocabulary)
         index = tokens.view(-1, 1)
         counts = self.counts.scatter_add(1, index, torch.ones_like(index, dtype=self.counts.dtype))
-        return TokenHistory(counts, self.seen.scatter(1, index, True))
+        return TokenHistory(counts, self.seen.scatter(1, index, True), sequences, self.prompt_lengths, self.vocabulary)
 
-    def prefixes(self, tokens: Tensor) -> TokenHistory:
+    def prefixes(self, tokens: Tensor, ids: Sequence[int] | None = None) -> TokenHistory:
         """From a one-row history, ``len(tokens) + 1`` rows: row i has ``tokens[:i]`` appended.
         Speculative verification and teacher forcing score every position at once with these."""
+        sequences, lengths = self.sequences, self.prompt_lengths
+        if sequences is not None and lengths is not None:
+            ids = tokens.view(-1).tolist() if ids is None else [int(t) for t in ids]
+            sequences = tuple((*sequences[0], *ids[:i]) for i in range(len(ids) + 1))
+            lengths = (lengths[0],) * len(sequences)
         if self.counts is None or self.seen is None:
-            return self
+            return TokenHistory(None, None, sequences, lengths, self.vocabulary)
         steps = torch.nn.functional.one_hot(tokens, self.counts.shape[-1]).to(self.counts.dtype)
         # The first row is the history itself, also when nothing was drafted (``steps[:1]`` would be empty).
         cumulative = torch.cat([self.counts.new_zeros(1, self.counts.shape[-1]), steps.cumsum(0)], dim=0)
-        return TokenHistory(self.counts + cumulative, self.seen | (cumulative > 0))
+        return TokenHistory(self.counts + cumulative, self.seen | (cumulative > 0), sequences, lengths, self.vocabulary)
 
     def rows(self, index: slice) -> TokenHistory:
         """Some rows of the history (an inert one stays inert)."""
+        sequences = self.sequences[index] if self.sequences is not None else None
+        lengths = self.prompt_lengths[index] if self.prompt_lengths is not None else None
         if self.counts is None or self.seen is None:
-            return self
-        return TokenHistory(self.counts[index], self.seen[index])
+            return TokenHistory(None, None, sequences, lengths, self.vocabulary)
+        return TokenHistory(self.counts[index], self.seen[index], sequences, lengths, self.vocabulary)
+
+    @classmethod
+    def stack(cls, histories: Sequence[TokenHistory]) -> TokenHistory:
+        """One history for rows sampled together (same settings, so the same kind of history)."""
+        first = histories[0]
+        sequences = lengths = None
+        if first.sequences is not None:
+            sequences = tuple(row for h in histories for row in h.sequences or ())
+            lengths = tuple(n for h in histories for n in h.prompt_lengths or ())
+        if len(histories) == 1:
+            return first
+        if first.counts is None:
+            return TokenHistory(None, None, sequences, lengths, first.vocabulary)
+        counts = torch.cat([h.counts for h in histories if h.counts is not None])
+        seen = torch.cat([h.seen for h in histories if h.seen is not None])
+        return TokenHistory(counts, seen, sequences, lengths, first.vocabulary)
 
 
 NO_HISTORY = TokenHistory(None, None)

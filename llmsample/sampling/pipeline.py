@@ -1,7 +1,12 @@
 """The sampling pipeline: pure functions over ``[batch, vocab]`` logits.
 
-Order (fixed, as in transformers' logits processors):
-penalties -> temperature (or greedy argmax) -> top-k -> top-p -> min-p -> softmax -> draw.
+Order (fixed; the stages in brackets appear only when their setting is on):
+[logit bias] -> [ban] -> [min-tokens] -> penalties -> [DRY] -> temperature (or greedy argmax)
+-> [top-n-sigma] -> top-k -> top-p -> [typical-p] -> min-p -> [XTC] -> softmax -> draw.
+Everything that edits logits from the context (biases, bans, penalties) comes before the
+temperature, as in transformers' processors and llama.cpp's default chain; the truncation
+filters follow text-generation-webui's default priority (top-n-sigma, top-k, top-p, typical-p,
+min-p, XTC last).
 Every command, the speculative drafter and verifier included, goes through
 :func:`sampler_chain`, so what is shown, what is drawn and what is verified agree.
 No function edits its input in place; a removed token has logit ``-inf``.
@@ -9,6 +14,7 @@ No function edits its input in place; a removed token has logit ``-inf``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -17,6 +23,7 @@ from torch import Tensor
 
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.vocabulary import Vocabulary, ban_table, bias_vector, breaker_ids, dry_penalties
 
 TOP_P_ULPS = 4 * torch.finfo(torch.float32).eps
 """Cumulative mass within a few float32 ulps of the running total counts as reaching p: the
@@ -115,14 +122,173 @@ def keep_min_p(logits: Tensor, min_p: float) -> Tensor:
     return logits.masked_fill(logprobs < threshold, -math.inf)
 
 
+def _vocabulary(history: TokenHistory, stage: str) -> Vocabulary:
+    if history.vocabulary is None:
+        raise ValueError(f"the {stage} stage needs a history built with the tokenizer's vocabulary")
+    return history.vocabulary
+
+
+def _sequences(history: TokenHistory, stage: str) -> tuple[tuple[int, ...], ...]:
+    if history.sequences is None:
+        raise ValueError(f"the {stage} stage needs a history that keeps the token sequences")
+    return history.sequences
+
+
+def _on(device: torch.device, values: list[int] | list[float], dtype: torch.dtype) -> Tensor:
+    """Host values onto the logits' device: a copy to the device, never a read back."""
+    tensor = torch.tensor(values, dtype=dtype)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+
+
+def mask_tokens(logits: Tensor, banned: list[set[int]] | list[frozenset[int]]) -> Tensor:
+    """``-inf`` for ``banned[row]`` in each row, unless that would leave a row with nothing (then
+    the row is left as it was: a distribution must remain)."""
+    rows = [r for r, tokens in enumerate(banned) for _ in tokens]
+    if not rows:
+        return logits
+    cols = [t for tokens in banned for t in tokens]
+    index = (_on(logits.device, rows, torch.long), _on(logits.device, cols, torch.long))
+    masked = logits.index_put(index, torch.tensor(-math.inf, device=logits.device))
+    return torch.where((masked > -math.inf).any(-1, keepdim=True), masked, logits)
+
+
+def apply_logit_bias(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """OpenAI's ``logit_bias``: a fixed number added to chosen tokens' logits."""
+    if not cfg.logit_bias:
+        return logits
+    bias = bias_vector(_vocabulary(history, "logit_bias"), cfg.logit_bias)
+    if logits.device.type != "cpu":
+        bias = _device_bias(bias, logits.device)
+    return keep_finite(logits + bias, logits)
+
+
+@functools.lru_cache(maxsize=16)
+def _device_bias(bias: Tensor, device: torch.device) -> Tensor:
+    return bias.to(device)
+
+
+def mask_banned(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """``--ban``: every candidate whose text would complete a banned string, given the text
+    generated so far (the banned string may start in earlier tokens), is removed."""
+    if not cfg.ban:
+        return logits
+    vocabulary, sequences = _vocabulary(history, "ban"), _sequences(history, "ban")
+    table = ban_table(vocabulary, cfg.ban)
+    banned = []
+    for row in range(len(sequences)):
+        text = vocabulary.generated_text_tail(history.generated(row), table.longest - 1)
+        banned.append(table.banned(text))
+    return mask_tokens(logits, banned)
+
+
+def mask_early_end(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """``--min-tokens``: before the N-th generated token no EOS id, and no token that would
+    complete a stop string."""
+    if cfg.min_tokens <= 0:
+        return logits
+    vocabulary, sequences = _vocabulary(history, "min_tokens"), _sequences(history, "min_tokens")
+    stops = ban_table(vocabulary, cfg.stop) if cfg.stop else None
+    banned: list[set[int]] = []
+    for row in range(len(sequences)):
+        generated = history.generated(row)
+        tokens: set[int] = set()
+        if len(generated) < cfg.min_tokens:
+            tokens.update(vocabulary.eos_ids)
+            if stops is not None:
+                tokens |= stops.banned(vocabulary.generated_text_tail(generated, stops.longest - 1))
+        banned.append(tokens)
+    return mask_tokens(logits, banned)
+
+
+def apply_dry(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """DRY over each row's prompt and generated tokens (see :func:`dry_penalties`)."""
+    if not cfg.has_dry:
+        return logits
+    sequences = _sequences(history, "dry")
+    breakers = breaker_ids(_vocabulary(history, "dry"), cfg.dry_sequence_breakers)
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for row, sequence in enumerate(sequences):
+        penalties = dry_penalties(
+            sequence, cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, breakers, cfg.dry_penalty_last_n
+        )
+        rows += [row] * len(penalties)
+        cols += list(penalties)
+        values += [-v for v in penalties.values()]
+    if not rows:
+        return logits
+    device = logits.device
+    index = (_on(device, rows, torch.long), _on(device, cols, torch.long))
+    return keep_finite(logits.index_put(index, _on(device, values, torch.float32), accumulate=True), logits)
+
+
+def keep_top_n_sigma(logits: Tensor, n: float) -> Tensor:
+    """Top-nσ (Tang et al. 2024, as llama.cpp computes it): keep the tokens whose logit is at
+    least ``max - n * std``, the standard deviation taken over the finite logits (population,
+    divided by their count). Scaling by a temperature scales both sides: the set does not move."""
+    if n <= 0:
+        return logits
+    finite = logits > -math.inf
+    count = finite.sum(-1, keepdim=True).clamp_min(1)
+    values = torch.where(finite, logits, 0.0)
+    mean = values.sum(-1, keepdim=True) / count
+    spread = torch.where(finite, logits - mean, 0.0)
+    std = ((spread * spread).sum(-1, keepdim=True) / count).sqrt()
+    top = logits.max(-1, keepdim=True).values
+    return logits.masked_fill(logits < top - n * std, -math.inf)
+
+
+def keep_typical_p(logits: Tensor, mass: float) -> Tensor:
+    """Locally typical sampling (Meister et al. 2023), as transformers' ``TypicalLogitsWarper``:
+    order tokens by how far their surprisal is from the entropy, keep the closest ones until their
+    probability reaches ``mass`` (the crossing token and its ties included, always one)."""
+    if mass >= 1.0:
+        return logits
+    logprobs = logits.float().log_softmax(-1)
+    probs = logprobs.exp()
+    entropy = -(logprobs * probs).nansum(-1, keepdim=True)
+    distance = (-logprobs - entropy).abs()
+    ordered, order = distance.sort(-1)
+    cumulative = logits.gather(-1, order).softmax(-1).cumsum(-1)
+    last = (cumulative < mass).sum(-1, keepdim=True).clamp_(max=logits.shape[-1] - 1)
+    remove_sorted = ordered > ordered.gather(-1, last)
+    remove_sorted[..., :1] = False
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def keep_xtc(logits: Tensor, threshold: float) -> Tensor:
+    """XTC, "exclude top choices" (p-e-w, text-generation-webui PR #6335; llama.cpp's
+    ``llama_sampler_xtc``), the branch where it fires: every token with probability >= threshold
+    is removed except the least likely of them, so it changes nothing unless two or more pass
+    the threshold. Tokens tied at the least likely probability all stay (no sort order decides)."""
+    probs = logits.softmax(-1)
+    above = (probs >= threshold) & (probs > 0)
+    least = torch.where(above, probs, math.inf).min(-1, keepdim=True).values
+    return logits.masked_fill(above & (probs > least), -math.inf)
+
+
+def xtc_mixture(before: Tensor, after: Tensor, probability: float) -> Tensor:
+    """XTC fires with ``probability``: the distribution a token is drawn from is the mixture of
+    the filtered and the unfiltered one. Drawing from it is drawing the coin and then the branch
+    with the run's generator (one uniform instead of two), and speculative verification compares
+    exactly this p and q."""
+    fired = after.softmax(-1)
+    if probability >= 1.0:
+        return fired
+    return (1 - probability) * before.softmax(-1) + probability * fired
+
+
 @dataclass(frozen=True)
 class Stage:
     name: str
     logits: Tensor  # [batch, vocab]; a removed token is -inf
 
 
-FILTER_STAGES = ("top_k", "top_p", "min_p")
-"""The stages that remove candidates; the step figures count what each removed."""
+FILTER_STAGES = ("ban", "min_tokens", "top_n_sigma", "top_k", "top_p", "typical_p", "min_p", "xtc")
+"""The stages that remove candidates; the step figures count what each removed (XTC: what it
+removes on the steps it fires)."""
 
 
 @dataclass(frozen=True)
@@ -139,8 +305,11 @@ class Chain:
 
     @property
     def penalised(self) -> Tensor:
-        """After the penalties: it ranks the alternatives a greedy step discarded."""
-        return self.stages[1].logits
+        """After the biases, bans and penalties, before the temperature: it ranks the
+        alternatives a greedy step discarded."""
+        names = self.names
+        at = names.index("greedy") if "greedy" in names else names.index("temperature")
+        return self.stages[at - 1].logits
 
     @property
     def final(self) -> Tensor:
@@ -157,24 +326,41 @@ class Chain:
 
 
 def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Chain:
-    """``raw, penalties, temperature, top_k, top_p, min_p`` — or ``raw, penalties, greedy`` —
-    over ``[batch, vocab]`` logits; the last stage's softmax is what is sampled."""
+    """``raw, [logit_bias, ban, min_tokens,] penalties, [dry,] temperature, [top_n_sigma,] top_k,
+    top_p, [typical_p,] min_p[, xtc]`` — or ``raw, [...,] penalties, [dry,] greedy`` — over
+    ``[batch, vocab]`` logits (bracketed stages only when on). What is sampled is the last stage's
+    softmax, or with XTC the mixture of its two branches."""
     logits = logits.float()
     stages = [Stage("raw", logits)]
-    logits = apply_penalties(logits, history, cfg)
-    stages.append(Stage("penalties", logits))
+
+    def add(name: str, value: Tensor) -> Tensor:
+        stages.append(Stage(name, value))
+        return value
+
+    if cfg.logit_bias:
+        logits = add("logit_bias", apply_logit_bias(logits, history, cfg))
+    if cfg.ban:
+        logits = add("ban", mask_banned(logits, history, cfg))
+    if cfg.min_tokens > 0:
+        logits = add("min_tokens", mask_early_end(logits, history, cfg))
+    logits = add("penalties", apply_penalties(logits, history, cfg))
+    if cfg.has_dry:
+        logits = add("dry", apply_dry(logits, history, cfg))
     if cfg.is_greedy:
-        stages.append(Stage("greedy", keep_argmax(logits)))
-    else:
-        logits = apply_temperature(logits, cfg.temperature)
-        stages.append(Stage("temperature", logits))
-        logits = keep_top_k(logits, cfg.top_k)
-        stages.append(Stage("top_k", logits))
-        logits = keep_top_p(logits, cfg.top_p)
-        stages.append(Stage("top_p", logits))
-        logits = keep_min_p(logits, cfg.min_p)
-        stages.append(Stage("min_p", logits))
-    return Chain(tuple(stages), stages[-1].logits.softmax(-1))
+        add("greedy", keep_argmax(logits))
+        return Chain(tuple(stages), stages[-1].logits.softmax(-1))
+    logits = add("temperature", apply_temperature(logits, cfg.temperature))
+    if cfg.top_n_sigma > 0:
+        logits = add("top_n_sigma", keep_top_n_sigma(logits, cfg.top_n_sigma))
+    logits = add("top_k", keep_top_k(logits, cfg.top_k))
+    logits = add("top_p", keep_top_p(logits, cfg.top_p))
+    if cfg.typical_p < 1:
+        logits = add("typical_p", keep_typical_p(logits, cfg.typical_p))
+    logits = add("min_p", keep_min_p(logits, cfg.min_p))
+    if not cfg.has_xtc:
+        return Chain(tuple(stages), logits.softmax(-1))
+    filtered = add("xtc", keep_xtc(logits, cfg.xtc_threshold))
+    return Chain(tuple(stages), xtc_mixture(logits, filtered, cfg.xtc_probability))
 
 
 def sampling_probs(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:

@@ -66,6 +66,18 @@ def test_our_json_line_with_every_field() -> None:
             "max_tokens": 64,
             "stop": "\n\n",
             "seed": 7,
+            "typical_p": 0.9,
+            "top_n_sigma": 1.5,
+            "xtc_threshold": 0.1,
+            "xtc_probability": 0.5,
+            "dry_multiplier": 0.8,
+            "dry_base": 1.75,
+            "dry_allowed_length": 2,
+            "dry_penalty_last_n": 512,
+            "dry_sequence_breakers": ["\n"],
+            "logit_bias": {"50256": -100},
+            "ban": ["As an AI"],
+            "min_tokens": 4,
         }
     )
     request = one(line)
