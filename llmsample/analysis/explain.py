@@ -63,6 +63,8 @@ def chain_report(
     """``logits``: raw next-token logits ``[1, vocab]``."""
     chain = sampler_chain(logits, history, cfg)
     probs = {stage.name: stage.logits[0].softmax(-1) for stage in chain.stages}
+    if "xtc" in probs:  # XTC fires at random: what is sampled after it is the mixture
+        probs["xtc"] = chain.probs[0]
     raw_top = chain.raw[0].topk(top_n).indices.tolist()
     final_top = [t for t in chain.final[0].topk(top_n).indices.tolist() if chain.probs[0, t] > 0]
     ids = list(dict.fromkeys(final_top + raw_top))[:top_n]
@@ -98,7 +100,7 @@ def score_continuation(
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = history.prefixes(cont, continuation)
     chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
-    raw, final = chain.raw, chain.final
+    raw = chain.raw
     model_probs, preset_probs = raw.softmax(-1), chain.probs
     scored = []
     for i, token in enumerate(continuation):
@@ -110,8 +112,9 @@ def score_continuation(
                 model_prob=float(model_probs[i, token]),
                 prob=float(preset_probs[i, token]),
                 model_rank=int((raw[i] > raw[i, token]).sum()) + 1,
-                allowed=bool(torch.isfinite(final[i, token])),
-                removed_by=_removed_by(chain, i, token),
+                allowed=bool(preset_probs[i, token] > 0),
+                # XTC removes a token only when it fires: a token it alone removes stays possible
+                removed_by=_removed_by(chain, i, token) if preset_probs[i, token] == 0 else None,
             )
         )
     return scored

@@ -19,16 +19,6 @@ from llmsample.commands.options import (
     sampling_options,
 )
 
-STAGE_LABELS = {
-    "raw": "raw",
-    "penalties": "penal.",
-    "temperature": "temp.",
-    "greedy": "greedy",
-    "top_k": "top-k",
-    "top_p": "top-p",
-    "min_p": "min-p",
-}
-
 
 @click.command()
 @prompt_options
@@ -82,26 +72,41 @@ def explain(**options: Any) -> None:
 
 
 def chain_table(report: Any, preset: str) -> Any:
-    """Candidates by row, stages by column, fitting 80 columns."""
+    """Candidates by row, stages by column, fitting 80 columns: a stage that changed nothing for
+    these candidates (a filter that is off, a temperature of 1) gets no column, only its count."""
     from rich.table import Table
     from rich.text import Text
 
-    from llmsample.render.inspect import visible
+    from llmsample.render.inspect import STAGE_LABELS, visible
 
+    shown = [
+        name
+        for i, name in enumerate(report.stages)
+        if i in (0, len(report.stages) - 1)
+        or report.kept[name] != report.kept[report.stages[i - 1]]
+        or any(c.probs[name] != c.probs[report.stages[i - 1]] for c in report.candidates)
+    ]
     table = Table(title=f"next token under preset {preset!r}", box=None, pad_edge=False, header_style="bold")
     table.add_column("token", overflow="fold", max_width=14)
-    for name in report.stages:
+    for name in shown:
         table.add_column(STAGE_LABELS[name], justify="right")
     table.add_column("removed by")
     for candidate in report.candidates:
         cells = []
-        for name in report.stages:
+        for name in shown:
             p = candidate.probs[name]
             cells.append(Text("–", style="dim") if p == 0 else Text(f"{p:.3f}"))
         removed = STAGE_LABELS[candidate.removed_by] if candidate.removed_by else ""
         table.add_row(visible(candidate.text), *cells, Text(removed, style="bold #d55e00"))
-    kept = "  ".join(f"{STAGE_LABELS[n]} {report.kept[n]}" for n in report.stages)
-    table.caption = f"candidates left: {kept}\nentropy of the final distribution: {report.entropy:.2f} bits"
+    lines = ["candidates left:"]
+    for item in (f"{STAGE_LABELS[n]} {report.kept[n]}" for n in report.stages):
+        if len(lines[-1]) + 2 + len(item) > 78:
+            lines.append("")
+        lines[-1] += (" " if lines[-1].endswith(":") else "  ") + item if lines[-1] else item
+    lines.append(f"entropy of the final distribution: {report.entropy:.2f} bits")
+    if "xtc" in report.stages:
+        lines.append("XTC removes its candidates only when it fires; its column is the mix sampled")
+    table.caption = "\n".join(lines)
     return table
 
 
@@ -109,7 +114,7 @@ def continuation_table(scored: list[Any], preset: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from llmsample.render.inspect import visible
+    from llmsample.render.inspect import STAGE_LABELS, visible
 
     table = Table(title=f"continuation under preset {preset!r}", box=None, pad_edge=False, header_style="bold")
     for name, justify in (("#", "right"), ("token", "left"), ("p model", "right"), ("p preset", "right"),
