@@ -84,3 +84,60 @@ def test_explain_cli_fits_80_columns_and_jsonl(tiny_model_dir: Path) -> None:
     scored = runner.invoke(main, [*base, "--continuation", "w5 w6", "--format", "jsonl"])
     lines = [json.loads(line) for line in scored.stdout.splitlines()]
     assert [line["token_id"] for line in lines] == [5, 6]
+
+
+NEW = SamplingConfig(
+    temperature=0.9, typical_p=0.9, top_n_sigma=1.5, min_p=0.02, xtc_threshold=0.05, xtc_probability=0.5,
+    dry_multiplier=3.0, dry_allowed_length=1, logit_bias={"w9": 2.0}, ban=("w12",), min_tokens=2,
+)  # fmt: skip
+
+
+def test_the_new_stages_by_hand(tiny_lm) -> None:
+    from llmsample.sampling.pipeline import (
+        apply_dry,
+        apply_logit_bias,
+        keep_top_n_sigma,
+        keep_typical_p,
+        keep_xtc,
+        mask_banned,
+        mask_early_end,
+        xtc_mixture,
+    )
+
+    ids = encode_prompt(tiny_lm, "w3 w9 w12 w9 w3 w9", raw=True)
+    report = explain_next(tiny_lm, ids, NEW, top_n=12)
+    with torch.inference_mode():
+        raw = tiny_lm.model(ids).logits[:, -1].float()
+    history = TokenHistory.for_config(ids, raw.shape[-1], NEW, tiny_lm.tokenizer, tiny_lm.eos_ids)
+    by_hand = {"raw": raw, "logit_bias": apply_logit_bias(raw, history, NEW)}
+    by_hand["ban"] = mask_banned(by_hand["logit_bias"], history, NEW)
+    by_hand["min_tokens"] = mask_early_end(by_hand["ban"], history, NEW)
+    by_hand["penalties"] = by_hand["min_tokens"]
+    by_hand["dry"] = apply_dry(by_hand["penalties"], history, NEW)
+    by_hand["temperature"] = by_hand["dry"] / NEW.temperature
+    by_hand["top_n_sigma"] = keep_top_n_sigma(by_hand["temperature"], NEW.top_n_sigma)
+    by_hand["top_k"] = by_hand["top_p"] = by_hand["top_n_sigma"]
+    by_hand["typical_p"] = keep_typical_p(by_hand["top_p"], NEW.typical_p)
+    by_hand["min_p"] = keep_min_p(by_hand["typical_p"], NEW.min_p)
+    by_hand["xtc"] = keep_xtc(by_hand["min_p"], NEW.xtc_threshold)
+    assert report.stages == list(by_hand)
+    sampled = xtc_mixture(by_hand["min_p"], by_hand["xtc"], NEW.xtc_probability)
+    for candidate in report.candidates:
+        for name, logits in by_hand.items():
+            expected = (sampled if name == "xtc" else logits.softmax(-1))[0, candidate.token_id].item()
+            assert candidate.probs[name] == pytest.approx(expected, abs=1e-6)
+        first_removed = next((n for n, t in by_hand.items() if not torch.isfinite(t[0, candidate.token_id])), None)
+        assert candidate.removed_by == first_removed
+    for name, logits in by_hand.items():
+        assert report.kept[name] == int(torch.isfinite(logits).sum()), name
+    assert report.kept["ban"] < report.kept["logit_bias"] and report.kept["min_tokens"] < report.kept["ban"]
+    assert by_hand["dry"][0, 3] < by_hand["penalties"][0, 3]  # w3 followed "w9" before: DRY
+
+
+def test_continuation_under_xtc_stays_possible(tiny_lm) -> None:
+    ids = encode_prompt(tiny_lm, "w3 w9 w12", raw=True)
+    cfg = SamplingConfig(xtc_threshold=0.01, xtc_probability=0.5, ban=("w20",))
+    scored = score_continuation(tiny_lm, ids, [9, 14, 20], cfg)
+    assert all(s.allowed == (s.prob > 0) for s in scored)
+    assert not scored[2].allowed and scored[2].removed_by == "ban"
+    assert all(s.removed_by is None for s in scored if s.allowed)

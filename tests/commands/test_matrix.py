@@ -20,7 +20,7 @@ from llmsample.cli import main
 from llmsample.models import loading as models
 from tests.conftest import cli_env, make_tiny_model
 
-PRESETS = ("balanced", "creative", "code", "deterministic")
+PRESETS = ("balanced", "creative", "code", "deterministic", "fiction")
 OUTPUTS = ("text", "jsonl", "inspect", "html")
 # Repeats, so that the n-gram drafter both hits and misses (a miss drafts nothing).
 PROMPT = "w4 w5 w6 w7 w4 w5 w6 w7 w4 w5"

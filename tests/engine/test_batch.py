@@ -19,6 +19,7 @@ CONFIGS = [
     dict(temperature=0.9, top_k=8, seed=3),
     dict(temperature=1.2, top_p=0.9, min_p=0.02, seed=5, presence_penalty=0.8, repetition_penalty=1.3),
     dict(temperature=0.7, seed=11, stop=("w9",)),
+    dict(temperature=1.0, seed=13, min_p=0.02, dry_multiplier=0.8, xtc_probability=0.5, ban=("w12 w13",), min_tokens=2),
 ]
 
 

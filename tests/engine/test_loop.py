@@ -159,6 +159,19 @@ class FixedLogitsModel(torch.nn.Module):
         SamplingConfig(temperature=0),
         SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, min_p=0.05),  # every filter, top-k with ties
         SamplingConfig(temperature=1.0, top_p=0.5, presence_penalty=0.5, repetition_penalty=1.3),
+        # every new stage; DRY, bans and min-tokens read the ids the step's transfer brought back
+        SamplingConfig(
+            temperature=0.9,
+            typical_p=0.9,
+            top_n_sigma=2.0,
+            xtc_probability=0.5,
+            dry_multiplier=0.8,
+            logit_bias={"w5": 2.0},
+            ban=("w7 w8",),
+            min_tokens=4,
+            stop=("w9",),
+        ),
+        SamplingConfig(temperature=0, dry_multiplier=0.8, ban=("w7 w8",)),
     ],
 )
 def test_one_host_transfer_per_step(tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig) -> None:
@@ -171,8 +184,9 @@ def test_one_host_transfer_per_step(tiny_lm, monkeypatch: pytest.MonkeyPatch, cf
     with SyncCounter() as counter:
         tokens, _ = run_to_end(events)
     assert len(tokens) == 12
-    # One at the start (the prompt's ids, for the text stream), then one per step.
-    assert counter.calls == ["tolist"] * (1 + 12)
+    # One at the start (the prompt's ids, for the text stream; a second for the history when a
+    # stage reads the token sequence), then one per step.
+    assert counter.calls == ["tolist"] * (1 + cfg.needs_sequences + 12)
 
 
 def test_top_p_sorted_and_widened_candidates_agree() -> None:

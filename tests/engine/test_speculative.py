@@ -161,6 +161,20 @@ def test_greedy_equals_plain_with_ngram(tiny_lm, k: int | None) -> None:
     assert summary.extra["drafted"] > 0
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(temperature=0, max_tokens=40, dry_multiplier=2.0, dry_allowed_length=1),
+        SamplingConfig(temperature=0, max_tokens=40, ban=("w8 w15",), logit_bias={"w23": 3.0}, min_tokens=5),
+    ],
+)
+def test_greedy_with_text_aware_stages_equals_plain(tiny_lm, other_lm, cfg: SamplingConfig) -> None:
+    expected = plain_tokens(tiny_lm, cfg, PROMPT)
+    for drafter in (ModelDrafter(other_lm, 32), NgramDrafter(32, torch.device("cpu"), 1, 3)):
+        tokens, _ = spec_run(tiny_lm, drafter, cfg, PROMPT, None)
+        assert [t.token_id for t in tokens] == expected
+
+
 def test_long_greedy_run_survives_rejections(tiny_lm, other_lm) -> None:
     cfg = SamplingConfig(temperature=0, max_tokens=320)
     expected = plain_tokens(tiny_lm, cfg, PROMPT)
@@ -185,6 +199,21 @@ CONFIGS = {
     "temperature": SamplingConfig(temperature=1.3),
     "filters": SamplingConfig(temperature=0.9, top_k=8, top_p=0.9, min_p=0.05),
     "penalties": SamplingConfig(temperature=1.0, frequency_penalty=0.8, presence_penalty=0.5, repetition_penalty=1.5),
+    "typical_p": SamplingConfig(temperature=1.2, typical_p=0.7),
+    "top_n_sigma": SamplingConfig(temperature=1.5, top_n_sigma=1.0),
+    # XTC: p and q are the mixtures of its two branches; 0.08 puts several tokens above it here
+    "xtc": SamplingConfig(temperature=1.2, min_p=0.02, xtc_threshold=0.08, xtc_probability=0.6),
+    # the text-aware stages: the drafted token changes the history they read at the second step
+    "dry_ban_bias_min_tokens": SamplingConfig(
+        temperature=1.1,
+        dry_multiplier=1.5,
+        dry_base=2.0,
+        dry_allowed_length=1,
+        dry_sequence_breakers=("w11",),
+        logit_bias={"w9": 1.5, "3": -1.0},
+        ban=("w7 w5", "w4 w4"),
+        min_tokens=3,
+    ),
 }
 
 
@@ -200,11 +229,7 @@ def next_token_dists(model, prompt: list[int], history: TokenHistory, cfg: Sampl
         first_logits = model(torch.tensor([prompt])).logits[:, -1]
         seqs = torch.tensor([[*prompt, x] for x in range(VOCAB)])
         second_logits = model(seqs).logits[:, -1]
-    rows = history
-    if not history.inert:
-        rows = TokenHistory(history.counts.expand(VOCAB, -1), history.seen.expand(VOCAB, -1)).advanced(
-            torch.arange(VOCAB)
-        )
+    rows = TokenHistory.stack([history] * VOCAB).advanced(torch.arange(VOCAB), list(range(VOCAB)))
     return sampling_probs(first_logits, history, cfg)[0], sampling_probs(second_logits, rows, cfg)
 
 
@@ -213,15 +238,16 @@ def small_vocab_pair(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("vocab12")
     target = load_model(str(make_tiny_model(root / "t", vocab_size=VOCAB, seed=10, init=0.15)), "cpu", "float32")
     draft = load_model(str(make_tiny_model(root / "d", vocab_size=VOCAB, seed=11, init=0.15)), "cpu", "float32")
-    return target.model, draft.model
+    return target.model, draft.model, target.tokenizer
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_speculative_samples_follow_the_target_distribution(small_vocab_pair, name: str) -> None:
-    target, draft = small_vocab_pair
+    target, draft, tokenizer = small_vocab_pair
     cfg = CONFIGS[name]
     prompt = [0, 5, 7, 5]
-    history = TokenHistory.start(torch.tensor([prompt]), VOCAB, track=cfg.has_penalties).advanced(torch.tensor([7]))
+    history = TokenHistory.for_config(torch.tensor([prompt]), VOCAB, cfg, tokenizer, [1])
+    history = history.advanced(torch.tensor([7]), [7])
     p1, p2 = next_token_dists(target, prompt, history, cfg)
     q1, q2 = next_token_dists(draft, prompt, history, cfg)
     g = make_generator(1234)

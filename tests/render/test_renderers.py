@@ -162,3 +162,30 @@ def test_html_view_in_a_real_browser(tiny_model_dir: Path, tmp_path: Path) -> No
     assert shot.exists() and shot.stat().st_size > 1000
     assert "http" not in page.read_text().replace("http-equiv", "")  # self-contained: no external assets
     os.environ.get("KEEP_SCREENSHOT") and shutil.copy(shot, os.environ["KEEP_SCREENSHOT"])
+
+
+# --- the newer stages in every view --------------------------------------------------------------
+
+
+def test_new_stages_reach_jsonl_inspect_and_html(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from llmsample.cli import main
+
+    page = tmp_path / "view.html"
+    args = ["generate", "-m", str(tiny_model_dir), "--raw", "-p", "w4 w5 w6 w4 w5", "-n", "12", "--seed", "3",
+            "--device", "cpu", "-q", "--ignore-eos", "--preset", "fiction", "--typical-p", "0.95",
+            "--top-n-sigma", "2", "--ban", "w6 w4", "--min-tokens", "3", "--logit-bias", "w9=1.5"]  # fmt: skip
+    jsonl = CliRunner().invoke(main, [*args, "--format", "jsonl", "--html", str(page)])
+    assert jsonl.exit_code == 0, jsonl.output
+    events = [json.loads(line) for line in jsonl.stdout.splitlines()][:-1]
+    assert set(events[0]["removed"]) == {"ban", "min_tokens", "top_n_sigma", "top_k", "top_p", "typical_p",
+                                         "min_p", "xtc"}  # fmt: skip
+    assert any(e["removed"]["min_tokens"] for e in events[:3]) and not any(
+        e["removed"]["min_tokens"] for e in events[3:]
+    )
+    assert "w6 w4" not in "".join(e["text"] for e in events)
+    assert "removed: " in page.read_text() and "XTC" in page.read_text()
+    table = CliRunner().invoke(main, [*args, "--inspect"])
+    assert table.exit_code == 0, table.output
+    assert "XTC, when it fires (x)" in table.stdout and "typical-p (t)" in table.stdout
