@@ -186,17 +186,46 @@ def weight_bytes(lm: LoadedModel) -> int:
     return total
 
 
-def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50) -> float:
-    """Seconds per step for sampling + inspection figures on a real vocabulary, model excluded."""
+def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context: int = 3) -> float:
+    """Seconds per step for sampling + inspection figures on a real vocabulary, model excluded;
+    ``context`` tokens of history (a story's worth makes DRY and the bans do real work)."""
     vocab = lm.model.config.vocab_size
     logits = torch.randn(1, vocab) * 5
-    history = TokenHistory.start(torch.tensor([[1, 2, 3]]), vocab, track=cfg.has_penalties)
+    ids = encode_prompt(lm, PROMPTS["story"] * (1 + context // 16), raw=True)[:, -context:]
+    history = TokenHistory.for_config(ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
     generator = make_generator(0)
+    sampler_chain(logits, history, cfg)  # tables built once per run: not a step's cost
     start = time.perf_counter()
     for _ in range(steps):
         chain = sampler_chain(logits, history, cfg)
         step_figures(chain, draw(chain.probs, generator), 5)
     return (time.perf_counter() - start) / steps
+
+
+STAGE_SETTINGS = {
+    "typical_p": {"typical_p": 0.9},
+    "top_n_sigma": {"top_n_sigma": 1.0},
+    "xtc": {"xtc_probability": 0.5},
+    "dry": {"dry_multiplier": 0.8},
+    "logit_bias": {"logit_bias": {"0": -5.0, "1": 2.0}},
+    "ban": {"ban": ("As an AI", "delve")},
+    "min_tokens": {"min_tokens": 10_000, "stop": ("\n\n",)},
+}
+
+
+def stage_costs(lm: LoadedModel, steps: int = 20, rounds: int = 9, context: int = 512) -> dict[str, float]:
+    """Each newer stage's seconds per step on top of the default chain (balanced, whose own cost
+    is under ``"balanced"``), with ``context`` tokens of history. Rounds interleave the settings
+    and each keeps its fastest round: on a shared machine the minimum is what the code costs."""
+    _, base = load_preset("balanced")
+    configs = {"balanced": base} | {
+        name: SamplingConfig.from_mapping(settings, base) for name, settings in STAGE_SETTINGS.items()
+    }
+    best = dict.fromkeys(configs, float("inf"))
+    for _ in range(rounds):
+        for name, cfg in configs.items():
+            best[name] = min(best[name], pipeline_cost(lm, cfg, steps, context))
+    return {name: t - best["balanced"] if name != "balanced" else t for name, t in best.items()}
 
 
 def cold_load_s() -> float | None:

@@ -51,6 +51,12 @@ def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
     return logits if temperature == 1.0 else keep_finite(logits / temperature, logits)
 
 
+def remove(logits: Tensor, mask: Tensor) -> Tensor:
+    """``-inf`` where ``mask``: what every filter does. ``torch.where`` with a 0-d tensor costs a
+    fifth of ``masked_fill`` on a 49k CPU row (0.1 ms against 0.55 ms), with the same result."""
+    return torch.where(mask, torch.full((), -math.inf, device=logits.device), logits)
+
+
 def keep_finite(logits: Tensor, before: Tensor) -> Tensor:
     """Clamp what a scaling overflowed (a repetition penalty of 1e-40, a temperature of 2e-4 on
     logits of 1e35) to the largest float32, so the order survives and the softmax stays finite;
@@ -62,7 +68,7 @@ def keep_finite(logits: Tensor, before: Tensor) -> Tensor:
 def keep_argmax(logits: Tensor) -> Tensor:
     """Greedy: only the first maximal token survives (``torch.argmax`` picks the first)."""
     keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.argmax(-1, keepdim=True), True)
-    return logits.masked_fill(~keep, -math.inf)
+    return remove(logits, ~keep)
 
 
 def keep_top_k(logits: Tensor, k: int) -> Tensor:
@@ -76,7 +82,7 @@ def keep_top_k(logits: Tensor, k: int) -> Tensor:
     at = logits == kth
     room = k - above.sum(-1, keepdim=True)
     keep = above | (at & (at.cumsum(-1) <= room))
-    return logits.masked_fill(~keep, -math.inf)
+    return remove(logits, ~keep)
 
 
 def keep_top_p(logits: Tensor, p: float) -> Tensor:
@@ -90,7 +96,7 @@ def keep_top_p(logits: Tensor, p: float) -> Tensor:
     keep_sorted = mass_before * (1 + TOP_P_ULPS) < p
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_sorted)
-    return logits.masked_fill(~keep, -math.inf)
+    return remove(logits, ~keep)
 
 
 def host_syncs_are_free(tensor: Tensor) -> bool:
@@ -119,7 +125,7 @@ def keep_min_p(logits: Tensor, min_p: float) -> Tensor:
         return logits
     logprobs = logits.float().log_softmax(-1)
     threshold = logprobs.max(-1, keepdim=True).values + math.log(min_p)
-    return logits.masked_fill(logprobs < threshold, -math.inf)
+    return remove(logits, logprobs < threshold)
 
 
 def _vocabulary(history: TokenHistory, stage: str) -> Vocabulary:
@@ -159,7 +165,8 @@ def apply_logit_bias(logits: Tensor, history: TokenHistory, cfg: SamplingConfig)
     bias = bias_vector(_vocabulary(history, "logit_bias"), cfg.logit_bias)
     if logits.device.type != "cpu":
         bias = _device_bias(bias, logits.device)
-    return keep_finite(logits + bias, logits)
+    # |bias| <= 100 is far below a float32 ulp near its largest value: the sum cannot overflow
+    return logits + bias
 
 
 @functools.lru_cache(maxsize=16)
@@ -229,14 +236,18 @@ def keep_top_n_sigma(logits: Tensor, n: float) -> Tensor:
     divided by their count). Scaling by a temperature scales both sides: the set does not move."""
     if n <= 0:
         return logits
-    finite = logits > -math.inf
-    count = finite.sum(-1, keepdim=True).clamp_min(1)
-    values = torch.where(finite, logits, 0.0)
-    mean = values.sum(-1, keepdim=True) / count
-    spread = torch.where(finite, logits - mean, 0.0)
-    std = ((spread * spread).sum(-1, keepdim=True) / count).sqrt()
+    if host_syncs_are_free(logits) and bool((logits > -math.inf).all()):  # nothing removed yet
+        spread = logits - logits.mean(-1, keepdim=True)
+        std = (spread * spread).mean(-1, keepdim=True).sqrt()
+    else:
+        finite = logits > -math.inf
+        count = finite.sum(-1, keepdim=True).clamp_min(1)
+        zero = logits.new_zeros(())
+        mean = torch.where(finite, logits, zero).sum(-1, keepdim=True) / count
+        spread = torch.where(finite, logits - mean, zero)
+        std = ((spread * spread).sum(-1, keepdim=True) / count).sqrt()
     top = logits.max(-1, keepdim=True).values
-    return logits.masked_fill(logits < top - n * std, -math.inf)
+    return remove(logits, logits < top - n * std)
 
 
 def keep_typical_p(logits: Tensor, mass: float) -> Tensor:
@@ -249,13 +260,21 @@ def keep_typical_p(logits: Tensor, mass: float) -> Tensor:
     probs = logprobs.exp()
     entropy = -(logprobs * probs).nansum(-1, keepdim=True)
     distance = (-logprobs - entropy).abs()
-    ordered, order = distance.sort(-1)
-    cumulative = logits.gather(-1, order).softmax(-1).cumsum(-1)
-    last = (cumulative < mass).sum(-1, keepdim=True).clamp_(max=logits.shape[-1] - 1)
-    remove_sorted = ordered > ordered.gather(-1, last)
-    remove_sorted[..., :1] = False
-    remove = remove_sorted.scatter(-1, order, remove_sorted)
-    return logits.masked_fill(remove, -math.inf)
+    vocab = logits.shape[-1]
+    # Sorting the whole vocabulary costs ~9 ms per token on a CPU; the typical set lies among the
+    # tokens nearest the entropy, so on the CPU they are taken with ``topk`` and widened only
+    # when their mass falls short (on an accelerator that check would wait on the device).
+    k = min(vocab, 256) if host_syncs_are_free(logits) else vocab
+    while True:
+        ordered, order = distance.topk(k, dim=-1, largest=False) if k < vocab else distance.sort(-1)
+        cumulative = probs.gather(-1, order).cumsum(-1)
+        if k == vocab or bool((cumulative[..., -1] >= mass).all()):
+            break
+        k = min(vocab, k * 8)
+    last = (cumulative < mass).sum(-1, keepdim=True).clamp_(max=k - 1)
+    cutoff = ordered.gather(-1, last)
+    # the tokens past the cutoff go; the nearest one always stays
+    return remove(logits, (distance > cutoff) & (distance > ordered[..., :1]))
 
 
 def keep_xtc(logits: Tensor, threshold: float) -> Tensor:
@@ -265,8 +284,8 @@ def keep_xtc(logits: Tensor, threshold: float) -> Tensor:
     the threshold. Tokens tied at the least likely probability all stay (no sort order decides)."""
     probs = logits.softmax(-1)
     above = (probs >= threshold) & (probs > 0)
-    least = torch.where(above, probs, math.inf).min(-1, keepdim=True).values
-    return logits.masked_fill(above & (probs > least), -math.inf)
+    least = torch.where(above, probs, probs.new_full((), math.inf)).min(-1, keepdim=True).values
+    return remove(logits, above & (probs > least))
 
 
 def xtc_mixture(before: Tensor, after: Tensor, probability: float) -> Tensor:

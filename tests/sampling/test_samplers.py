@@ -323,3 +323,13 @@ def test_dry_only_lowers_logits_of_tokens_seen_before(sequence: list[int], mult:
     penalties = dry_penalties(sequence, mult, base, allowed, frozenset())
     assert all(v >= mult * 0.999 and math.isfinite(v) for v in penalties.values())
     assert set(penalties) <= set(sequence[1:])
+
+
+def test_typical_p_candidates_and_full_sort_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    logits = torch.randn(3, 5000, generator=torch.Generator().manual_seed(4)) * 0.3  # a wide typical set
+    for mass in (0.1, 0.5, 0.9, 0.999):
+        widened = keep_typical_p(logits, mass)
+        with monkeypatch.context() as patch:
+            patch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
+            assert torch.equal(keep_typical_p(logits, mass), widened)
+    assert len(kept(keep_typical_p(logits, 0.999))) > 256  # the widening was needed
