@@ -45,12 +45,13 @@ class Vocabulary:
         known = min(self.size, len(tokenizer))
         anchor = tokenizer("a", add_special_tokens=False)["input_ids"][-1:] if known else []
         kwargs = {"skip_special_tokens": False, "clean_up_tokenization_spaces": False}
-        alone = tokenizer.batch_decode([[t] for t in range(known)], **kwargs)
         if not anchor:
-            return (*alone, *[""] * (self.size - known))
+            return (*tokenizer.batch_decode([[t] for t in range(known)], **kwargs), *[""] * (self.size - known))
         head = tokenizer.decode(anchor, **kwargs)
         joined = tokenizer.batch_decode([[*anchor, t] for t in range(known)], **kwargs)
-        texts = [j[len(head) :] if j.startswith(head) else a for j, a in zip(joined, alone, strict=True)]
+        texts = [
+            j[len(head) :] if j.startswith(head) else tokenizer.decode([t], **kwargs) for t, j in enumerate(joined)
+        ]
         return (*texts, *[""] * (self.size - known))
 
     def token_id(self, token: str) -> int:
