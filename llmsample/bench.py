@@ -213,7 +213,7 @@ STAGE_SETTINGS = {
 }
 
 
-def stage_costs(lm: LoadedModel, steps: int = 20, rounds: int = 9, context: int = 512) -> dict[str, float]:
+def stage_costs(lm: LoadedModel, steps: int = 5, rounds: int = 40, context: int = 512) -> dict[str, float]:
     """Each newer stage's seconds per step on top of the default chain (balanced, whose own cost
     is under ``"balanced"``), with ``context`` tokens of history. Rounds interleave the settings
     and each keeps its fastest round: on a shared machine the minimum is what the code costs."""
