@@ -55,6 +55,7 @@ def batch(**options: Any) -> None:
     llmsample batch requests.jsonl --preset code --max-tokens 200 --tokens none
     llmsample batch openai-batch.jsonl --format openai -o results.jsonl
     """
+    from llmsample.batch.distributed import existing_parts, launched_ranks, merge_parts
     from llmsample.batch.requests import read_requests
     from llmsample.batch.resume import prepare_resume
     from llmsample.batch.run import BatchSettings
@@ -81,9 +82,58 @@ def batch(**options: Any) -> None:
         batch_size=options["batch_size"],
     )
     parsed = list(read_requests(_input_lines(options["input_path"]), known_presets=preset_store.discover().keys()))
-    done = prepare_resume(options["output"], options["fmt"]).done if options["output"] else frozenset()
+    ranks = launched_ranks()
+    if ranks.world == 1:
+        if options["output"] and existing_parts(options["output"]):  # a run over several processes was cut short
+            merge_parts(options["output"], parsed, resume=options["fmt"])
+        done = prepare_resume(options["output"], options["fmt"]).done if options["output"] else frozenset()
+        lm = load_model_with_progress(options)
+        if _run(lm, parsed, done, settings, options).failed:
+            raise click.exceptions.Exit(1)
+    else:
+        _run_distributed(parsed, settings, options, ranks)
+
+
+def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], ranks: Any) -> None:
+    """Under torchrun: this rank's share into its part file; rank 0 merges when all are done."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from llmsample.batch.distributed import finished_everywhere, merge_parts, my_share, part_path
+
+    output = options["output"]
+    if output is None:
+        raise UserError("a batch over several processes needs -o FILE (each rank writes its part next to it)")
+    # torchrun's rendezvous (one machine or many). Not accelerate's PartialState: on CPUs it does
+    # not treat a torchrun launch as distributed, so its barriers would not wait.
+    cuda = torch.cuda.is_available() and options["device"] in ("auto", "cuda")
+    dist.init_process_group(backend="nccl" if cuda else "gloo")
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if cuda:
+        options = {**options, "device": f"cuda:{local_rank}"}
+    else:  # the ranks on one machine share its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if ranks.main:  # rank 0 repairs torn files before anyone reads them
+        finished_everywhere(output, options["fmt"])
+    dist.barrier()
+    done = finished_everywhere(output, options["fmt"])
+    dist.barrier()  # nobody writes a part before every rank has read them all
+    options = {**options, "output": part_path(output, ranks), "quiet": options["quiet"] or not ranks.main}
     lm = load_model_with_progress(options)
-    _run(lm, parsed, done, settings, options)
+    failed = torch.zeros(1, device=lm.device if cuda else "cpu")
+    try:
+        failed += _run(lm, my_share(parsed, ranks), done, settings, options).failed
+    finally:
+        dist.barrier()
+        if ranks.main:
+            merge_parts(output, parsed)
+        dist.barrier()  # no rank may end (and have the launcher stop the rest) mid-merge
+    dist.all_reduce(failed)
+    dist.destroy_process_group()
+    if ranks.main and failed.item():  # one exit status for the run, from rank 0
+        raise click.exceptions.Exit(1)
 
 
 def _input_lines(path: str) -> list[bytes]:
@@ -98,9 +148,9 @@ def _input_lines(path: str) -> list[bytes]:
         raise UserError(f"cannot read {path} ({exc.strerror}); pass a file of requests, one per line") from exc
 
 
-def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any]) -> None:
-    """Decode with a progress bar on stderr (a terminal only); exit 1 when some request failed,
-    130/143 when interrupted, with every finished record written."""
+def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any]) -> Any:
+    """Decode with a progress bar on stderr (a terminal only); exit 130/143 when interrupted, with
+    every finished record written. Returns the outcome (how many requests failed)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from llmsample.batch.responses import dumps
@@ -147,5 +197,4 @@ def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, option
             f"[dim]{outcome.succeeded} done, {outcome.failed} failed, {outcome.tokens} tokens, "
             f"batch size {outcome.batch_size}[/]"
         )
-    if outcome.failed:
-        raise click.exceptions.Exit(1)
+    return outcome
