@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import bench, compare, explain, generate, models, presets, speculate
+from llmsample.commands import bench, compare, compare_models, explain, generate, models, presets, speculate
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -86,6 +86,7 @@ main.add_command(generate.generate)
 main.add_command(speculate.speculate)
 main.add_command(explain.explain)
 main.add_command(compare.compare_presets)
+main.add_command(compare_models.compare_models)
 main.add_command(presets.presets)
 main.add_command(models.models)
 main.add_command(bench.bench)
