@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import batch, bench, compare, explain, generate, models, presets, speculate
+from llmsample.commands import batch, bench, compare, compare_models, explain, generate, models, presets, speculate
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -93,6 +93,7 @@ main.add_command(speculate.speculate)
 main.add_command(explain.explain)
 main.add_command(compare.compare_presets)
 main.add_command(batch.batch)
+main.add_command(compare_models.compare_models)
 main.add_command(presets.presets)
 main.add_command(models.models)
 main.add_command(bench.bench)
