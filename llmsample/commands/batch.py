@@ -11,6 +11,7 @@ import click
 from llmsample.commands.options import (
     SAMPLING_KEYS,
     check_utf8_option,
+    end_rank,
     load_model_with_progress,
     model_options,
     quiet_option,
@@ -131,9 +132,7 @@ def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], 
             merge_parts(output, parsed)
         dist.barrier()  # no rank may end (and have the launcher stop the rest) mid-merge
     dist.all_reduce(failed)
-    dist.destroy_process_group()
-    if ranks.main and failed.item():  # one exit status for the run, from rank 0
-        raise click.exceptions.Exit(1)
+    end_rank(1 if ranks.main and failed.item() else 0)  # one exit status for the run, from rank 0
 
 
 def _input_lines(path: str) -> list[bytes]:

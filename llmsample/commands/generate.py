@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from llmsample.commands.options import generation_options, load_model_with_progress, read_prompt, resolve_sampling
+from llmsample.commands.options import (
+    end_rank,
+    generation_options,
+    load_model_with_progress,
+    read_prompt,
+    resolve_sampling,
+)
 from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
 
 if TYPE_CHECKING:
@@ -66,6 +72,8 @@ def run(options: dict[str, Any]) -> None:
 
         events = generate_events(lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
     consume(events, build_renderers(options) if not options.get("silent") else [], stats, quiet=options["quiet"])
+    if options.get("tp"):
+        end_rank(0)
 
 
 def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
