@@ -7,7 +7,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -250,14 +250,20 @@ draft_options = _stack(
 )
 
 
+def sampling_overrides(options: dict[str, Any]) -> dict[str, Any]:
+    """Every sampling flag by config key, None where not given; a repeated flag (``--stop``,
+    ``--ban``, ``--logit-bias``, ``--dry-sequence-breaker``) given replaces the preset's list."""
+    overrides = {key: options.get(key) for key in SAMPLING_KEYS}
+    for key, flag in REPEATED_FLAGS.items():
+        overrides[key] = tuple(options[flag]) if options.get(flag) else None
+    return overrides
+
+
 def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tuple[str, SamplingConfig]:
     """Preset (or ``--preset-file``) with the flags on top; bad values name the flag."""
     name, cfg = preset_store.load(preset or options.get("preset"), options.get("preset_file"))
-    overrides = {key: options.get(key) for key in SAMPLING_KEYS}
-    for key, flag in REPEATED_FLAGS.items():  # given: replaces the preset's list
-        overrides[key] = tuple(options[flag]) if options.get(flag) else None
     try:
-        return name, cfg.with_overrides(**overrides)
+        return name, cfg.with_overrides(**sampling_overrides(options))
     except ConfigError as exc:
         raise UserError(f"--{REPEATED_FLAGS.get(exc.key, exc.key).replace('_', '-')}: {exc.reason}") from exc
 
@@ -289,14 +295,15 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 
     spec = (options["model"], options["device"], options["dtype"])
     compile_model = options.get("compile_model", False)
+    parallel = options.get("tp", False)
     if options.get("quiet"):
-        return load_model(*spec, compile=compile_model)
+        return load_model(*spec, compile=compile_model, tensor_parallel=parallel)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     console = stderr_console()
     # Off the terminal a live display only adds blank lines; step messages still print.
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
-        lm = load_model(*spec, progress=progress, compile=compile_model)
+        lm = load_model(*spec, progress=progress, compile=compile_model, tensor_parallel=parallel)
         progress.remove_task(task)
         return lm
 
@@ -304,3 +311,17 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
     return _stack(prompt_options, model_options, sampling_options, output_options, draft_options)(f)
+
+
+def end_rank(code: int) -> NoReturn:
+    """The end of a rank of a torchrun launch, its output written and flushed. Now and then gloo's
+    threads abort the process in the interpreter's teardown (std::terminate, SIGABRT), which
+    would turn a finished run into a failed one for the launcher: leave without that teardown."""
+    import os
+
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
