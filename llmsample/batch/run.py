@@ -7,6 +7,7 @@ import dataclasses
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from llmsample.batch.requests import Request, RequestError
@@ -33,6 +34,7 @@ class BatchSettings:
     """What the run's flags say; a request's own keys win over them."""
 
     preset: str | None = None
+    preset_file: Path | None = None
     overrides: dict[str, Any] = field(default_factory=dict)  # flags given on the command line
     system: str | None = None
     raw: bool = False
@@ -74,7 +76,10 @@ class OrderedWriter:
 def request_config(request: Request, settings: BatchSettings) -> tuple[str, SamplingConfig]:
     """The request's preset (or the run's), the run's flags on top, the request's own keys on top
     of those; a request without a seed gets a fresh one, reported in its record."""
-    name, cfg = preset_store.load(request.preset or settings.preset)
+    if request.preset:
+        name, cfg = preset_store.load(request.preset)
+    else:
+        name, cfg = preset_store.load(settings.preset, settings.preset_file)
     try:
         cfg = cfg.with_overrides(**settings.overrides).with_overrides(**request.overrides)
     except ConfigError as exc:

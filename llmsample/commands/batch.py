@@ -9,7 +9,6 @@ from typing import Any
 import click
 
 from llmsample.commands.options import (
-    SAMPLING_KEYS,
     check_utf8_option,
     end_rank,
     load_model_with_progress,
@@ -17,6 +16,7 @@ from llmsample.commands.options import (
     quiet_option,
     resolve_sampling,
     sampling_options,
+    sampling_overrides,
 )
 from llmsample.errors import Interrupted, UserError
 
@@ -67,11 +67,10 @@ def batch(**options: Any) -> None:
     if options["compile_model"]:
         raise UserError("--compile is not supported by batch yet; leave it out (batch decodes eagerly)")
     resolve_sampling(options)  # bad flags and an unknown preset fail before anything runs
-    overrides = {key: options[key] for key in SAMPLING_KEYS if options[key] is not None}
-    if options["stop"]:
-        overrides["stop"] = tuple(options["stop"])
+    overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
     settings = BatchSettings(
         preset=options["preset"],
+        preset_file=options["preset_file"],
         overrides=overrides,
         system=options["system"],
         raw=options["raw"],

@@ -127,7 +127,8 @@ def test_properties(data: st.DataObject) -> None:
     assert torch.allclose(found.acceptance, 1 - total_variation, atol=1e-9)
     # Pinsker: TV ≤ sqrt(KL / 2), so KL is not just clamped to anything non-negative
     assert (total_variation <= torch.sqrt(found.kl / 2) + 1e-9).all()
-    assert torch.equal(found.top_a, a.argmax(-1)) and torch.equal(found.top_b, b.argmax(-1))
+    # The top of each distribution (logits a hair apart can round to the same probability).
+    assert torch.equal(found.top_a, p.argmax(-1)) and torch.equal(found.top_b, q.argmax(-1))
     same = divergence(a, a)
     assert (same.kl == 0).all() and torch.allclose(same.acceptance, torch.ones(positions, dtype=torch.float64))
 
