@@ -20,11 +20,23 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class Watched:
+    """A token named with ``--watch``, at one step: its probability in the sampling distribution,
+    under the raw model, and its raw-model rank (1 is the model's favourite)."""
+
+    token_id: int
+    prob: float
+    model_prob: float
+    model_rank: int
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """``prob``: in the distribution the token was drawn from; ``model_*``: under the raw model
     (temperature 1, no penalties or filters); ``entropy``: of the sampling distribution, bits;
     ``removed``: candidates each filter removed at this step; ``text``: what this token released
-    to the output (stop strings and split characters can delay text to a later token)."""
+    to the output (stop strings and split characters can delay text to a later token);
+    ``watch``: the ``--watch`` tokens at this step, keyed by the text the user gave."""
 
     index: int
     token_id: int
@@ -37,9 +49,13 @@ class TokenEvent:
     removed: dict[str, int]
     source: str = "target"
     eos: bool = False
+    watch: dict[str, Watched] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "token", **asdict(self)}
+        data = {"type": "token", **asdict(self)}
+        if not self.watch:  # only runs with --watch carry the key
+            del data["watch"]
+        return data
 
 
 @dataclass(frozen=True)
@@ -118,3 +134,4 @@ class StepFigures:
     removed: dict[str, int]
     mass: float  # total of the sampling distribution: 1 unless something overflowed
     finite_logits: bool  # the model's logits had no NaN/+inf and something finite
+    watch: tuple[Watched, ...] = ()  # the watched ids, in the order step_figures was given them

@@ -3,6 +3,7 @@ of a given continuation. Both run the pipeline's own functions, never a copy of 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -58,9 +59,15 @@ def _removed_by(chain: Chain, row: int, token: int) -> str | None:
 
 
 def chain_report(
-    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, tokenizer: Any, top_n: int = 10
+    logits: Tensor,
+    history: TokenHistory,
+    cfg: SamplingConfig,
+    tokenizer: Any,
+    top_n: int = 10,
+    watch: Sequence[int] = (),
 ) -> ChainReport:
-    """``logits``: raw next-token logits ``[1, vocab]``."""
+    """``logits``: raw next-token logits ``[1, vocab]``; ``watch``: token ids shown after the top
+    candidates when they are not among them (``--watch``)."""
     chain = sampler_chain(logits, history, cfg)
     probs = {stage.name: stage.logits[0].softmax(-1) for stage in chain.stages}
     if "xtc" in probs:  # XTC fires at random: what is sampled after it is the mixture
@@ -68,6 +75,7 @@ def chain_report(
     raw_top = chain.raw[0].topk(top_n).indices.tolist()
     final_top = [t for t in chain.final[0].topk(top_n).indices.tolist() if chain.probs[0, t] > 0]
     ids = list(dict.fromkeys(final_top + raw_top))[:top_n]
+    ids += [t for t in dict.fromkeys(watch) if t not in ids]
     candidates = [
         StageCandidate(
             token_id=t,
@@ -81,10 +89,12 @@ def chain_report(
     return ChainReport(list(chain.names), candidates, kept, float(entropy_bits(chain.probs[0])))
 
 
-def explain_next(lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10) -> ChainReport:
+def explain_next(
+    lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10, watch: Sequence[int] = ()
+) -> ChainReport:
     logits = ModelRunner(lm.model).prefill(prompt_ids)
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
-    return chain_report(logits, history, cfg, lm.tokenizer, top_n)
+    return chain_report(logits, history, cfg, lm.tokenizer, top_n, watch)
 
 
 def score_continuation(

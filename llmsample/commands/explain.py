@@ -16,7 +16,9 @@ from llmsample.commands.options import (
     quiet_option,
     read_prompt,
     resolve_sampling,
+    resolve_watch,
     sampling_options,
+    watch_option,
 )
 
 
@@ -31,6 +33,7 @@ from llmsample.commands.options import (
     help="Score this continuation token by token (teacher forcing).",
 )
 @click.option("--top-n", type=click.IntRange(1, 100), default=10, show_default=True, help="Candidates to show.")
+@watch_option
 @format_option
 @no_color_option
 @quiet_option()
@@ -47,8 +50,13 @@ def explain(**options: Any) -> None:
     from llmsample.terminal import stdout_console, use_color
 
     preset, cfg = resolve_sampling(options)
+    if options["watch"] and options["continuation"] is not None:
+        from llmsample.errors import UserError
+
+        raise UserError("--watch shows tokens in the next-token table; leave out --continuation to use it")
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
+    watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))
     if options["continuation"] is not None:
@@ -64,7 +72,7 @@ def explain(**options: Any) -> None:
         else:
             console.print(continuation_table(scored, preset))
         return
-    report = explain_next(lm, prompt_ids, cfg, options["top_n"])
+    report = explain_next(lm, prompt_ids, cfg, options["top_n"], [token for _, token in watch])
     if options["fmt"] == "jsonl":
         click.echo(strict_json(report.to_dict()))
     else:

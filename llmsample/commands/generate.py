@@ -16,6 +16,7 @@ from llmsample.commands.options import (
     load_model_with_progress,
     read_prompt,
     resolve_sampling,
+    resolve_watch,
 )
 from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
 
@@ -55,6 +56,7 @@ def run(options: dict[str, Any]) -> None:
     if options.get("tp"):
         options = join_tensor_parallel(options)
     lm = load_model_with_progress(options)
+    watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
     if options.get("draft"):
@@ -64,13 +66,16 @@ def run(options: dict[str, Any]) -> None:
         events = speculative_generate(
             lm, prompt_ids, cfg, stats, drafter,
             draft_tokens=options.get("draft_tokens"), top_n=options["top_n"], ignore_eos=options["ignore_eos"],
+            watch=watch,
         )  # fmt: skip
         if options.get("compare"):
             events = with_plain_comparison(events, lm, prompt_ids, cfg, options)
     else:
         from llmsample.engine.loop import generate as generate_events
 
-        events = generate_events(lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
+        events = generate_events(
+            lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch
+        )
     consume(events, build_renderers(options) if not options.get("silent") else [], stats, quiet=options["quiet"])
     if options.get("tp"):
         end_rank(0)

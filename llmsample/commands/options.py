@@ -215,6 +215,33 @@ sampling_options = _stack(
     click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
 )
 
+watch_option = click.option(
+    "--watch",
+    multiple=True,
+    metavar="TOKEN",
+    callback=check_utf8_option,
+    help="Report this token's probability and rank at every step: an id or a one-token text (repeatable).",
+)
+
+
+def resolve_watch(options: dict[str, Any], lm: LoadedModel) -> tuple[tuple[str, int], ...]:
+    """``--watch`` as ``(text as given, token id)`` pairs, resolved as ``--logit-bias`` resolves
+    its tokens (an id in digits, or a text that encodes to exactly one token)."""
+    from llmsample.sampling.vocabulary import Vocabulary
+
+    given = tuple(dict.fromkeys(options.get("watch") or ()))
+    if not given:
+        return ()
+    vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
+    pairs = []
+    for token in given:
+        try:
+            pairs.append((token, vocabulary.token_id(token)))
+        except ValueError as exc:
+            raise UserError(f"--watch: {exc}") from exc
+    return tuple(pairs)
+
+
 output_options = _stack(
     format_option,
     click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token."),
@@ -230,6 +257,7 @@ output_options = _stack(
     html_option,
     quiet_option("legend, progress or summary"),
     click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks)."),
+    watch_option,
 )
 
 

@@ -8,7 +8,7 @@ the pipeline's own functions, so in float32 a request gives the tokens it gives 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from llmsample.errors import RuntimeFailure
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.figures import step_figures
+from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
 
@@ -59,9 +59,13 @@ def decode_batch(
     *,
     top_n: int = 5,
     ignore_eos: bool = False,
+    watch: Sequence[tuple[str, int]] = (),
 ) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
     """Yields ``(key, event)`` per token, then ``(key, summary)`` or ``(key, RowFailed)`` when a
-    request ends; requests end in whatever order they finish."""
+    request ends; requests end in whatever order they finish. ``watch``: as for
+    :func:`llmsample.engine.loop.generate`, the same for every request."""
+    names = [name for name, _ in watch]
+    watched = WatchIndex.of([token for _, token in watch], lm.device)
     queue = iter(items)
     batch = PaddedBatch(lm.model)
     rows: list[_Row] = []
@@ -70,10 +74,10 @@ def decode_batch(
         joining = [item for _, item in zip(range(batch_size - len(rows)), queue, strict=False)]
         if joining:
             logits = torch.cat([logits, batch.admit([item.prompt_ids for item in joining])])
-            rows += [_start_row(lm, item, logits.shape[-1], ignore_eos) for item in joining]
+            rows += [_start_row(lm, item, logits.shape[-1], ignore_eos, names) for item in joining]
         if not rows:
             return
-        tokens, outcomes, ids = yield from _sample(rows, logits, top_n)
+        tokens, outcomes, ids = yield from _sample(rows, logits, top_n, watched)
         staying = [i for i, finished in enumerate(outcomes) if not finished]
         if len(staying) < len(rows):
             batch.keep(staying)
@@ -86,17 +90,19 @@ def decode_batch(
             logits = logits[:0]
 
 
-def _start_row(lm: LoadedModel, item: BatchItem, vocab: int, ignore_eos: bool) -> _Row:
+def _start_row(lm: LoadedModel, item: BatchItem, vocab: int, ignore_eos: bool, watch_names: list[str]) -> _Row:
     prompt = torch.tensor([item.prompt_ids], device=lm.device)
     return _Row(
         item=item,
-        emitter=Emitter(lm, item.cfg, item.stats, prompt, ignore_eos),
+        emitter=Emitter(lm, item.cfg, item.stats, prompt, ignore_eos, watch_names),
         generator=make_generator(item.cfg.seed, lm.device),
         history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
     )
 
 
-def _sample(rows: list[_Row], logits: Tensor, top_n: int) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
+def _sample(
+    rows: list[_Row], logits: Tensor, top_n: int, watched: WatchIndex | None
+) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
     """One token for every row, rows that share settings through one chain (and one transfer);
     returns the tokens, per row whether it finished, and the token ids on the host."""
     tokens = torch.zeros(len(rows), dtype=torch.long, device=logits.device)
@@ -111,7 +117,7 @@ def _sample(rows: list[_Row], logits: Tensor, top_n: int) -> Iterator[tuple[Any,
         chain = sampler_chain(logits[index], history, cfg)
         drawn = torch.cat([draw(chain.probs[j : j + 1], rows[i].generator) for j, i in enumerate(members)])
         tokens[index] = drawn
-        for i, figures in zip(members, step_figures(chain, drawn, top_n), strict=True):
+        for i, figures in zip(members, step_figures(chain, drawn, top_n, watched), strict=True):
             row = rows[i]
             ids[i] = figures.token_id
             try:

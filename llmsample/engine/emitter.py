@@ -4,6 +4,7 @@ loop (plain, speculative, batch)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
@@ -33,8 +34,18 @@ class Emitter:
     """Turns sampled tokens into events: text, EOS, stop strings and the length limit, the
     same for the plain and the speculative loop."""
 
-    def __init__(self, lm: LoadedModel, cfg: SamplingConfig, stats: RunStats, prompt_ids: Tensor, ignore_eos: bool):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        cfg: SamplingConfig,
+        stats: RunStats,
+        prompt_ids: Tensor,
+        ignore_eos: bool,
+        watch_names: Sequence[str] = (),
+    ):
+        """``watch_names``: the user's text for each watched id, in the order the figures carry them."""
         self.lm = lm
+        self.watch_names = tuple(watch_names)
         self.max_tokens = cfg.max_tokens
         self.stats = stats
         self.eos = set() if ignore_eos else lm.eos_ids
@@ -61,13 +72,21 @@ class Emitter:
                 self.reason = "stop"
             elif index == self.max_tokens - 1:
                 text, self.reason = text + self.stream.flush(), "length"
-        event = make_event(figures, index, text, self.lm.tokenizer, source=source, eos=is_eos)
+        event = make_event(
+            figures, index, text, self.lm.tokenizer, source=source, eos=is_eos, watch_names=self.watch_names
+        )
         self.stats.record(event)
         return event
 
 
 def make_event(
-    figures: StepFigures, index: int, text: str, tokenizer: Any, source: str = "target", eos: bool = False
+    figures: StepFigures,
+    index: int,
+    text: str,
+    tokenizer: Any,
+    source: str = "target",
+    eos: bool = False,
+    watch_names: Sequence[str] = (),
 ) -> TokenEvent:
     top = tuple(
         Candidate(t, tokenizer.decode([t], skip_special_tokens=False), p, m)
@@ -85,4 +104,5 @@ def make_event(
         removed=figures.removed,
         source=source,
         eos=eos,
+        watch=dict(zip(watch_names, figures.watch, strict=True)),
     )

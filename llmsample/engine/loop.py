@@ -3,7 +3,7 @@ per token, then a summary."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -14,7 +14,7 @@ from llmsample.engine.runner import ModelRunner
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.figures import step_figures
+from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
 
@@ -27,11 +27,14 @@ def generate(
     *,
     top_n: int = 5,
     ignore_eos: bool = False,
+    watch: Sequence[tuple[str, int]] = (),
 ) -> Iterator[TokenEvent | Summary]:
     """Sample up to ``cfg.max_tokens`` tokens; stop at EOS, a stop string or the length.
 
-    ``stats`` belongs to the caller so that an interrupted run still has its summary."""
-    for _, item in generate_rows(lm, prompt_ids, cfg, [stats], [cfg.seed], top_n=top_n, ignore_eos=ignore_eos):
+    ``stats`` belongs to the caller so that an interrupted run still has its summary; ``watch``:
+    ``(name, token id)`` pairs whose numbers every event carries under ``name``."""
+    rows = generate_rows(lm, prompt_ids, cfg, [stats], [cfg.seed], top_n=top_n, ignore_eos=ignore_eos, watch=watch)
+    for _, item in rows:
         yield item
 
 
@@ -44,6 +47,7 @@ def generate_rows(
     *,
     top_n: int = 5,
     ignore_eos: bool = False,
+    watch: Sequence[tuple[str, int]] = (),
 ) -> Iterator[tuple[int, TokenEvent | Summary]]:
     """Several samples of one prompt advancing together, one forward pass per step; row i draws
     with its own generator seeded ``seeds[i]``, so it equals the same sample run alone.
@@ -54,7 +58,9 @@ def generate_rows(
             if runner.compile_s:
                 row_stats.extra["compile_s"] = runner.compile_s
         generators = [make_generator(seed, lm.device) for seed in seeds]
-        emitters = [Emitter(lm, cfg, row_stats, prompt_ids, ignore_eos) for row_stats in stats]
+        names = [name for name, _ in watch]
+        emitters = [Emitter(lm, cfg, row_stats, prompt_ids, ignore_eos, names) for row_stats in stats]
+        watched = WatchIndex.of([token for _, token in watch], lm.device)
         ids = prompt_ids.expand(batch, -1)  # the same prompt in every row: no padding needed
         logits = runner.prefill(ids)
         history = TokenHistory.for_config(ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
@@ -62,7 +68,7 @@ def generate_rows(
         while active:
             chain = sampler_chain(logits, history, cfg)
             tokens = runner.agree(torch.cat([draw(chain.probs[i : i + 1], generators[i]) for i in range(batch)]))
-            figures = step_figures(chain, tokens, top_n)
+            figures = step_figures(chain, tokens, top_n, watched)
             for row in list(active):
                 yield row, emitters[row].emit(figures[row])
                 if emitters[row].reason:

@@ -6,7 +6,7 @@ exactly the target's. Draft and target probabilities both come from
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -18,7 +18,7 @@ from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.figures import step_figures
+from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import draw, make_generator, sampler_chain, sampling_probs
 
@@ -146,6 +146,7 @@ def speculative_generate(
     draft_tokens: int | None = None,
     top_n: int = 5,
     ignore_eos: bool = False,
+    watch: Sequence[tuple[str, int]] = (),
 ) -> Iterator[TokenEvent | Summary]:
     """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source."""
     length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
@@ -156,7 +157,8 @@ def speculative_generate(
             stats.extra["compile_s"] = runner.compile_s
         runner.reset()
         generator = make_generator(cfg.seed, lm.device)
-        emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos)
+        emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos, [name for name, _ in watch])
+        watched = WatchIndex.of([token for _, token in watch], lm.device)
         vocab = lm.model.config.vocab_size
         seq = prompt_ids[0].tolist()
         if len(seq) > 1:
@@ -180,7 +182,7 @@ def speculative_generate(
             emitted = torch.cat([drafted[:accepted], after])
             drafted_total, accepted_total = drafted_total + k, accepted_total + accepted
             length.update(accepted, k)
-            for i, figures in enumerate(step_figures(chain.rows(slice(0, accepted + 1)), emitted, top_n)):
+            for i, figures in enumerate(step_figures(chain.rows(slice(0, accepted + 1)), emitted, top_n, watched)):
                 event = emitter.emit(figures, source="draft" if i < accepted else "target")
                 # Kept current at every token, so an interrupted run's summary has them too.
                 stats.extra.update(

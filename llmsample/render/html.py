@@ -28,7 +28,13 @@ body { font: 16px/1.6 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem
 .tok:hover .tip, .tok:focus .tip { display: block; }
 .tip table { border-collapse: collapse; } .tip td { padding: 0 .5rem 0 0; }
 .legend span { padding: 0 .4rem; } .meta { color: #777; font-size: 13px; }
+.watch { margin-top: 1.5rem; } .watch figure { margin: .5rem 0; }
+.watch svg { width: 100%; max-width: 40rem; height: 6rem; border: 1px solid #8884; }
+.watch polyline { fill: none; stroke: #0072b2; stroke-width: 1.5; vector-effect: non-scaling-stroke; }
+.watch figcaption { font: 13px system-ui; color: #777; }
 """
+
+PLOT_WIDTH, PLOT_HEIGHT = 400, 100
 
 
 def _tooltip(event: TokenEvent) -> str:
@@ -60,6 +66,32 @@ def token_spans(events: list[TokenEvent], color_by: str = "sampled") -> str:
     return f'<div class="text">{"".join(spans)}</div>'
 
 
+def watch_plots(events: list[TokenEvent]) -> str:
+    """``--watch``: per watched token, an inline SVG line of its sampled probability by position
+    (0 at the bottom, 1 at the top); empty without watched tokens."""
+    names = list(dict.fromkeys(name for event in events for name in event.watch))
+    figures = []
+    for name in names:
+        probs = [(event.index, event.watch[name].prob) for event in events if name in event.watch]
+        last = max(len(events) - 1, 1)
+        points = " ".join(
+            f"{index * PLOT_WIDTH / last:.1f},{(1 - min(max(p, 0.0), 1.0)) * PLOT_HEIGHT:.1f}" for index, p in probs
+        )
+        token_id = next(event.watch[name].token_id for event in events if name in event.watch)
+        peak = max(p for _, p in probs)
+        figures.append(
+            f'<figure class="watched" data-watch="{html.escape(name)}" data-token-id="{token_id}">'
+            f'<svg viewBox="0 0 {PLOT_WIDTH} {PLOT_HEIGHT}" preserveAspectRatio="none" role="img" '
+            f'aria-label="probability of {html.escape(repr(name))} by position">'
+            f'<polyline points="{points}"/></svg>'
+            f"<figcaption>p({html.escape(repr(name))}, id {token_id}) by position, 0 to 1; "
+            f"highest {peak:.4f}</figcaption></figure>"
+        )
+    if not figures:
+        return ""
+    return f'<section class="watch"><h2>watched tokens</h2>{"".join(figures)}</section>'
+
+
 def page(body: str, color_by: str = "sampled", title: str = "llmsample") -> str:
     """A whole document: styles inline, no scripts, no external assets."""
     legend = "".join(f'<span style="color:{b.hex}">{html.escape(b.label)}</span>' for b in reversed(BANDS))
@@ -74,7 +106,8 @@ def render_page(events: list[TokenEvent], summary: Summary, color_by: str = "sam
         f"{summary.model} · preset {summary.preset} · seed {summary.seed} · {summary.tokens} tokens · "
         f"stop: {summary.stop_reason}"
     )
-    return page(f'<p class="meta">{html.escape(meta)}</p>{token_spans(events, color_by)}', color_by)
+    body = f'<p class="meta">{html.escape(meta)}</p>{token_spans(events, color_by)}{watch_plots(events)}'
+    return page(body, color_by)
 
 
 def compare_page(runs: list[tuple[str, int, list[TokenEvent]]]) -> str:

@@ -73,6 +73,9 @@ def token_table(events: list[TokenEvent]) -> Table:
     for name, justify in (("#", "right"), ("token", "left"), ("p", "right"), ("p model", "right"), ("rank", "right"),
                           ("H bits", "right"), ("removed", "left"), ("top alternatives", "left")):  # fmt: skip
         table.add_column(name, justify=justify, overflow="fold")
+    watched = watched_names(events)
+    for name in watched:  # --watch: each watched token's probability in the sampling distribution
+        table.add_column(f"p {visible(name)}", justify="right", overflow="fold")
     for event in events:
         alternatives = "  ".join(f"{visible(c.text)} {c.prob:.2f}" for c in event.top if c.token_id != event.token_id)
         label = "<eos>" if event.eos else visible(event.text)
@@ -87,8 +90,14 @@ def token_table(events: list[TokenEvent]) -> Table:
             f"{event.entropy:.2f}",
             removed_cell(event),
             alternatives,
+            *(f"{event.watch[name].prob:.3f}" if name in event.watch else "" for name in watched),
         )
     return table
+
+
+def watched_names(events: list[TokenEvent]) -> list[str]:
+    """The ``--watch`` texts these events carry, in the order given."""
+    return list(dict.fromkeys(name for event in events for name in event.watch))
 
 
 class InspectRenderer:

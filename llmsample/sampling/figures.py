@@ -3,19 +3,38 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from llmsample.events import StepFigures
+from llmsample.events import StepFigures, Watched
 from llmsample.sampling.pipeline import FILTER_STAGES, Chain, entropy_bits
 
 
-def step_figures(chain: Chain, tokens: Tensor, top_n: int) -> list[StepFigures]:
+@dataclass(frozen=True)
+class WatchIndex:
+    """The ``--watch`` ids on the host and on the device, made once per run: a step then copies
+    nothing to the device for them, and reads their ids without a transfer."""
+
+    ids: tuple[int, ...]
+    tensor: Tensor
+
+    @classmethod
+    def of(cls, watch_ids: Sequence[int], device: torch.device) -> WatchIndex | None:
+        """None when nothing is watched."""
+        ids = tuple(int(i) for i in watch_ids)
+        return cls(ids, torch.tensor(ids, dtype=torch.long, device=device)) if ids else None
+
+
+def step_figures(chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | None = None) -> list[StepFigures]:
     """Everything a token event reports, for every row, with one host sync.
 
     The top list is ranked by the penalised logits: for kept tokens that is the order of the
-    sampling distribution, and it still ranks the alternatives a greedy step discarded."""
+    sampling distribution, and it still ranks the alternatives a greedy step discarded.
+    ``watch``: token ids whose probabilities and raw rank ride along
+    in the same transfer."""
     raw, ranked, probs = chain.raw, chain.penalised, chain.probs
     raw_logprobs = raw.log_softmax(-1)
     index = tokens.view(-1, 1)
@@ -40,6 +59,15 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int) -> list[StepFigures]:
         probs.gather(1, top_ids),
         raw_logprobs.gather(1, top_ids).exp(),
     ]
+    n_watch = 0 if watch is None else len(watch.ids)
+    if watch is not None:
+        watched = watch.tensor.expand(index.shape[0], -1)
+        watched_raw = raw.gather(1, watched)
+        columns += [
+            probs.gather(1, watched),
+            raw_logprobs.gather(1, watched).exp(),
+            (raw.unsqueeze(1) > watched_raw.unsqueeze(-1)).sum(-1).float() + 1,
+        ]
     rows = torch.cat(columns, -1).tolist()
     names = chain.names
     n_stages, n_top = len(names), top_ids.shape[-1]
@@ -49,7 +77,13 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int) -> list[StepFigures]:
         removed = {
             name: int(kept_counts[i - 1] - kept_counts[i]) for i, name in enumerate(names) if name in FILTER_STAGES
         }
-        top = row[7 + n_stages :]
+        top = row[7 + n_stages : 7 + n_stages + 3 * n_top]
+        tail = row[7 + n_stages + 3 * n_top :]
+        ids = () if watch is None else watch.ids
+        watched_rows = tuple(
+            Watched(token_id=t, prob=tail[i], model_prob=tail[n_watch + i], model_rank=int(tail[2 * n_watch + i]))
+            for i, t in enumerate(ids)
+        )
         figures.append(
             StepFigures(
                 token_id=int(row[0]),
@@ -63,6 +97,7 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int) -> list[StepFigures]:
                 removed=removed,
                 mass=row[5],
                 finite_logits=row[6] == 1.0,
+                watch=watched_rows,
             )
         )
     return figures

@@ -174,16 +174,24 @@ class FixedLogitsModel(torch.nn.Module):
         SamplingConfig(temperature=0, dry_multiplier=0.8, ban=("w7 w8",)),
     ],
 )
-def test_one_host_transfer_per_step(tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig) -> None:
+@pytest.mark.parametrize("watched", [(), ("w5", "7", "w9")])  # --watch rides in the same transfer
+def test_one_host_transfer_per_step(
+    tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig, watched: tuple[str, ...]
+) -> None:
+    from llmsample.sampling.vocabulary import Vocabulary
+
     # Count as on an accelerator: the CPU-only shortcuts (top-p's widening) are off.
     monkeypatch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
     lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
     cfg = dataclasses.replace(cfg, max_tokens=12, seed=3)
+    vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
+    watch = [(text, vocabulary.token_id(text)) for text in watched]
     ids = encode_prompt(lm, PROMPT, raw=True)
-    events = generate(lm, ids, cfg, RunStats("tiny", "test", cfg.seed), ignore_eos=True)
+    events = generate(lm, ids, cfg, RunStats("tiny", "test", cfg.seed), ignore_eos=True, watch=watch)
     with SyncCounter() as counter:
         tokens, _ = run_to_end(events)
     assert len(tokens) == 12
+    assert all(list(t.watch) == list(watched) for t in tokens)
     # One at the start (the prompt's ids, for the text stream; a second for the history when a
     # stage reads the token sequence), then one per step.
     assert counter.calls == ["tolist"] * (1 + cfg.needs_sequences + 12)
