@@ -145,6 +145,23 @@ def test_greedy_equals_plain_with_the_target_as_draft(tiny_lm, k: int | None) ->
     assert any(t.source == "draft" for t in tokens)
 
 
+def test_an_interrupted_run_keeps_its_speculation_figures(tiny_lm) -> None:
+    # The summary of a run cut short (Ctrl-C) comes from the caller's stats: they must already
+    # count what was drafted and accepted, at every token.
+    cfg = SamplingConfig(temperature=0, max_tokens=30)
+    stats = RunStats("t", "t", None)
+    ids = encode_prompt(tiny_lm, PROMPT, raw=True)
+    events = speculative_generate(tiny_lm, ids, cfg, stats, ModelDrafter(tiny_lm, 32), draft_tokens=3)
+    for _ in range(5):
+        next(events)
+    events.close()
+    summary = stats.summary("interrupted")
+    assert summary.extra["drafted"] >= 3 and summary.extra["accepted"] >= 3
+    assert summary.extra["target_passes"] >= 1 and summary.extra["tokens_per_pass"] == pytest.approx(
+        5 / summary.extra["target_passes"]
+    )
+
+
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_greedy_equals_plain_with_an_unrelated_draft(tiny_lm, other_lm, k: int) -> None:
     cfg = SamplingConfig(temperature=0, max_tokens=30)
