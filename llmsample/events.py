@@ -20,6 +20,18 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class ReferenceFigures:
+    """The token under a reference model (``generate --reference``: the same checkpoint in full
+    precision): ``kl`` = KL(P_ref ‖ P_model) in nats over the raw distributions (temperature 1,
+    no penalties or filters), ``same_top``: both put the same token first, ``prob``: the sampled
+    token's probability under the reference."""
+
+    kl: float
+    same_top: bool
+    prob: float
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """``prob``: in the distribution the token was drawn from; ``model_*``: under the raw model
     (temperature 1, no penalties or filters); ``entropy``: of the sampling distribution, bits;
@@ -37,9 +49,13 @@ class TokenEvent:
     removed: dict[str, int]
     source: str = "target"
     eos: bool = False
+    reference: ReferenceFigures | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "token", **asdict(self)}
+        data = {"type": "token", **asdict(self)}
+        if data["reference"] is None:  # only runs with --reference carry it
+            del data["reference"]
+        return data
 
 
 @dataclass(frozen=True)
