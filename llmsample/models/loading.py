@@ -272,8 +272,10 @@ def load_model(
                 "or a smaller model"
             ) from exc
     placed = tuple(placed_devices(model)) if placement is not None else ()
-    if placement is not None:
+    if placement is not None or quantize:
         device = input_device(model)
+    if quantize:
+        check_quantized_forward(model, device, quantize)
     if emulated_bf16(device, dtype) and not quantize and stored is None:
         upcast_wide_products(model)
     model.eval()
@@ -283,6 +285,21 @@ def load_model(
     return LoadedModel(
         model, tokenizer, name, device, dtype, compiled, placed_on=placed, quantization=quantize or stored
     )
+
+
+def check_quantized_forward(model: Any, device: torch.device, scheme: str) -> None:
+    """A quantization library can load weights it cannot compute with (bitsandbytes' CPU 4-bit
+    kernels want rows of at least 64 weights): one token through the model now turns that into
+    one line instead of a traceback at the first step."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise UserError(f"--quantize {scheme} cannot run this model on {device} here ({first_line(exc)})") from exc
 
 
 def transformers_version() -> str:
