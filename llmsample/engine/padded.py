@@ -57,9 +57,8 @@ class PaddedBatch:
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row in (``[rows]``), next-token logits ``[rows, vocab]`` out."""
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
-        logits = self._forward(tokens.view(-1, 1).to(self.device), self.mask, self.positions.view(-1, 1), self.cache)[
-            :, -1
-        ]
+        tokens = tokens.view(-1, 1).to(self.device)
+        logits = self._forward(tokens, self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
         self.positions = self.positions + 1
         return logits
 
