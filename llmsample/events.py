@@ -31,6 +31,18 @@ class Watched:
 
 
 @dataclass(frozen=True)
+class ReferenceFigures:
+    """The token under a reference model (``generate --reference``: the same checkpoint in full
+    precision): ``kl`` = KL(P_ref ‖ P_model) in nats over the raw distributions (temperature 1,
+    no penalties or filters), ``same_top``: both put the same token first, ``prob``: the sampled
+    token's probability under the reference."""
+
+    kl: float
+    same_top: bool
+    prob: float
+
+
+@dataclass(frozen=True)
 class TokenEvent:
     """``prob``: in the distribution the token was drawn from; ``model_*``: under the raw model
     (temperature 1, no penalties or filters); ``entropy``: of the sampling distribution, bits;
@@ -50,11 +62,14 @@ class TokenEvent:
     source: str = "target"
     eos: bool = False
     watch: dict[str, Watched] = field(default_factory=dict)
+    reference: ReferenceFigures | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = {"type": "token", **asdict(self)}
         if not self.watch:  # only runs with --watch carry the key
             del data["watch"]
+        if data["reference"] is None:  # only runs with --reference carry it
+            del data["reference"]
         return data
 
 

@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"
 
 
-def make_tiny_model(path: Path, vocab_size: int = 32, seed: int = 0, init: float = 0.5, layers: int = 2) -> Path:
+def make_tiny_model(
+    path: Path, vocab_size: int = 32, seed: int = 0, init: float = 0.5, layers: int = 2, hidden: int = 32
+) -> Path:
     """A random LlamaForCausalLM with a word-level tokenizer (``<bos>``, ``<eos>``, ``<unk>``, w3…),
     saved with safetensors: everything a real checkpoint directory has, in milliseconds."""
     from tokenizers import Tokenizer
@@ -36,8 +38,8 @@ def make_tiny_model(path: Path, vocab_size: int = 32, seed: int = 0, init: float
     )
     config = LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,

@@ -83,7 +83,7 @@ def test_only_the_commands_import_click() -> None:
 
 LOWER = ("llmsample.sampling", "llmsample.engine", "llmsample.models")
 UPPER = ("llmsample.commands", "llmsample.cli", "llmsample.analysis", "llmsample.render", "llmsample.bench",
-         "llmsample.bench_results")  # fmt: skip
+         "llmsample.bench_results", "llmsample.bench_quant")  # fmt: skip
 
 
 @pytest.mark.parametrize("layer", LOWER)
@@ -92,5 +92,5 @@ def test_the_core_does_not_import_the_layers_above(layer: str) -> None:
 
 
 def test_analysis_and_bench_do_not_import_the_commands() -> None:
-    users = ("llmsample.analysis", "llmsample.bench", "llmsample.bench_results")
+    users = ("llmsample.analysis", "llmsample.bench", "llmsample.bench_results", "llmsample.bench_quant")
     assert offenders(users, ("llmsample.commands", "llmsample.cli")) == {}

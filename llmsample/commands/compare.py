@@ -15,6 +15,7 @@ from llmsample.commands.options import (
     load_model_with_progress,
     model_options,
     no_color_option,
+    placement_options,
     prompt_options,
     quiet_option,
     read_prompt,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 @click.command("compare-presets")
 @prompt_options
 @model_options
+@placement_options
 @click.option("--presets", "names", metavar="A,B,...", help="Presets to compare [default: every preset].")
 @click.option("--samples", type=click.IntRange(1, 64), default=1, show_default=True, help="Samples per preset.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sample i uses seed S+i.")

@@ -12,6 +12,7 @@ from llmsample.commands.options import (
     load_model_with_progress,
     model_options,
     no_color_option,
+    placement_options,
     prompt_options,
     quiet_option,
     read_prompt,
@@ -25,6 +26,7 @@ from llmsample.commands.options import (
 @click.command()
 @prompt_options
 @model_options
+@placement_options
 @sampling_options
 @click.option(
     "--continuation",

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 @click.option(
     "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see README)."
 )
+@click.option(
+    "--reference",
+    is_flag=True,
+    help="Also score every token under the same checkpoint in float32, unquantized: KL and same-top per token.",
+)
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
 
@@ -40,6 +45,7 @@ def generate(**options: Any) -> None:
     llmsample generate -p "What is the capital of France?"
     llmsample generate -p "Write a haiku" --preset creative --seed 7 --inspect
     echo "Once upon a time" | llmsample generate --raw --format jsonl
+    llmsample generate -p "Explain top-p" --quantize int8 --reference --format jsonl
     """
     run(options)
 
@@ -50,6 +56,8 @@ def run(options: dict[str, Any]) -> None:
     from llmsample.events import RunStats
 
     preset, cfg = resolve_sampling(options)
+    if options.get("reference") and options.get("draft"):
+        raise UserError("--reference scores plain decoding; drop --draft (speculation samples the same distribution)")
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
     prompt = read_prompt(options["prompt"], options["raw"])
@@ -59,6 +67,10 @@ def run(options: dict[str, Any]) -> None:
     watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
+    if lm.quantization:
+        stats.extra["quantization"] = lm.quantization
+    if lm.placed_on:
+        stats.extra["device_map"] = list(lm.placed_on)
     if options.get("draft"):
         from llmsample.engine.speculative import speculative_generate
 
@@ -73,9 +85,11 @@ def run(options: dict[str, Any]) -> None:
     else:
         from llmsample.engine.loop import generate as generate_events
 
+        reference = load_reference(options, lm) if options.get("reference") else None
         events = generate_events(
-            lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch
-        )
+            lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch,
+            reference=reference,
+        )  # fmt: skip
     consume(events, build_renderers(options) if not options.get("silent") else [], stats, quiet=options["quiet"])
     if options.get("tp"):
         end_rank(0)
@@ -109,6 +123,21 @@ def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
+    """``--reference``: the same checkpoint in float32, unquantized, placed like the model."""
+    from llmsample.commands.options import placement_from_options
+    from llmsample.models.loading import load_model
+
+    if lm.quantization and not options.get("quantize"):
+        raise UserError(
+            f"--reference needs full-precision weights, and model {lm.name!r} is stored quantized "
+            f"({lm.quantization}); compare against the checkpoint it was quantized from"
+        )
+    placement = placement_from_options(options)
+    device = "auto" if placement is not None else str(lm.device)
+    return load_model(options["model"], device, "float32", placement=placement)
+
+
 def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Drafter:
     """``--draft ngram`` (prompt lookup) or a model sharing the target's tokenizer."""
     from llmsample.engine.speculative import ModelDrafter, NgramDrafter, check_same_tokenizer
@@ -118,10 +147,11 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Drafter:
     if options["draft"] == "ngram":
         if options["ngram_min"] > options["ngram_max"]:
             raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
-        return NgramDrafter(vocab, lm.device, options["ngram_min"], options["ngram_max"])
-    draft = load_model(options["draft"], str(lm.device), str(lm.dtype).removeprefix("torch."))
+        return NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+    # On the device the target samples on (its input device when it is placed over several).
+    draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."))
     check_same_tokenizer(draft, lm)
-    return ModelDrafter(draft, vocab)
+    return ModelDrafter(draft, vocab, lm.sample_device)
 
 
 def with_plain_comparison(

@@ -139,6 +139,65 @@ model_options = _stack(
     ),
 )
 
+
+def _check_device_map(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    from llmsample.models.placement import read_device_map
+
+    if value is None:
+        return None
+    try:
+        return read_device_map(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _check_max_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    from llmsample.models.placement import parse_max_memory
+
+    if value is None:
+        return None
+    try:
+        return parse_max_memory(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+placement_options = _stack(
+    click.option(
+        "--device-map",
+        metavar="auto|balanced|sequential|FILE",
+        callback=_check_device_map,
+        help="Spread the layers over the GPUs, the CPU and disk (accelerate); FILE: a JSON {module: device} map.",
+    ),
+    click.option(
+        "--max-memory",
+        metavar="DEV=SIZE,...",
+        callback=_check_max_memory,
+        help="Memory per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=60GiB (implies --device-map auto).",
+    ),
+    click.option(
+        "--offload-folder",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Where layers offloaded to disk keep their weights (implies --device-map auto).",
+    ),
+    click.option(
+        "--quantize",
+        type=click.Choice(["int8", "int4"]),
+        help="Quantize the weights as they load: int8 (torchao), int4 (bitsandbytes NF4); needs llmsample[quant].",
+    ),
+)
+
+
+def placement_from_options(options: dict[str, Any]) -> Any:
+    """``--device-map`` and friends as a ``Placement``; None places nothing (one device)."""
+    from llmsample.models.placement import Placement
+
+    device_map, max_memory, folder = (options.get(k) for k in ("device_map", "max_memory", "offload_folder"))
+    if device_map is None and max_memory is None and folder is None:
+        return None
+    return Placement(device_map or "auto", max_memory, None if folder is None else str(folder))
+
+
 prompt_options = _stack(
     click.option(
         "--prompt",
@@ -323,22 +382,26 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 
     spec = (options["model"], options["device"], options["dtype"])
     compile_model = options.get("compile_model", False)
-    parallel = options.get("tp", False)
+    scaling = {
+        "placement": placement_from_options(options),
+        "quantize": options.get("quantize"),
+        "tensor_parallel": options.get("tp", False),
+    }
     if options.get("quiet"):
-        return load_model(*spec, compile=compile_model, tensor_parallel=parallel)
+        return load_model(*spec, compile=compile_model, **scaling)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     console = stderr_console()
     # Off the terminal a live display only adds blank lines; step messages still print.
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
-        lm = load_model(*spec, progress=progress, compile=compile_model, tensor_parallel=parallel)
+        lm = load_model(*spec, progress=progress, compile=compile_model, **scaling)
         progress.remove_task(task)
         return lm
 
 
 def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
-    return _stack(prompt_options, model_options, sampling_options, output_options, draft_options)(f)
+    return _stack(prompt_options, model_options, placement_options, sampling_options, output_options, draft_options)(f)
 
 
 def end_rank(code: int) -> NoReturn:

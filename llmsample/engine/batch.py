@@ -69,7 +69,7 @@ def decode_batch(
     queue = iter(items)
     batch = PaddedBatch(lm.model)
     rows: list[_Row] = []
-    logits = torch.zeros(0, lm.model.config.vocab_size, device=lm.device)
+    logits = torch.zeros(0, lm.model.config.vocab_size, device=lm.sample_device)
     while True:
         joining = [item for _, item in zip(range(batch_size - len(rows)), queue, strict=False)]
         if joining:
@@ -95,7 +95,7 @@ def _start_row(lm: LoadedModel, item: BatchItem, vocab: int, ignore_eos: bool, w
     return _Row(
         item=item,
         emitter=Emitter(lm, item.cfg, item.stats, prompt, ignore_eos, watch_names),
-        generator=make_generator(item.cfg.seed, lm.device),
+        generator=make_generator(item.cfg.seed, lm.sample_device),
         history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
     )
 

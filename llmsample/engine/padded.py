@@ -14,11 +14,14 @@ from torch import Tensor
 
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.models.compiled import cache_arg
+from llmsample.models.placement import input_device
 
 
 class PaddedBatch:
     """The decoding state of a changing set of rows: cache ``[rows, heads, T, dim]`` per layer,
-    ``mask`` ``[rows, T]`` (1 for a real token) and ``positions`` ``[rows]`` (the next token's)."""
+    ``mask`` ``[rows, T]`` (1 for a real token) and ``positions`` ``[rows]`` (the next token's).
+    Mask and positions live on the input device; each layer's cache on that layer's device
+    (``--device-map``), so rows are selected there with an index of its own."""
 
     def __init__(self, model: Any) -> None:
         from transformers import DynamicCache
@@ -26,7 +29,7 @@ class PaddedBatch:
         self.model = model
         self.cache_arg = cache_arg(model)
         self.cache = DynamicCache(config=model.config)
-        device = model.device
+        self.device = device = input_device(model)
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
         self.positions = torch.zeros(0, dtype=torch.long, device=device)
 
@@ -40,7 +43,7 @@ class PaddedBatch:
         next-token logits ``[len(prompts), vocab]``."""
         from transformers import DynamicCache
 
-        device = self.model.device
+        device = self.device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
@@ -54,7 +57,8 @@ class PaddedBatch:
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row in (``[rows]``), next-token logits ``[rows, vocab]`` out."""
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
-        logits = self._forward(tokens.view(-1, 1), self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
+        tokens = tokens.view(-1, 1).to(self.device)
+        logits = self._forward(tokens, self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
         self.positions = self.positions + 1
         return logits
 
@@ -67,8 +71,9 @@ class PaddedBatch:
         first = int(used.int().argmax()) if bool(used.any()) else self.mask.shape[1]
         self.mask = self.mask[:, first:]
         for layer in self._layers(self.cache):
-            layer.keys = layer.keys[index, :, first:]
-            layer.values = layer.values[index, :, first:]
+            here = index.to(layer.keys.device)
+            layer.keys = layer.keys[here, :, first:]
+            layer.values = layer.values[here, :, first:]
 
     def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any, keep_last: bool = False) -> Tensor:
         try:
@@ -85,7 +90,7 @@ class PaddedBatch:
                 f"out of memory on {ids.device} with {ids.shape[0]} rows of {mask.shape[1]} positions; "
                 "try a smaller --batch-size"
             ) from exc
-        return out.logits.float()
+        return out.logits.float().to(self.device)  # placed models return them here already
 
     def _merge(self, new: Any, new_mask: Tensor, new_positions: Tensor) -> None:
         """Append the rows of ``new``, left-padding whichever side is shorter in time."""

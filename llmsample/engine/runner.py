@@ -17,19 +17,27 @@ from torch import Tensor
 from llmsample.errors import RuntimeFailure
 from llmsample.models.compiled import CompiledStep, cache_arg
 from llmsample.models.loading import LoadedModel
+from llmsample.models.placement import input_device
 
 
 class ModelRunner:
-    """Owns the cache of one sequence batch; callers see only float32 logits."""
+    """Owns the cache of one sequence batch; callers see only float32 logits, on ``sample_device``.
+
+    A model placed over several devices (``--device-map``) takes its tokens on its embedding's
+    device (``device``); each layer's cache fills on that layer's own device."""
 
     def __init__(
         self,
         model: Any,
         compiled: CompiledStep | None = None,
         release: Callable[[CompiledStep], None] | None = None,
+        sample_device: torch.device | None = None,
     ) -> None:
-        """``compiled``: a leased step (given back through ``release`` on :meth:`close`); None runs eagerly."""
+        """``compiled``: a leased step (given back through ``release`` on :meth:`close`); None runs
+        eagerly. ``sample_device``: where the logits are handed over; None: the input device."""
         self.model = model
+        self.device = input_device(model)
+        self.sample_device = sample_device or self.device
         self.cache_arg = cache_arg(model)
         self.compiled = compiled
         self._release = release
@@ -41,11 +49,10 @@ class ModelRunner:
     def for_run(cls, lm: LoadedModel, batch: int, max_length: int) -> ModelRunner:
         """Eager, or with a compiled step leased for ``batch`` rows of ``max_length`` positions when
         the model was loaded with ``--compile``. Close it (or use it as a context manager)."""
-        runner = (
-            cls(lm.model)
-            if lm.compiled is None
-            else cls(lm.model, lm.compiled.lease(batch, max_length), lm.compiled.release)
-        )
+        if lm.compiled is None:
+            runner = cls(lm.model, sample_device=lm.sample_device)
+        else:
+            runner = cls(lm.model, lm.compiled.lease(batch, max_length), lm.compiled.release, lm.sample_device)
         runner.tensor_parallel = lm.tensor_parallel
         return runner
 
@@ -96,6 +103,7 @@ class ModelRunner:
         """Feed ``[batch, n]`` tokens; logits after each of them, ``[batch, n, vocab]`` (only the
         last position with ``keep_last``: a long prompt's logits would cost vocab floats per token)."""
         n = tokens.shape[1]
+        tokens = tokens.to(self.device)
         try:
             if self.compiled is not None and n == 1:
                 logits = self.compiled.step(tokens)[:, None]
@@ -113,7 +121,7 @@ class ModelRunner:
                 "try --dtype bfloat16, fewer --max-tokens or a smaller model"
             ) from exc
         self.length += n
-        return logits.float()
+        return logits.float().to(self.sample_device)
 
     @torch.inference_mode()
     def step(self, tokens: Tensor) -> Tensor:

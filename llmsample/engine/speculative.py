@@ -80,8 +80,11 @@ class NgramDrafter:
 class ModelDrafter:
     """A smaller model with its own KV cache, sampled with the same pipeline and preset."""
 
-    def __init__(self, draft: LoadedModel, vocab_size: int) -> None:
-        self.runner = ModelRunner(draft.model)  # eager: drafts are cheap, and it has no --compile
+    def __init__(self, draft: LoadedModel, vocab_size: int, sample_device: torch.device | None = None) -> None:
+        """``sample_device``: the target's, where its proposals are compared with the target's
+        distributions (the draft's own input device when None)."""
+        # eager: drafts are cheap, and it has no --compile
+        self.runner = ModelRunner(draft.model, sample_device=sample_device)
         self.runner.reset()
         self.vocab_size = vocab_size
         self.fed: list[int] = []
@@ -103,7 +106,7 @@ class ModelDrafter:
             common += 1
         common = min(common, len(seq) - 1)  # feed at least one token to get fresh logits
         self.runner.rollback(common)
-        device = self.runner.model.device
+        device = self.runner.sample_device
         logits = self.runner.extend(torch.tensor([seq[common:]], device=device), keep_last=True)[:, -1]
         self.fed = list(seq)
         tokens, dists = [], []
@@ -156,9 +159,9 @@ def speculative_generate(
         if runner.compile_s:
             stats.extra["compile_s"] = runner.compile_s
         runner.reset()
-        generator = make_generator(cfg.seed, lm.device)
+        generator = make_generator(cfg.seed, lm.sample_device)
         emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos, [name for name, _ in watch])
-        watched = WatchIndex.of([token for _, token in watch], lm.device)
+        watched = WatchIndex.of([token for _, token in watch], lm.sample_device)
         vocab = lm.model.config.vocab_size
         seq = prompt_ids[0].tolist()
         if len(seq) > 1:
@@ -170,10 +173,10 @@ def speculative_generate(
             if k > 0:
                 drafted, q = drafter.propose(seq, k, history, cfg, generator)
             else:
-                drafted, q = prompt_ids.new_zeros(0), torch.zeros(0, vocab, device=lm.device)
+                drafted, q = prompt_ids.new_zeros(0), torch.zeros(0, vocab, device=lm.sample_device)
             k = drafted.shape[0]
             # The cache holds everything but the newest token: feed it with the drafts.
-            logits = runner.extend(torch.cat([prompt_ids.new_tensor(seq[-1:]), drafted])[None])[0]
+            logits = runner.extend(torch.cat([prompt_ids.new_tensor(seq[-1:]), drafted.to(prompt_ids.device)])[None])[0]
             passes += 1
             check_finite(logits, runner.length)
             chain = sampler_chain(logits, history.prefixes(drafted), cfg)

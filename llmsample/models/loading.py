@@ -20,6 +20,7 @@ from llmsample.models.conversion import (
     remove_abandoned_staging,
 )
 from llmsample.models.device import resolve_device, resolve_dtype
+from llmsample.models.placement import Placement
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,15 @@ class LoadedModel:
     dtype: torch.dtype
     compiled: CompiledSteps | None = None  # --compile: the model's compiled decode steps
     tensor_parallel: bool = False  # --tp: this process holds one rank's slice of every layer
+    sample_device: torch.device | None = None  # where logits are sampled; None: ``device``
+    placed_on: tuple[str, ...] = ()  # --device-map: the devices its layers sit on ("cpu", "disk", ...)
+    quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
+
+    def __post_init__(self) -> None:
+        # ``device`` is where token ids go (the embedding's device). Placed models return their
+        # outputs there too, so every draw happens on this one device whatever the layout.
+        if self.sample_device is None:
+            self.sample_device = self.device
 
     @property
     def compile(self) -> bool:
@@ -142,29 +152,27 @@ def read_config(source: str, name: str) -> Any:
     return config
 
 
-def read_weights(
-    source: str, config: Any, dtype: torch.dtype, name: str, tensor_parallel: bool = False
-) -> tuple[Any, Any]:
+def read_weights(source: str, config: Any, dtype: torch.dtype, name: str, **load: Any) -> tuple[Any, Any]:
     """Tokenizer and model; weights that do not fit the config, or are missing (transformers
-    would initialise them at random), are one line. ``tensor_parallel``: each rank of a torchrun
-    launch loads its slice of every layer (transformers' plan for the architecture)."""
+    would initialise them at random), are one line. ``load``: placement and quantization
+    arguments for ``from_pretrained``."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    parallel: dict[str, Any] = {}
-    if tensor_parallel:
-        try:
-            from transformers import DistributedConfig
-
-            parallel["distributed_config"] = DistributedConfig(tp_plan="auto")
-        except ImportError:  # transformers before DistributedConfig took the plan directly
-            parallel["tp_plan"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model, info = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **parallel
+            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **load
         )
+    except ImportError as exc:  # a quantization library transformers wants and cannot import
+        raise UserError(f"cannot load model {name!r}: {first_line(exc)}") from exc
     except ValueError as exc:
+        if "quantization_config" in load:
+            raise UserError(f"cannot quantize model {name!r} ({first_line(exc)}); run it without --quantize") from exc
+        if "device_map" in load:
+            raise UserError(
+                f"cannot place model {name!r} ({first_line(exc)}); check --device-map, --max-memory and --offload-folder"
+            ) from exc
         raise UserError(
             f"model {name!r} ({type(config).__name__}) is not a causal language model transformers can load "
             f"({first_line(exc)}); pass a text-generation model"
@@ -193,17 +201,40 @@ def load_model(
     dtype_name: str = "auto",
     progress: Progress | None = None,
     compile: bool = False,
+    *,
+    placement: Placement | None = None,
+    quantize: str | None = None,
     tensor_parallel: bool = False,
 ) -> LoadedModel:
-    """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
+    """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line.
+
+    ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
+    ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`)."""
     import torch
+
+    from llmsample.models.quantization import quiet_optional_libraries
+
+    quiet_optional_libraries()
     from transformers.utils import logging as hf_logging
 
+    from llmsample.models.placement import check_devices, input_device, placed_devices, placement_device
     from llmsample.models.precision import emulated_bf16, upcast_wide_products
+    from llmsample.models.quantization import check_stored, quantization_config, stored_quantization
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' bars
-    device = resolve_device(device_name)
+    if placement is not None:
+        if compile:
+            raise UserError(
+                "--compile needs the whole model on one device, and --device-map may spread it over several; "
+                "drop --compile or --device-map"
+            )
+        if device_name != "auto":
+            raise UserError(f"--device {device_name} and --device-map exclude each other; drop one of them")
+        check_devices(placement)
+        device = placement_device(placement)
+    else:
+        device = resolve_device(device_name)
     dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
     removed = remove_abandoned_staging()
@@ -219,20 +250,71 @@ def load_model(
     config = read_config(source, name)
     if local:
         check_tokenizer_files(Path(source))
-    tokenizer, model = read_weights(source, config, dtype, name, tensor_parallel)
+    stored = stored_quantization(config)
+    if stored is not None:
+        if quantize:
+            raise UserError(f"model {name!r} is already quantized ({stored}, config.json); drop --quantize {quantize}")
+        check_stored(name, stored)
+    load: dict[str, Any] = placement.kwargs() if placement is not None else {}
+    if tensor_parallel:
+        load.update(tensor_parallel_plan())
+    if quantize:
+        load["quantization_config"] = quantization_config(quantize, dtype)
+        load.setdefault("device_map", {"": str(device)})  # quantized weights are made in place
     try:
-        model.to(device)
-    except torch.OutOfMemoryError as exc:
-        raise RuntimeFailure(
-            f"model {name!r} does not fit on {device}; try --dtype bfloat16 or a smaller model"
-        ) from exc
-    if emulated_bf16(device, dtype):
+        tokenizer, model = read_weights(source, config, dtype, name, **load)
+    except (RuntimeError, NotImplementedError, AssertionError) as exc:
+        if not quantize or isinstance(exc, torch.OutOfMemoryError):
+            raise
+        raise UserError(f"--quantize {quantize} cannot run on {device} here ({first_line(exc)})") from exc
+    if "device_map" not in load:
+        try:
+            model.to(device)
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeFailure(
+                f"model {name!r} does not fit on {device}; try --dtype bfloat16, --quantize, --device-map auto "
+                "or a smaller model"
+            ) from exc
+    placed = tuple(placed_devices(model)) if placement is not None else ()
+    if placement is not None or quantize:
+        device = input_device(model)
+    if quantize:
+        check_quantized_forward(model, device, quantize)
+    if emulated_bf16(device, dtype) and not quantize and stored is None:
         upcast_wide_products(model)
     model.eval()
     from llmsample.models.compiled import CompiledSteps
 
     compiled = CompiledSteps(model, str(cache_home() / "inductor")) if compile else None
-    return LoadedModel(model, tokenizer, name, device, dtype, compiled, tensor_parallel)
+    return LoadedModel(
+        model, tokenizer, name, device, dtype, compiled, tensor_parallel,
+        placed_on=placed, quantization=quantize or stored,
+    )  # fmt: skip
+
+
+def check_quantized_forward(model: Any, device: torch.device, scheme: str) -> None:
+    """A quantization library can load weights it cannot compute with (bitsandbytes' CPU 4-bit
+    kernels want rows of at least 64 weights): one token through the model now turns that into
+    one line instead of a traceback at the first step."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=False)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as exc:
+        raise UserError(f"--quantize {scheme} cannot run this model on {device} here ({first_line(exc)})") from exc
+
+
+def tensor_parallel_plan() -> dict[str, Any]:
+    """``from_pretrained`` arguments that give each rank of a torchrun launch its slice of every
+    layer (transformers' plan for the architecture)."""
+    try:
+        from transformers import DistributedConfig
+    except ImportError:  # transformers before DistributedConfig took the plan directly
+        return {"tp_plan": "auto"}
+    return {"distributed_config": DistributedConfig(tp_plan="auto")}
 
 
 def transformers_version() -> str:

@@ -91,6 +91,11 @@ def summary_line(summary: Summary) -> str:
         extra = summary.extra
         parts.append(f"accepted {extra['accepted']}/{extra['drafted']} drafted ({extra['acceptance_rate']:.0%})")
         parts.append(f"{extra['tokens_per_pass']:.2f} tokens/target pass")
+    reference = summary.extra.get("reference")
+    if isinstance(reference, dict) and reference.get("tokens"):
+        parts.append(
+            f"vs {reference['dtype']}: mean KL {reference['mean_kl']:.4f} nats, same top {reference['same_top']:.1%}"
+        )
     if "speedup" in summary.extra:
         parts.append(
             f"plain loop {summary.extra['plain_tokens_per_s']:.1f} tok/s: {summary.extra['speedup']:.2f}x speedup"

@@ -1,0 +1,189 @@
+"""Scaling on the command line: --device-map / --max-memory / --offload-folder, --quantize and
+--reference, and each refusal in one line with exit 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from llmsample.cli import main
+from tests.conftest import make_tiny_model
+
+BASE = ("generate", "--raw", "-p", "w5 w6 w7", "-n", "8", "--seed", "4", "--ignore-eos", "--format", "jsonl")
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def records(result) -> tuple[list[dict], dict]:
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    return lines[:-1], lines[-1]
+
+
+def one_line_error(result, fragment: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: "), result.stderr
+    assert fragment in result.stderr, result.stderr
+
+
+@pytest.fixture(scope="module")
+def four_layers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("four"), layers=4, seed=4)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Rows of 64 weights: what bitsandbytes' CPU 4-bit kernels need at least."""
+    return make_tiny_model(tmp_path_factory.mktemp("wide"), hidden=64, init=0.05, seed=6)
+
+
+def test_an_explicit_device_map_with_disk_offload_gives_the_same_tokens(four_layers: Path, tmp_path: Path) -> None:
+    device_map = tmp_path / "map.json"
+    layers = {f"model.layers.{i}": "cpu" if i < 2 else "disk" for i in range(4)}
+    device_map.write_text(
+        json.dumps(
+            {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", **layers, "model.norm": "cpu", "lm_head": "disk"}
+        )
+    )
+    plain = invoke(*BASE, "-m", str(four_layers))
+    placed = invoke(
+        *BASE, "-m", str(four_layers), "--device-map", str(device_map), "--offload-folder", str(tmp_path / "off")
+    )
+    assert plain.exit_code == 0 == placed.exit_code, placed.output
+    (plain_tokens, _), (placed_tokens, summary) = records(plain), records(placed)
+    assert [t["token_id"] for t in placed_tokens] == [t["token_id"] for t in plain_tokens]
+    assert summary["device_map"] == ["cpu", "disk"]
+
+
+def test_max_memory_pushes_layers_to_disk(four_layers: Path, tmp_path: Path) -> None:
+    plain = invoke(*BASE, "-m", str(four_layers))
+    placed = invoke(*BASE, "-m", str(four_layers), "--max-memory", "cpu=60KB", "--offload-folder", str(tmp_path))
+    assert placed.exit_code == 0, placed.output
+    (plain_tokens, _), (placed_tokens, summary) = records(plain), records(placed)
+    assert [t["token_id"] for t in placed_tokens] == [t["token_id"] for t in plain_tokens]
+    assert "disk" in summary["device_map"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--max-memory", "cpu:60KB"), "is not DEVICE=SIZE"),
+        (("--max-memory", "cpu=lots"), "is not a size"),
+        (("--max-memory", "7=1GiB"), "names GPU 7"),
+        (("--device-map", "everywhere"), "neither auto"),
+        (("--device-map", "auto", "--compile"), "--compile needs the whole model on one device"),
+        (("--device-map", "sequential", "--device", "cpu"), "--device cpu and --device-map exclude each other"),
+        (("--reference", "--draft", "ngram"), "--reference scores plain decoding"),
+    ],
+)
+def test_placement_refusals_are_one_line(tiny_model_dir: Path, args: tuple[str, ...], fragment: str) -> None:
+    one_line_error(invoke(*BASE, "-m", str(tiny_model_dir), *args), fragment)
+
+
+def test_compile_with_a_device_map_is_refused_by_speculate_too(tiny_model_dir: Path) -> None:
+    result = invoke("speculate", "--raw", "-p", "w5", "-m", str(tiny_model_dir), "--device-map", "auto", "--compile")
+    one_line_error(result, "--compile needs the whole model on one device")
+
+
+@pytest.mark.parametrize(("scheme", "library"), [("int8", "torchao"), ("int4", "bitsandbytes")])
+def test_a_missing_quantization_library_names_the_extra(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, scheme: str, library: str
+) -> None:
+    monkeypatch.setattr("llmsample.models.quantization.library_available", lambda module: module != library)
+    result = invoke(*BASE, "-m", str(tiny_model_dir), "--quantize", scheme)
+    one_line_error(result, f"--quantize {scheme} needs {library}")
+    assert "pip install 'llmsample[quant]'" in result.stderr
+
+
+def stored_quantized(source: Path, target: Path, method: str) -> Path:
+    import shutil
+
+    shutil.copytree(source, target)
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": method, "bits": 4, "group_size": 128}
+    (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+@pytest.mark.parametrize(("method", "needs"), [("gptq", "gptqmodel and optimum"), ("awq", "gptqmodel")])
+def test_a_stored_quantized_checkpoint_without_its_library_is_one_line(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, needs: str
+) -> None:
+    monkeypatch.setattr("llmsample.models.quantization.library_available", lambda module: False)
+    model = stored_quantized(tiny_model_dir, tmp_path / method, method)
+    one_line_error(
+        invoke(*BASE, "-m", str(model)), f"stored quantized with {method.upper()} (config.json), which needs {needs}"
+    )
+
+
+def test_quantizing_a_quantized_checkpoint_is_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model = stored_quantized(tiny_model_dir, tmp_path / "gptq", "gptq")
+    one_line_error(invoke(*BASE, "-m", str(model), "--quantize", "int8"), "is already quantized (gptq")
+
+
+def test_int8_with_reference_reports_kl_and_same_top(four_layers: Path) -> None:
+    pytest.importorskip("torchao")
+    result = invoke(*BASE, "-m", str(four_layers), "--quantize", "int8", "--reference")
+    assert result.exit_code == 0, result.output
+    tokens, summary = records(result)
+    assert summary["quantization"] == "int8"
+    reference = summary["reference"]
+    assert reference["dtype"] == "float32" and reference["tokens"] == len(tokens) == 8
+    kls = [t["reference"]["kl"] for t in tokens]
+    assert all(kl >= 0 for kl in kls) and any(kl > 0 for kl in kls)  # int8 changed something, not much
+    assert reference["mean_kl"] == pytest.approx(sum(kls) / len(kls))
+    assert reference["same_top"] == pytest.approx(sum(t["reference"]["same_top"] for t in tokens) / len(tokens))
+    assert all(0 <= t["reference"]["prob"] <= 1 for t in tokens)
+    assert "vs float32: mean KL" in result.stderr
+
+
+def test_int4_runs_on_this_cpu(wide: Path) -> None:
+    pytest.importorskip("bitsandbytes")
+    result = invoke(*BASE, "-m", str(wide), "--quantize", "int4", "--reference")
+    assert result.exit_code == 0, result.output
+    tokens, summary = records(result)
+    assert summary["quantization"] == "int4" and len(tokens) == 8
+    assert summary["reference"]["mean_kl"] > 0
+
+
+def test_int4_on_rows_its_kernels_cannot_take_is_one_line(tiny_model_dir: Path) -> None:
+    pytest.importorskip("bitsandbytes")
+    one_line_error(
+        invoke(*BASE, "-m", str(tiny_model_dir), "--quantize", "int4"), "--quantize int4 cannot run this model"
+    )
+
+
+def test_a_checkpoint_saved_quantized_loads_as_it_is(four_layers: Path, tmp_path: Path) -> None:
+    pytest.importorskip("torchao")
+    from llmsample.models.loading import load_model
+
+    quantized = load_model(str(four_layers), "cpu", "float32", quantize="int8")
+    quantized.model.save_pretrained(tmp_path / "int8")
+    quantized.tokenizer.save_pretrained(tmp_path / "int8")
+    result = invoke(*BASE, "-m", str(tmp_path / "int8"))
+    direct = invoke(*BASE, "-m", str(four_layers), "--quantize", "int8")
+    assert result.exit_code == 0 == direct.exit_code, result.output
+    assert records(result)[1]["quantization"] == "torchao"
+    assert [t["token_id"] for t in records(result)[0]] == [t["token_id"] for t in records(direct)[0]]
+    one_line_error(
+        invoke(*BASE, "-m", str(tmp_path / "int8"), "--reference"), "--reference needs full-precision weights"
+    )
+
+
+def test_reference_against_itself_is_zero(tiny_model_dir: Path) -> None:
+    result = invoke(*BASE, "-m", str(tiny_model_dir), "--reference")
+    assert result.exit_code == 0, result.output
+    tokens, summary = records(result)
+    assert all(t["reference"]["kl"] == 0 and t["reference"]["same_top"] for t in tokens)
+    assert [t["reference"]["prob"] for t in tokens] == pytest.approx([t["model_prob"] for t in tokens])
+    assert summary["reference"]["same_top"] == 1.0
+
+
+def test_records_without_reference_keep_their_schema(tiny_model_dir: Path) -> None:
+    tokens, summary = records(invoke(*BASE, "-m", str(tiny_model_dir)))
+    assert "reference" not in tokens[0] and "reference" not in summary and "quantization" not in summary
