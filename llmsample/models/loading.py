@@ -19,7 +19,7 @@ from llmsample.models.conversion import (
     models_dir,
     remove_abandoned_staging,
 )
-from llmsample.models.device import resolve_device, resolve_dtype
+from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -191,7 +191,6 @@ def load_model(
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()  # our own progress display replaces transformers' bars
     device = resolve_device(device_name)
-    dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
     removed = remove_abandoned_staging()
     if removed and progress is not None:
@@ -204,6 +203,7 @@ def load_model(
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
     config = read_config(source, name)
+    dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
     if local:
         check_tokenizer_files(Path(source))
     tokenizer, model = read_weights(source, config, dtype, name)
