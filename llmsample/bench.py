@@ -455,7 +455,8 @@ def write_results(document: dict[str, Any], directory: Path) -> Path:
     """``BenchResults.to_dict()`` as JSON, written to a hidden sibling and renamed, so a full disk
     or a kill never leaves a truncated JSON where the results go."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = directory / f"bench-{document['device'].replace(':', '')}-{document['dtype']}-{stamp}.json"
+    kind = document.get("kind", "bench")
+    path = directory / f"{kind}-{document['device'].replace(':', '')}-{document['dtype']}-{stamp}.json"
     partial = directory / f".{path.name}.partial-{os.getpid()}"
     try:
         directory.mkdir(parents=True, exist_ok=True)

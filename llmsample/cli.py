@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import bench, compare, explain, generate, models, presets, speculate
+from llmsample.commands import batch, bench, compare, explain, generate, models, presets, speculate
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -19,6 +20,11 @@ from llmsample.errors import (
     ignore_further_interrupts,
 )
 from llmsample.terminal import prepare_streams, silence
+
+# Optional libraries that transformers imports when they are installed (torchao, from the quant
+# extra) log import-time warnings about kernels for other hardware; diagnostics stay ours.
+for _noisy in ("torchao", "torch.utils._pytree"):
+    logging.getLogger(_noisy).setLevel(logging.ERROR)
 
 
 def _raise_interrupted(signum: int, frame: Any) -> None:
@@ -86,6 +92,7 @@ main.add_command(generate.generate)
 main.add_command(speculate.speculate)
 main.add_command(explain.explain)
 main.add_command(compare.compare_presets)
+main.add_command(batch.batch)
 main.add_command(presets.presets)
 main.add_command(models.models)
 main.add_command(bench.bench)

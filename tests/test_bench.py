@@ -116,3 +116,21 @@ def test_unwritable_out_fails_before_the_benchmark(
     assert result.exit_code == 2 and result.stdout == ""
     assert f"cannot write in {tmp_path} (Read-only file system)" in result.stderr
     assert not (tmp_path / "new").exists()
+
+
+def test_batch_section_writes_its_rows(tiny_model_dir, tmp_path) -> None:
+    out = tmp_path / "results"
+    args = ["bench", "--model", str(tiny_model_dir), "--device", "cpu", "--batch-sizes", "1,3", "--runs", "1",
+            "--tokens", "8", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = out.glob("bench-batch-cpu-float32-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["batch_size"] for row in rows] == [1, 3]
+    assert all(row["ours_tok_s"] > 0 and row["reference_tok_s"] > 0 and 0 < row["model_share"] <= 1 for row in rows)
+    assert "vs batch 1" in result.output
+
+
+def test_batch_sizes_must_be_a_list(tiny_model_dir) -> None:
+    result = CliRunner().invoke(main, ["bench", "--batch-sizes", "1,x"])
+    assert result.exit_code == 2 and "batch sizes" in result.output

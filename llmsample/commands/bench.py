@@ -32,6 +32,18 @@ def _check_out_dir(ctx: click.Context, param: click.Parameter, value: Path) -> P
     return value
 
 
+def _check_sizes(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        sizes = [int(part) for part in value.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise click.BadParameter(f"{value!r} is not a list of batch sizes like 1,4,8,16")
+    return sizes
+
+
 @click.command()
 @model_options
 @click.option("--runs", type=click.IntRange(1, 50), default=5, show_default=True, help="Interleaved runs per side.")
@@ -46,12 +58,21 @@ def _check_out_dir(ctx: click.Context, param: click.Parameter, value: Path) -> P
     show_default=True,
     callback=_check_out_dir,
 )
+@click.option(
+    "--batch-sizes",
+    callback=_check_sizes,
+    metavar="N,N,...",
+    help="Instead: batch decoding of 32 chat prompts at these batch sizes against transformers' padded generate.",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
     from llmsample.bench import run_benchmark, write_results
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
     err = stderr_console()
+    if options["batch_sizes"]:
+        bench_batch(options, err)
+        return
     results = run_benchmark(
         options["model"], options["device"], options["dtype"], options["runs"], options["tokens"], options["cold"],
         log=lambda step: err.print(f"[dim]bench: {step}…[/]"), compile=options["compile_model"],
@@ -59,6 +80,46 @@ def bench(**options: Any) -> None:
     path = write_results(results.to_dict(), options["out"])
     console = stdout_console(use_color())
     console.print(results_table(results))
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def bench_batch(options: dict[str, Any], err: Any) -> None:
+    """``--batch-sizes``: the batch section alone (it takes minutes of its own)."""
+    from rich.table import Table
+
+    from llmsample.bench import machine_info, write_results
+    from llmsample.bench_batch import rows_to_dict, run_batch_benchmark
+    from llmsample.models.loading import load_model
+    from llmsample.terminal import stdout_console, use_color
+
+    lm = load_model(options["model"], options["device"], options["dtype"])
+    rows = run_batch_benchmark(
+        lm, options["batch_sizes"], runs=options["runs"], tokens=min(options["tokens"], 64),
+        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
+    )  # fmt: skip
+    document = {
+        "kind": "bench-batch",
+        "model": lm.name,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "machine": machine_info().__dict__,
+        "prompts": 32,
+        "new_tokens": min(options["tokens"], 64),
+        "runs": options["runs"],
+        "rows": rows_to_dict(rows),
+    }
+    path = write_results(document, options["out"])
+    table = Table(title=f"batch decoding, {lm.name}, {document['dtype']} on {document['device']}")
+    for header in ("batch size", "llmsample tok/s", "transformers tok/s", "ratio", "vs batch 1", "model share"):
+        table.add_column(header, justify="right")
+    base = rows[0].ours_tok_s if rows and rows[0].batch_size == 1 else None
+    for row in rows:
+        table.add_row(
+            str(row.batch_size), format_number(row.ours_tok_s, 1), format_number(row.reference_tok_s, 1),
+            format_number(row.ratio), format_number(row.ours_tok_s / base if base else None),
+            f"{row.model_share:.0%}",
+        )  # fmt: skip
+    stdout_console(use_color()).print(table)
     err.print(f"[dim]figures written to {path}[/]")
 
 

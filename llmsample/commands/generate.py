@@ -23,6 +23,9 @@ if TYPE_CHECKING:
 
 @click.command()
 @generation_options
+@click.option(
+    "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see README)."
+)
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
 
@@ -43,6 +46,8 @@ def run(options: dict[str, Any]) -> None:
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
     prompt = read_prompt(options["prompt"], options["raw"])
+    if options.get("tp"):
+        options = join_tensor_parallel(options)
     lm = load_model_with_progress(options)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
@@ -60,7 +65,35 @@ def run(options: dict[str, Any]) -> None:
         from llmsample.engine.loop import generate as generate_events
 
         events = generate_events(lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
-    consume(events, build_renderers(options), stats, quiet=options["quiet"])
+    consume(events, build_renderers(options) if not options.get("silent") else [], stats, quiet=options["quiet"])
+
+
+def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
+    """``--tp`` under torchrun: join the process group; every rank runs the loop on its slice of
+    the model and feeds rank 0's tokens, and only rank 0 prints."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", 1)) < 2:
+        raise UserError(
+            "--tp splits the model over the processes of a torchrun launch: "
+            "torchrun --nproc-per-node N -m llmsample generate --tp ..."
+        )
+    for flag, given in (("--draft", options.get("draft")), ("--compile", options["compile_model"])):
+        if given:
+            raise UserError(f"--tp does not combine with {flag} yet; leave one of them out")
+    cuda = torch.cuda.is_available() and options["device"] in ("auto", "cuda")
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        options = {**options, "device": f"cuda:{local}"}
+    if dist.get_rank() != 0:
+        options = {**options, "quiet": True, "silent": True, "html": None}
+    return options
 
 
 def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Drafter:

@@ -223,14 +223,15 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 
     spec = (options["model"], options["device"], options["dtype"])
     compile_model = options.get("compile_model", False)
+    parallel = options.get("tp", False)
     if options.get("quiet"):
-        return load_model(*spec, compile=compile_model)
+        return load_model(*spec, compile=compile_model, tensor_parallel=parallel)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     console = stderr_console()
     # Off the terminal a live display only adds blank lines; step messages still print.
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
-        lm = load_model(*spec, progress=progress, compile=compile_model)
+        lm = load_model(*spec, progress=progress, compile=compile_model, tensor_parallel=parallel)
         progress.remove_task(task)
         return lm
 

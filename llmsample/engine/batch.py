@@ -132,3 +132,28 @@ def _stack(histories: list[TokenHistory]) -> TokenHistory:
         torch.cat([h.counts for h in histories if h.counts is not None]),
         torch.cat([h.seen for h in histories if h.seen is not None]),
     )
+
+
+def default_batch_size(lm: LoadedModel, positions: int) -> int:
+    """As many rows as a quarter of the free memory holds in KV cache for ``positions`` each, at
+    most 64 on an accelerator and 16 on a CPU (where a wider step stops paying: bench/NOTES.md)."""
+    config = lm.model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    per_row = 2 * config.num_hidden_layers * heads * head_dim * positions * lm.dtype.itemsize
+    if lm.device.type == "cuda":
+        free = torch.cuda.mem_get_info(lm.device)[0]
+        cap = 64
+    else:
+        free = _available_ram()
+        cap = 16
+    return max(1, min(cap, free // 4 // max(per_row, 1)))
+
+
+def _available_ram() -> int:
+    import os
+
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system: assume little
+        return 2**30

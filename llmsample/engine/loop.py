@@ -61,7 +61,7 @@ def generate_rows(
         active = list(range(batch))
         while active:
             chain = sampler_chain(logits, history, cfg)
-            tokens = torch.cat([draw(chain.probs[i : i + 1], generators[i]) for i in range(batch)])
+            tokens = runner.agree(torch.cat([draw(chain.probs[i : i + 1], generators[i]) for i in range(batch)]))
             figures = step_figures(chain, tokens, top_n)
             for row in list(active):
                 yield row, emitters[row].emit(figures[row])

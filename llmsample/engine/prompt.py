@@ -16,19 +16,33 @@ def encode_prompt(
     template when it has one, plain text for completion with ``raw``. A prompt that does not fit
     the context is an error, or loses its oldest tokens with ``truncate="left"`` (keeping ``room``
     positions free for the answer where it can)."""
-    tokenizer = lm.tokenizer
-    if not raw and getattr(tokenizer, "chat_template", None):
+    if not raw and has_chat_template(lm):
         if not prompt.strip():
             raise UserError("the prompt is empty; pass --prompt TEXT (or --raw to let the model start on its own)")
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    else:
-        ids = tokenizer(prompt)["input_ids"]
-        if not ids and tokenizer.bos_token_id is not None:
-            ids = [tokenizer.bos_token_id]
-        if not ids:
-            raise UserError("the prompt is empty and this tokenizer has no BOS token to start from; pass --prompt TEXT")
+        return encode_messages(lm, messages, truncate, room)
+    tokenizer = lm.tokenizer
+    ids = tokenizer(prompt)["input_ids"]
+    if not ids and tokenizer.bos_token_id is not None:
+        ids = [tokenizer.bos_token_id]
+    if not ids:
+        raise UserError("the prompt is empty and this tokenizer has no BOS token to start from; pass --prompt TEXT")
+    return _fit(lm, ids, truncate, room)
+
+
+def has_chat_template(lm: LoadedModel) -> bool:
+    return bool(getattr(lm.tokenizer, "chat_template", None))
+
+
+def encode_messages(lm: LoadedModel, messages: list[dict[str, str]], truncate: str = "error", room: int = 0) -> Tensor:
+    """A whole conversation through the chat template, ready for the assistant's turn."""
+    if not has_chat_template(lm):
+        raise UserError(f"{lm.name} has no chat template for messages; send a plain prompt (raw) instead")
+    text = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return _fit(lm, lm.tokenizer(text, add_special_tokens=False)["input_ids"], truncate, room)
+
+
+def _fit(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> Tensor:
     limit = lm.context_length
     if limit and len(ids) >= limit:
         if truncate != "left":

@@ -35,14 +35,28 @@ class ModelRunner:
         self._release = release
         self.cache: Any = compiled.cache if compiled is not None else None
         self.length = 0
+        self.tensor_parallel = False
 
     @classmethod
     def for_run(cls, lm: LoadedModel, batch: int, max_length: int) -> ModelRunner:
         """Eager, or with a compiled step leased for ``batch`` rows of ``max_length`` positions when
         the model was loaded with ``--compile``. Close it (or use it as a context manager)."""
-        if lm.compiled is None:
-            return cls(lm.model)
-        return cls(lm.model, lm.compiled.lease(batch, max_length), lm.compiled.release)
+        runner = (
+            cls(lm.model)
+            if lm.compiled is None
+            else cls(lm.model, lm.compiled.lease(batch, max_length), lm.compiled.release)
+        )
+        runner.tensor_parallel = lm.tensor_parallel
+        return runner
+
+    def agree(self, tokens: Tensor) -> Tensor:
+        """The tokens every rank feeds next: with tensor parallelism rank 0's draws, broadcast, so
+        ranks whose logits differ in the last bit never diverge; otherwise ``tokens`` as they are."""
+        if self.tensor_parallel:
+            import torch.distributed as dist
+
+            dist.broadcast(tokens, src=0)
+        return tokens
 
     @property
     def compile_s(self) -> float:

@@ -46,6 +46,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     compiled: CompiledSteps | None = None  # --compile: the model's compiled decode steps
+    tensor_parallel: bool = False  # --tp: this process holds one rank's slice of every layer
 
     @property
     def compile(self) -> bool:
@@ -141,16 +142,27 @@ def read_config(source: str, name: str) -> Any:
     return config
 
 
-def read_weights(source: str, config: Any, dtype: torch.dtype, name: str) -> tuple[Any, Any]:
+def read_weights(
+    source: str, config: Any, dtype: torch.dtype, name: str, tensor_parallel: bool = False
+) -> tuple[Any, Any]:
     """Tokenizer and model; weights that do not fit the config, or are missing (transformers
-    would initialise them at random), are one line."""
+    would initialise them at random), are one line. ``tensor_parallel``: each rank of a torchrun
+    launch loads its slice of every layer (transformers' plan for the architecture)."""
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    parallel: dict[str, Any] = {}
+    if tensor_parallel:
+        try:
+            from transformers import DistributedConfig
+
+            parallel["distributed_config"] = DistributedConfig(tp_plan="auto")
+        except ImportError:  # transformers before DistributedConfig took the plan directly
+            parallel["tp_plan"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         model, info = AutoModelForCausalLM.from_pretrained(
-            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+            source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **parallel
         )
     except ValueError as exc:
         raise UserError(
@@ -181,6 +193,7 @@ def load_model(
     dtype_name: str = "auto",
     progress: Progress | None = None,
     compile: bool = False,
+    tensor_parallel: bool = False,
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line."""
     import torch
@@ -206,7 +219,7 @@ def load_model(
     dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
     if local:
         check_tokenizer_files(Path(source))
-    tokenizer, model = read_weights(source, config, dtype, name)
+    tokenizer, model = read_weights(source, config, dtype, name, tensor_parallel)
     try:
         model.to(device)
     except torch.OutOfMemoryError as exc:
@@ -219,7 +232,7 @@ def load_model(
     from llmsample.models.compiled import CompiledSteps
 
     compiled = CompiledSteps(model, str(cache_home() / "inductor")) if compile else None
-    return LoadedModel(model, tokenizer, name, device, dtype, compiled)
+    return LoadedModel(model, tokenizer, name, device, dtype, compiled, tensor_parallel)
 
 
 def transformers_version() -> str:

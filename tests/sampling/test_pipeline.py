@@ -257,7 +257,9 @@ def test_top_k_one_equals_greedy_ties_included(row: list[int], temperature: floa
 
 
 def test_same_seed_same_draws() -> None:
-    probs = sampling_probs(torch.randn(1, 1000, generator=torch.Generator().manual_seed(1)), NO_HISTORY, SamplingConfig())
+    probs = sampling_probs(
+        torch.randn(1, 1000, generator=torch.Generator().manual_seed(1)), NO_HISTORY, SamplingConfig()
+    )
     runs = {tuple(draw(probs.expand(16, -1), make_generator(42)).tolist()) for _ in range(20)}
     assert len(runs) == 1
     assert len(set(next(iter(runs)))) > 1  # the draws do vary within a run

@@ -1,0 +1,160 @@
+"""A batch run: parsed requests to engine items (each with its own settings), the engine's
+records back to output records, written in input order as soon as every earlier one is out."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llmsample.batch.requests import Request, RequestError
+from llmsample.batch.responses import (
+    TokenLevel,
+    error_record,
+    openai_error_record,
+    openai_result_record,
+    result_record,
+)
+from llmsample.engine.batch import BatchItem, RowFailed, decode_batch, default_batch_size
+from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
+from llmsample.errors import UserError
+from llmsample.events import RunStats, Summary, TokenEvent
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling import presets as preset_store
+from llmsample.sampling.config import ConfigError, SamplingConfig
+
+Record = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """What the run's flags say; a request's own keys win over them."""
+
+    preset: str | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)  # flags given on the command line
+    system: str | None = None
+    raw: bool = False
+    truncate: str = "error"
+    top_n: int = 5
+    ignore_eos: bool = False
+    batch_size: int | None = None  # None: as many rows as memory holds (``default_batch_size``)
+    tokens: TokenLevel = "full"
+    fmt: Literal["jsonl", "openai"] = "jsonl"
+
+
+@dataclass
+class BatchOutcome:
+    succeeded: int = 0
+    failed: int = 0
+    tokens: int = 0
+    batch_size: int = 0
+
+
+class OrderedWriter:
+    """Records go out in input order: each is written once every earlier position is out."""
+
+    def __init__(self, write: Callable[[Record], None], positions: Iterable[int]) -> None:
+        self.write = write
+        self.waiting = sorted(positions)  # positions still to come, in order
+        self.ready: dict[int, Record] = {}
+
+    def put(self, position: int, record: Record) -> None:
+        self.ready[position] = record
+        while self.waiting and self.waiting[0] in self.ready:
+            self.write(self.ready.pop(self.waiting.pop(0)))
+
+    def flush_finished(self) -> None:
+        """On an interrupt: what finished is written even after a gap (a resumed run fills it)."""
+        for position in sorted(self.ready):
+            self.write(self.ready.pop(position))
+
+
+def request_config(request: Request, settings: BatchSettings) -> tuple[str, SamplingConfig]:
+    """The request's preset (or the run's), the run's flags on top, the request's own keys on top
+    of those; a request without a seed gets a fresh one, reported in its record."""
+    name, cfg = preset_store.load(request.preset or settings.preset)
+    try:
+        cfg = cfg.with_overrides(**settings.overrides).with_overrides(**request.overrides)
+    except ConfigError as exc:
+        raise UserError(f"{exc.key}: {exc.reason}") from exc
+    if cfg.seed is None:
+        cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
+    return name, cfg
+
+
+def prompt_ids(lm: LoadedModel, request: Request, settings: BatchSettings, room: int) -> list[int]:
+    raw = request.raw or (settings.raw and request.messages is None)
+    if request.messages is not None or (request.system and not raw and has_chat_template(lm)):
+        ids = encode_messages(lm, request.chat_messages(), settings.truncate, room)
+    else:
+        ids = encode_prompt(lm, request.prompt or "", request.system or settings.system, raw, settings.truncate, room)
+    return ids[0].tolist()
+
+
+def run_batch(
+    lm: LoadedModel,
+    parsed: list[Request | RequestError],
+    done: frozenset[str],
+    settings: BatchSettings,
+    write: Callable[[Record], None],
+    on_finished: Callable[[int], None] = lambda tokens: None,
+) -> BatchOutcome:
+    """Decode every request not in ``done``; bad lines and failed requests become error records.
+    Raises what interrupts it after writing every record that finished."""
+    outcome = BatchOutcome()
+    todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
+    writer = OrderedWriter(write, [i for i, _ in todo])
+    items: list[BatchItem] = []
+    requests: dict[int, Request] = {}
+    for position, item in todo:
+        try:
+            if isinstance(item, RequestError):
+                raise UserError(item.message)
+            preset, cfg = request_config(item, settings)
+            ids = prompt_ids(lm, item, settings, cfg.max_tokens)
+        except UserError as exc:
+            outcome.failed += 1
+            writer.put(position, _error(settings, _as_error(item, str(exc))))
+            continue
+        requests[position] = item
+        items.append(BatchItem(position, ids, cfg, RunStats(lm.name, preset, cfg.seed)))
+    top_n = max([settings.top_n, *(r.top_logprobs for r in requests.values())])
+    longest = max((len(item.prompt_ids) + item.cfg.max_tokens for item in items), default=1)
+    outcome.batch_size = settings.batch_size or default_batch_size(lm, longest)
+    events: dict[int, list[TokenEvent]] = {position: [] for position in requests}
+    try:
+        decoded = decode_batch(lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos)
+        for position, record in decoded:
+            if isinstance(record, TokenEvent):
+                events[position].append(record)
+                continue
+            request, tokens = requests[position], events.pop(position)
+            if isinstance(record, RowFailed):
+                outcome.failed += 1
+                writer.put(position, _error(settings, _as_error(request, record.message, "decoding_failed")))
+            else:
+                outcome.succeeded += 1
+                outcome.tokens += record.tokens
+                writer.put(position, _result(settings, request, record, tokens))
+            on_finished(len(tokens))
+    finally:
+        writer.flush_finished()
+    return outcome
+
+
+def _as_error(item: Request | RequestError, message: str, code: str = "invalid_request") -> RequestError:
+    if isinstance(item, RequestError):
+        return item
+    return RequestError(item.line, item.custom_id, message, code)
+
+
+def _error(settings: BatchSettings, error: RequestError) -> Record:
+    return openai_error_record(error) if settings.fmt == "openai" else error_record(error)
+
+
+def _result(settings: BatchSettings, request: Request, summary: Summary, events: list[TokenEvent]) -> Record:
+    if settings.fmt == "openai":
+        return openai_result_record(request, summary, events)
+    return result_record(request, summary, events, settings.tokens)

@@ -1,0 +1,109 @@
+"""The batch benchmark: many chat prompts of mixed lengths through ``decode_batch`` (every token's
+record built) against transformers' padded batch ``generate``, at several batch sizes, in one
+process on one model. Aggregate tokens/s, EOS ignored, greedy, medians of interleaved runs."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from llmsample.engine import padded
+from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.prompt import encode_prompt
+from llmsample.events import RunStats, Summary
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+
+TOPICS = ["the sea", "a lighthouse", "bread", "the moon", "trains", "rain", "a library", "bees"]
+ASKS = [
+    "Write one sentence about {}.",
+    "Explain to a child, in a short paragraph, why {} matters to people and how it changed over the centuries.",
+    "List three facts about {}.",
+    "Describe {} in the style of a weather report, with numbers, a forecast and advice for the weekend ahead.",
+]
+
+
+def batch_prompts(count: int = 32) -> list[str]:
+    """Chat prompts of mixed lengths (about 10 to 35 words), the same on every run."""
+    return [ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
+
+
+@dataclass(frozen=True)
+class BatchRow:
+    batch_size: int
+    ours_tok_s: float
+    reference_tok_s: float
+    ratio: float
+    model_share: float  # of our run's time, the model's forward passes; the rest is sampling and records
+
+
+def ours(lm: LoadedModel, prompts: list[list[int]], tokens: int, batch_size: int) -> tuple[int, float]:
+    """Generated tokens, and seconds spent in the model's forward passes."""
+    cfg = SamplingConfig(temperature=0.0, max_tokens=tokens, seed=0)
+    items = [BatchItem(i, ids, cfg, RunStats(lm.name, "bench", 0)) for i, ids in enumerate(prompts)]
+    spent = 0.0
+    forward = padded.PaddedBatch._forward
+
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal spent
+        start = time.perf_counter()
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            spent += time.perf_counter() - start
+
+    padded.PaddedBatch._forward = timed  # type: ignore[method-assign]
+    try:
+        count = sum(1 for _, r in decode_batch(lm, items, batch_size, ignore_eos=True) if not isinstance(r, Summary))
+    finally:
+        padded.PaddedBatch._forward = forward  # type: ignore[method-assign]
+    return count, spent
+
+
+def theirs(lm: LoadedModel, prompts: list[list[int]], tokens: int, batch_size: int) -> int:
+    """transformers' ``generate`` on static batches of the same prompts, left-padded."""
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
+    count = 0
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chunk], device=lm.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=lm.device)
+        with torch.inference_mode():
+            out = lm.model.generate(
+                ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                do_sample=False, pad_token_id=pad,
+            )  # fmt: skip
+        count += (out.shape[1] - width) * len(chunk)
+    return count
+
+
+def run_batch_benchmark(
+    lm: LoadedModel, sizes: list[int], runs: int = 3, tokens: int = 64, count: int = 32,
+    log: Callable[[str], None] = lambda step: None,
+) -> list[BatchRow]:  # fmt: skip
+    prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(count)]
+    rows = []
+    for size in sizes:
+        log(f"batch size {size}")
+        mine, reference, shares = [], [], []
+        for _ in range(runs):
+            start = time.perf_counter()
+            generated, model_s = ours(lm, prompts, tokens, size)
+            elapsed = time.perf_counter() - start
+            mine.append(generated / elapsed)
+            shares.append(model_s / elapsed)
+            start = time.perf_counter()
+            reference.append(theirs(lm, prompts, tokens, size) / (time.perf_counter() - start))
+        ours_rate, their_rate = statistics.median(mine), statistics.median(reference)
+        rows.append(BatchRow(size, ours_rate, their_rate, ours_rate / their_rate, statistics.median(shares)))
+    return rows
+
+
+def rows_to_dict(rows: list[BatchRow]) -> list[dict[str, Any]]:
+    return [asdict(row) for row in rows]
