@@ -13,7 +13,8 @@ non-zero when any step failed):
    unimportable (the GPU machine has none: nothing outside the conversion may need it);
 5. per model: ``llmsample bench`` eager and with ``--compile`` against transformers' ``generate``
    in the same process (``bench/*.json``), and batched decoding throughput
-   (``decode_batch`` against transformers' left-padded batch ``generate``, ``batch-*.json``).
+   (``llmsample bench``'s batch section, ``decode_batch`` against transformers' left-padded
+   batch ``generate``, one full batch per size: ``batch-*.json``).
 
 Runs from the source tree without installing anything. Results go to ``--out``, else ``$OUT``,
 else ``bench/results/gpu-check-<timestamp>/``. ``--device cpu`` runs the same steps on tiny
@@ -274,73 +275,37 @@ def build_model(directory: Path, shape: dict[str, Any], device: str) -> Path:
 # --- batch throughput -----------------------------------------------------------------------
 
 
-def batch_throughput(lm: Any, sizes: tuple[int, ...], tokens: int, runs: int) -> list[dict[str, Any]]:
-    """Greedy, EOS ignored, the bench prompts in turn: ``decode_batch`` with every request in the
-    batch at once against transformers' ``generate`` on the same rows left-padded; tokens/s over
-    all rows, prefill included, interleaved runs, medians."""
-    import torch
-
-    from llmsample.bench import PROMPTS, Timings, interleave, stock_attention, timed_tokens_per_s
-    from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
-    from llmsample.engine.prompt import encode_prompt
-    from llmsample.events import RunStats, TokenEvent
-    from llmsample.sampling.config import SamplingConfig
-
-    cfg = SamplingConfig(temperature=0.0, max_tokens=tokens)
-    prompts = [encode_prompt(lm, text)[0].tolist() for text in PROMPTS.values()]
-    pad = lm.tokenizer.pad_token_id if lm.tokenizer.pad_token_id is not None else lm.tokenizer.eos_token_id
-    results = []
-    for size in sizes:
-        rows = [prompts[i % len(prompts)] for i in range(size)]
-
-        def ours(rows: list[list[int]] = rows, size: int = size) -> int:
-            items = [BatchItem(i, ids, cfg, RunStats(lm.name, "bench", None)) for i, ids in enumerate(rows)]
-            count = 0
-            for _, record in decode_batch(lm, items, size, ignore_eos=True):
-                if isinstance(record, RowFailed):
-                    raise RuntimeError(record.message)
-                count += isinstance(record, TokenEvent)
-            return count
-
-        def theirs(rows: list[list[int]] = rows) -> int:
-            width = max(map(len, rows))
-            ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=lm.device)
-            mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=lm.device)
-            with torch.inference_mode(), stock_attention(lm.model):
-                out = lm.model.generate(
-                    ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                    pad_token_id=pad,
-                )  # fmt: skip
-            return (out.shape[1] - width) * len(rows)
-
-        timed_tokens_per_s(ours), timed_tokens_per_s(theirs)  # warm-up
-        timings = interleave(Timings(f"batch {size}"), runs, ours, theirs)
-        row = timings.result()
-        results.append({"batch": size, "ours_tok_s": row.ours_tok_s, "reference_tok_s": row.reference_tok_s,
-                        "ratio": row.ratio, "runs": runs, "new_tokens": tokens,
-                        "ours_runs": timings.ours, "reference_runs": timings.theirs})  # fmt: skip
-        del ours, theirs
-    return results
-
-
 def measure_batches(step: Step, out: Path, name: str, model_dir: Path, device: str, profile: Profile) -> None:
+    """``llmsample bench``'s batch section (``llmsample.bench_batch``: ``decode_batch`` against
+    transformers' left-padded batch ``generate``, greedy, EOS ignored) with one full batch per
+    size: B prompts at batch size B. (``bench --batch-sizes`` decodes a fixed queue of 32 prompts
+    at every size: batch 64 would hold 32 rows, and batch 1 would take 32 sequential runs.)"""
     import torch
 
+    from llmsample.bench import machine_info
+    from llmsample.bench_batch import rows_to_dict, run_batch_benchmark
+    from llmsample.models.device import dtype_name
     from llmsample.models.loading import load_model
 
     lm = load_model(str(model_dir), device, "auto")
     try:
-        rows = batch_throughput(lm, profile.batch_sizes, profile.batch_tokens, profile.runs)
+        rows = [
+            row
+            for size in profile.batch_sizes
+            for row in run_batch_benchmark(lm, [size], runs=profile.runs, tokens=profile.batch_tokens, count=size)
+        ]
+        document = {"kind": "bench-batch", "model": name, "device": str(lm.device), "dtype": dtype_name(lm.dtype),
+                    "machine": machine_info().__dict__, "prompts": "one full batch per size",
+                    "new_tokens": profile.batch_tokens, "runs": profile.runs, "rows": rows_to_dict(rows)}  # fmt: skip
     finally:
         del lm
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    document = {"model": name, "device": device, "rows": rows}
     path = out / f"batch-{name}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
     step.files.append(path.name)
     step.detail = "; ".join(
-        f"b{r['batch']} {r['ours_tok_s']:.0f} vs {r['reference_tok_s']:.0f} tok/s ({r['ratio']:.2f}x)" for r in rows
+        f"b{r.batch_size} {r.ours_tok_s:.0f} vs {r.reference_tok_s:.0f} tok/s ({r.ratio:.2f}x)" for r in rows
     )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ SCRIPT = REPO / "bench" / "gpu_check.py"
 def load_script():
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -30,8 +33,15 @@ def test_make_gpu_check_on_the_cpu(tmp_path: Path) -> None:
         args = ["make", "-s", "gpu-check", "DEVICE=cpu", f"CHECK_PYTHON={sys.executable}"]
     else:
         args = [sys.executable, str(SCRIPT), "--device", "cpu"]
-    done = subprocess.run(args, cwd=REPO, env=cli_env(OUT=str(out)), capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # Its own process group: a timeout ends the script and its children, not only make.
+    with subprocess.Popen(args, cwd=REPO, env=cli_env(OUT=str(out)), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as done:  # fmt: skip
+        try:
+            output, _ = done.communicate(timeout=600)  # ~40 s on an idle 2-core machine
+        except subprocess.TimeoutExpired:
+            os.killpg(done.pid, signal.SIGKILL)
+            raise
+    assert done.returncode == 0, output[-5000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["ok"] and summary["device"] == "cpu"
     steps = {step["name"]: step for step in summary["steps"]}
@@ -50,7 +60,7 @@ def test_make_gpu_check_on_the_cpu(tmp_path: Path) -> None:
     eager = next(b for b in benches if not b["compile"])
     assert eager["defaults"] and eager["defaults"][0]["ours_dtype"] == eager["dtype"]  # a bf16 checkpoint
     batch = json.loads((out / "batch-tiny.json").read_text())
-    assert [row["batch"] for row in batch["rows"]] == [1, 8, 32, 64]
+    assert [row["batch_size"] for row in batch["rows"]] == [1, 8, 32, 64]
     assert all(row["ours_tok_s"] > 0 and row["reference_tok_s"] > 0 for row in batch["rows"])
     assert "gpu-check on cpu: OK" in (out / "summary.txt").read_text()
 
