@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test browser bench clean
+.PHONY: demo test browser bench gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(BIN)/llmsample generate --preset deterministic --prompt "What is the capital of France?"
 
 test: $(STAMP) browser
-	$(BIN)/ruff check llmsample tests
+	$(BIN)/ruff check llmsample tests bench
 	$(BIN)/python -m pytest -q
 
 # The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
@@ -33,6 +33,15 @@ browser:
 
 bench: $(STAMP)
 	$(BIN)/llmsample bench
+
+# The first time a GPU is at hand: CUDA tests, benchmarks and versions into one results folder
+# ($$OUT, else bench/results/gpu-check-*). Runs from the source tree with whatever python has torch
+# there (no venv, nothing installed); DEVICE=cpu rehearses the same steps here on tiny shapes.
+DEVICE ?= cuda
+CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+
+gpu-check:
+	PYTHONPATH=. $(CHECK_PYTHON) bench/gpu_check.py --device $(DEVICE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .test-home build dist

@@ -23,7 +23,16 @@ from typing import Any
 
 import torch
 
-from llmsample.bench_results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
+from llmsample.bench_results import (
+    Bandwidth,
+    BenchResults,
+    Defaults,
+    Inspection,
+    Machine,
+    Speculation,
+    StartUp,
+    Workload,
+)
 from llmsample.engine.loop import generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter, speculative_generate
@@ -31,6 +40,7 @@ from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary
 from llmsample.models import attention
 from llmsample.models.conversion import gguf_path
+from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel, load_model
 from llmsample.render.stream import JsonlRenderer, PlainRenderer
 from llmsample.sampling.config import SamplingConfig
@@ -90,10 +100,18 @@ class Timings:
         )
 
 
+def synchronize() -> None:
+    """Wait for queued GPU work, so a clock measures it (nothing to wait for on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def timed_tokens_per_s(run: Callable[[], int]) -> float:
     """End-to-end tokens per second, prefill included, for both sides alike."""
+    synchronize()
     start = time.perf_counter()
     tokens = run()
+    synchronize()
     return tokens / (time.perf_counter() - start)
 
 
@@ -164,14 +182,17 @@ def interleave(timings: Timings, runs: int, mine: Callable[[], int], reference: 
     return timings
 
 
-def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5) -> float:
-    """Copy bandwidth (read + write) of a large tensor, the bound a decode step runs into."""
-    src = torch.ones(mb * 2**20 // 4)
+def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Copy bandwidth (read + write) of a large tensor on the model's device, the bound a decode
+    step runs into."""
+    src = torch.ones(mb * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
     times = []
     for _ in range(repeats):
+        synchronize()
         start = time.perf_counter()
         dst.copy_(src)
+        synchronize()
         times.append(time.perf_counter() - start)
     return 2 * src.numel() * 4 / min(times) / 1e9
 
@@ -190,15 +211,15 @@ def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context
     """Seconds per step for sampling + inspection figures on a real vocabulary, model excluded;
     ``context`` tokens of history (a story's worth makes DRY and the bans do real work)."""
     vocab = lm.model.config.vocab_size
-    logits = torch.randn(1, vocab) * 5
+    logits = torch.randn(1, vocab, device=lm.device) * 5
     ids = encode_prompt(lm, PROMPTS["story"] * (1 + context // 16), raw=True)[:, -context:]
     history = TokenHistory.for_config(ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
-    generator = make_generator(0)
+    generator = make_generator(0, lm.device)
     sampler_chain(logits, history, cfg)  # tables built once per run: not a step's cost
     start = time.perf_counter()
     for _ in range(steps):
         chain = sampler_chain(logits, history, cfg)
-        step_figures(chain, draw(chain.probs, generator), 5)
+        step_figures(chain, draw(chain.probs, generator), 5)  # ends in one host transfer
     return (time.perf_counter() - start) / steps
 
 
@@ -356,7 +377,7 @@ def bench_inspection(lm: LoadedModel, cfg: SamplingConfig, runs: int) -> Inspect
 
 
 def bench_bandwidth(lm: LoadedModel, rows: list[Workload]) -> Bandwidth:
-    bandwidth = memory_bandwidth_gb_s()
+    bandwidth = memory_bandwidth_gb_s(device=lm.device)
     bytes_per_token = weight_bytes(lm)
     bound = bandwidth * 1e9 / bytes_per_token
     best = max(row.ours_tok_s for row in rows if row.workload.endswith("greedy"))
@@ -367,6 +388,46 @@ def bench_bandwidth(lm: LoadedModel, rows: list[Workload]) -> Bandwidth:
         best_greedy_tok_s=best,
         fraction_of_bound=best / bound,
     )
+
+
+def reference_model(model: str | None, device: torch.device, dtype: torch.dtype | None) -> Any:
+    """The model as a transformers user loads it: ``from_pretrained`` at ``dtype``, or at its own
+    default when None (float32 before transformers 5; the config's dtype, ``"auto"``, since)."""
+    from transformers import AutoModelForCausalLM
+
+    from llmsample.models.conversion import default_model_path
+    from llmsample.models.loading import read_config
+
+    source = default_model_path() if model is None else model
+    config = read_config(source, model or "default")  # without an old conversion's GGUF quantization entry
+    kwargs = {} if dtype is None else {"dtype": dtype}
+    return AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs).to(device).eval()
+
+
+def bench_defaults(lm: LoadedModel, model: str | None, cfg: SamplingConfig, runs: int) -> list[Defaults]:
+    """``llmsample generate`` as it runs by default (``lm``: eager, ``--dtype auto``) against
+    ``generate`` on the model as transformers loads it by default, and against float32 (its
+    default before 5.0) when that differs: one workload, the default preset."""
+    ids = encode_prompt(lm, PROMPTS["chat"])
+    rows = []
+    for label, dtype in (("transformers default", None), ("transformers float32", torch.float32)):
+        if dtype is not None and any(row.reference_dtype == dtype_name(dtype) for row in rows):
+            continue  # transformers' default was float32 already
+        theirs_lm = dataclasses.replace(lm, model=reference_model(model, lm.device, dtype), compiled=None)
+        theirs_lm.dtype = theirs_lm.model.dtype
+        timings = Timings(
+            f"chat / balanced: llmsample auto ({dtype_name(lm.dtype)}) vs {label} ({dtype_name(theirs_lm.dtype)})"
+        )
+        theirs(theirs_lm, ids, cfg)  # warm-up
+        interleave(
+            timings,
+            runs,
+            lambda timings=timings: ours(lm, ids, cfg, ttft=timings.ttft),
+            lambda theirs_lm=theirs_lm: theirs(theirs_lm, ids, cfg),
+        )
+        figures = dataclasses.asdict(timings.result())
+        rows.append(Defaults(**figures, ours_dtype=dtype_name(lm.dtype), reference_dtype=dtype_name(theirs_lm.dtype)))
+    return rows
 
 
 def run_benchmark(
@@ -391,6 +452,10 @@ def run_benchmark(
     log("inspection cost")
     inspection = bench_inspection(lm, settings["balanced"], runs)
     bandwidth = bench_bandwidth(lm, rows)
+    defaults: list[Defaults] = []
+    if dtype == "auto" and not compile:  # lm is exactly what `llmsample generate` runs by default
+        log("defaults against defaults")
+        defaults = bench_defaults(lm, model, settings["balanced"], runs)
     if cold:
         log("cold load (GGUF conversion)")
     cold_load = cold_load_s() if cold else None
@@ -398,7 +463,7 @@ def run_benchmark(
         machine=machine,
         model=lm.name,
         device=str(lm.device),
-        dtype=str(lm.dtype).removeprefix("torch."),
+        dtype=dtype_name(lm.dtype),
         new_tokens=tokens,
         runs=runs,
         compile=compile,
@@ -411,6 +476,7 @@ def run_benchmark(
         cold=cold,
         cold_load_s=cold_load,
         peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        defaults=tuple(defaults),
     )
 
 

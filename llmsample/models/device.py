@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError
 
@@ -36,14 +36,56 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA (float16 without bf16 support); float32 elsewhere. On a CPU
-    without native bf16 (AVX2), bf16 decodes ~20% faster per token but prefills ~7x slower and
-    verifies speculative drafts slower (measured, see README), so float32 wins overall."""
+HALF = ("bfloat16", "float16")
+
+
+def checkpoint_dtype(config: Any, default_model: bool = False) -> str | None:
+    """The dtype a checkpoint was saved in, as its config.json records it (``dtype``, or
+    ``torch_dtype`` before transformers 4.56): a name like ``"bfloat16"``, or None. The default
+    model is upstream's (bf16) whatever a conversion from before it was recorded says (float32,
+    the dtype its dequantized weights are stored in)."""
+    if default_model:
+        from llmsample.models.conversion import DEFAULT_DTYPE
+
+        return DEFAULT_DTYPE
+    for key in ("dtype", "torch_dtype"):
+        value = getattr(config, key, None)
+        if value is not None:
+            return str(value).removeprefix("torch.")
+    return None
+
+
+def native_bf16_cpu() -> bool:
+    """x86 with AVX512-BF16 or AMX: bf16 GEMM in hardware (elsewhere oneDNN emulates it)."""
+    import torch
+
+    native = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in native)
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint: str | None = None) -> torch.dtype:
+    """``auto``: the checkpoint's own dtype (``checkpoint``, from its config) where the device
+    computes it natively and fast, float32 elsewhere, as transformers' ``dtype="auto"`` would
+    without the slow cases:
+
+    - CUDA: a bf16 checkpoint runs in bf16 (fp16 on GPUs without bf16), an fp16 one in fp16;
+    - CPU: a bf16 checkpoint runs in bf16 only with bf16 arithmetic in hardware (AVX512-BF16,
+      AMX). Emulated bf16 (AVX2) decodes ~20% faster but prefills ~7x slower and verifies
+      speculative drafts slower (README), so float32 wins there; fp16 is float32 on every CPU;
+    - MPS, and a float32 checkpoint or one that does not say: float32."""
     import torch
 
     if name != "auto":
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return getattr(torch, name)
+    if checkpoint in HALF and device.type == "cuda":
+        if checkpoint == "bfloat16" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return getattr(torch, checkpoint)
+    if checkpoint == "bfloat16" and device.type == "cpu" and native_bf16_cpu():
+        return torch.bfloat16
     return torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: how summaries and results name a dtype."""
+    return str(dtype).removeprefix("torch.")

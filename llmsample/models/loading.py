@@ -19,7 +19,7 @@ from llmsample.models.conversion import (
     models_dir,
     remove_abandoned_staging,
 )
-from llmsample.models.device import resolve_device, resolve_dtype
+from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
 from llmsample.models.placement import Placement
 
 if TYPE_CHECKING:
@@ -235,7 +235,6 @@ def load_model(
         device = placement_device(placement)
     else:
         device = resolve_device(device_name)
-    dtype = resolve_dtype(dtype_name, device)
     name = spec or DEFAULT_MODEL
     removed = remove_abandoned_staging()
     if removed and progress is not None:
@@ -248,6 +247,7 @@ def load_model(
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
     config = read_config(source, name)
+    dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
     if local:
         check_tokenizer_files(Path(source))
     stored = stored_quantization(config)

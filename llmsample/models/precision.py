@@ -19,10 +19,9 @@ the 49152-row LM head (its upcast writes 113 MB); prefill asks the LM head for o
 
 def emulated_bf16(device: torch.device, dtype: torch.dtype) -> bool:
     """True where bf16 GEMM has no hardware support: the case this module is for."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
-        return False
-    native = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    return not any(getattr(torch.cpu, name, lambda: False)() for name in native)
+    from llmsample.models.device import native_bf16_cpu
+
+    return device.type == "cpu" and dtype == torch.bfloat16 and not native_bf16_cpu()
 
 
 class WideFloat32Linear(nn.Linear):

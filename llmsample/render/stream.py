@@ -100,4 +100,6 @@ def summary_line(summary: Summary) -> str:
         parts.append(
             f"plain loop {summary.extra['plain_tokens_per_s']:.1f} tok/s: {summary.extra['speedup']:.2f}x speedup"
         )
+    if "device" in summary.extra:
+        parts.append(f"{summary.extra['device']} {summary.extra['dtype']}")
     return " · ".join(parts)

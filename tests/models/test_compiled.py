@@ -49,3 +49,29 @@ def test_a_released_step_is_reused_empty_and_free(compiled_lm) -> None:
 def test_eager_models_lease_nothing(tiny_lm) -> None:
     with ModelRunner.for_run(tiny_lm, 1, 40) as runner:
         assert runner.compiled is None and runner.compile_s == 0.0
+
+
+def test_cuda_graphs_only_on_cuda(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA the step is compiled with ``mode="reduce-overhead"`` (CUDA graphs) and its logits
+    copied out of the graph's buffer; the CPU compiles as it did."""
+    from llmsample.models import compiled as compiled_module
+
+    modes = []
+
+    def fake_compile(fn, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    lm = load_model(str(tiny_model_dir), "cpu", "float32", compile=True)
+    with ModelRunner.for_run(lm, 1, 40):
+        pass
+    assert modes == [None] and not compiled_module.uses_cuda_graphs(torch.device("cpu"))
+    assert compiled_module.uses_cuda_graphs(torch.device("cuda", 1))
+
+    marks, buffer = [], torch.zeros(1, 4)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    step = compiled_module.replayed(lambda tokens: buffer)
+    out = step(torch.zeros(1, 1, dtype=torch.long))
+    buffer.fill_(7)  # the next replay overwrites the graph's output
+    assert marks == [1] and out.sum() == 0
