@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from llmsample.analysis.drift_records import DriftSummary, DriftToken
+from llmsample.render.html import PAGE_STYLE
 from llmsample.render.inspect import visible
 
 
@@ -123,22 +124,13 @@ def summary_lines(summary: DriftSummary) -> list[str]:
     ]
 
 
-STYLE = """
-body { font: 16px/1.6 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem;
-       color: #1b1b1b; background: #fdfdfd; }
-@media (prefers-color-scheme: dark) { body { color: #e8e8e8; background: #161616; }
-  .tip { background: #262626 !important; color: #e8e8e8; } }
-.text { white-space: pre-wrap; font-family: ui-monospace, monospace; }
-.tok { position: relative; border-radius: 3px; cursor: help; }
-.tok:hover, .tok:focus { outline: 1px solid currentColor; }
+STYLE = (
+    PAGE_STYLE
+    + """
 .tok.differs { text-decoration: underline; }
-.tip { display: none; position: absolute; left: 0; top: 1.6em; z-index: 1; min-width: 18rem;
-       background: #fff; color: #1b1b1b; border: 1px solid #888; padding: .4rem; font: 13px/1.4 system-ui;
-       white-space: normal; box-shadow: 0 2px 8px #0004; }
-.tok:hover .tip, .tok:focus .tip { display: block; }
 table.divergent { border-collapse: collapse; font-size: 14px; } .divergent td, .divergent th { padding: 0 .8rem 0 0; }
-.legend span { padding: 0 .4rem; } .meta { color: #777; font-size: 13px; }
 """
+)
 
 
 def _token_span(token: DriftToken) -> str:

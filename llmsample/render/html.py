@@ -13,7 +13,7 @@ from llmsample.events import Summary, TokenEvent
 from llmsample.render.bands import BANDS, band_for
 from llmsample.render.inspect import STAGE_LABELS
 
-STYLE = """
+PAGE_STYLE = """
 body { font: 16px/1.6 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem;
        color: #1b1b1b; background: #fdfdfd; }
 @media (prefers-color-scheme: dark) { body { color: #e8e8e8; background: #161616; }
@@ -21,18 +21,25 @@ body { font: 16px/1.6 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem
 .text { white-space: pre-wrap; font-family: ui-monospace, monospace; }
 .tok { position: relative; border-radius: 3px; cursor: help; }
 .tok:hover, .tok:focus { outline: 1px solid currentColor; }
-.tok.draft { text-decoration: underline; }
 .tip { display: none; position: absolute; left: 0; top: 1.6em; z-index: 1; min-width: 16rem;
        background: #fff; color: #1b1b1b; border: 1px solid #888; padding: .4rem; font: 13px/1.4 system-ui;
        white-space: normal; box-shadow: 0 2px 8px #0004; }
 .tok:hover .tip, .tok:focus .tip { display: block; }
-.tip table { border-collapse: collapse; } .tip td { padding: 0 .5rem 0 0; }
 .legend span { padding: 0 .4rem; } .meta { color: #777; font-size: 13px; }
+"""
+"""What every page of ours shares: text with a tooltip per token, light and dark."""
+
+STYLE = (
+    PAGE_STYLE
+    + """
+.tok.draft { text-decoration: underline; }
+.tip table { border-collapse: collapse; } .tip td { padding: 0 .5rem 0 0; }
 .watch { margin-top: 1.5rem; } .watch figure { margin: .5rem 0; }
 .watch svg { width: 100%; max-width: 40rem; height: 6rem; border: 1px solid #8884; }
 .watch polyline { fill: none; stroke: #0072b2; stroke-width: 1.5; vector-effect: non-scaling-stroke; }
 .watch figcaption { font: 13px system-ui; color: #777; }
 """
+)
 
 PLOT_WIDTH, PLOT_HEIGHT = 400, 100
 
