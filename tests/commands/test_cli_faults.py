@@ -343,7 +343,8 @@ stream.summary_line = summary_line
 
 def test_sighup_ends_like_sigterm_with_a_summary(tiny_model_dir: Path) -> None:
     args = [*LLMSAMPLE, *generate_args(tiny_model_dir, "--format", "jsonl"), "-n", "100000"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    # Unbuffered: a buffered readline reads ahead, and communicate() then skips what it buffered.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), bufsize=0)
     lines = [proc.stdout.readline()]
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=60)
