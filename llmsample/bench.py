@@ -46,7 +46,7 @@ from llmsample.render.stream import JsonlRenderer, PlainRenderer
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import step_figures
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
+from llmsample.sampling.pipeline import make_generator, sampler_chain
 from llmsample.sampling.presets import load as load_preset
 
 CODE = """def mean(values):
@@ -219,7 +219,7 @@ def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context
     start = time.perf_counter()
     for _ in range(steps):
         chain = sampler_chain(logits, history, cfg)
-        step_figures(chain, draw(chain.probs, generator), 5)  # ends in one host transfer
+        step_figures(chain, chain.draw(generator), 5)  # ends in one host transfer
     return (time.perf_counter() - start) / steps
 
 

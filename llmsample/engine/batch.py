@@ -23,7 +23,7 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
+from llmsample.sampling.pipeline import make_generator, sampler_chain
 
 
 @dataclass(frozen=True)
@@ -112,11 +112,15 @@ def _sample(
     for i, row in enumerate(rows):
         groups.setdefault(row.item.cfg, []).append(i)
     for cfg, members in groups.items():
-        index = torch.tensor(members, device=logits.device)
+        whole = len(members) == len(rows)  # one setting for all (the common case): no row copies
+        index = None if whole else torch.tensor(members, device=logits.device)
         history = _stack([rows[i].history for i in members])
-        chain = sampler_chain(logits[index], history, cfg)
-        drawn = torch.cat([draw(chain.probs[j : j + 1], rows[i].generator) for j, i in enumerate(members)])
-        tokens[index] = drawn
+        chain = sampler_chain(logits if index is None else logits[index], history, cfg)
+        drawn = chain.draw([rows[i].generator for i in members])
+        if index is None:
+            tokens = drawn
+        else:
+            tokens[index] = drawn
         for i, figures in zip(members, step_figures(chain, drawn, top_n, watched), strict=True):
             row = rows[i]
             ids[i] = figures.token_id

@@ -8,7 +8,6 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from llmsample.engine.emitter import Emitter
@@ -18,7 +17,7 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import draw, make_generator, sampler_chain
+from llmsample.sampling.pipeline import make_generator, sampler_chain
 
 
 def generate(
@@ -82,7 +81,7 @@ def generate_rows(
         active = list(range(batch))
         while active:
             chain = sampler_chain(logits, history, cfg)
-            tokens = runner.agree(torch.cat([draw(chain.probs[i : i + 1], generators[i]) for i in range(batch)]))
+            tokens = runner.agree(chain.draw(generators))
             figures = step_figures(chain, tokens, top_n, watched)
             scored = scorer.score(chain.raw, tokens) if scorer is not None else None
             for row in list(active):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -67,8 +68,8 @@ def keep_finite(logits: Tensor, before: Tensor) -> Tensor:
 
 def keep_argmax(logits: Tensor) -> Tensor:
     """Greedy: only the first maximal token survives (``torch.argmax`` picks the first)."""
-    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, logits.argmax(-1, keepdim=True), True)
-    return remove(logits, ~keep)
+    index = logits.argmax(-1, keepdim=True)
+    return torch.full_like(logits, -math.inf).scatter(-1, index, logits.gather(-1, index))
 
 
 def keep_top_k(logits: Tensor, k: int) -> Tensor:
@@ -338,6 +339,13 @@ class Chain:
     def names(self) -> tuple[str, ...]:
         return tuple(stage.name for stage in self.stages)
 
+    def draw(self, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+        """The sampled token per row (see :func:`draw`). A greedy chain's distribution is its one
+        surviving token, so that is read off without a cumulative sum or a random number."""
+        if self.stages[-1].name == "greedy":
+            return self.final.argmax(-1)
+        return draw(self.probs, generator)
+
     def rows(self, index: slice | int) -> Chain:
         """Some rows of every stage (an int keeps a batch of one)."""
         index = slice(index, index + 1) if isinstance(index, int) else index
@@ -387,15 +395,24 @@ def sampling_probs(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -
     return sampler_chain(logits, history, cfg).probs
 
 
-def draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+def draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
     """One token per row by inverse CDF: one uniform per row (``torch.multinomial`` costs ~1.7 ms
     on a 49k vocabulary here, this ~0.1 ms). A zero-probability token is never drawn: its CDF step
-    is flat, and the float64 edge where u x total rounds up to the total falls back to the argmax."""
+    is flat, and the float64 edge where u x total rounds up to the total falls back to the argmax.
+
+    ``generator``: one for the whole batch, or one per row; row i then draws exactly what it
+    draws alone from ``generator[i]``, with one cumulative sum for the batch."""
+    device = probs.device
+    if isinstance(generator, Sequence):
+        u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=device) for g in generator])
+    else:
+        u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=device)
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
     index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
-    index = torch.where(probs.gather(-1, index) > 0, index, probs.argmax(-1, keepdim=True))
-    return index.squeeze(-1)
+    drawn = probs.gather(-1, index) > 0
+    if host_syncs_are_free(drawn) and bool(drawn.all()):  # the edge is rare: skip the argmax pass
+        return index.squeeze(-1)
+    return torch.where(drawn, index, probs.argmax(-1, keepdim=True)).squeeze(-1)
 
 
 def entropy_bits(probs: Tensor) -> Tensor:
