@@ -118,7 +118,7 @@ def score_continuation(
             ScoredToken(
                 index=i,
                 token_id=token,
-                text=lm.tokenizer.decode([token], skip_special_tokens=False),
+                text=lm.token_text(token),
                 model_prob=float(model_probs[i, token]),
                 prob=float(preset_probs[i, token]),
                 model_rank=int((raw[i] > raw[i, token]).sum()) + 1,

@@ -4,8 +4,7 @@ loop (plain, speculative, batch)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from torch import Tensor
 
@@ -77,7 +76,7 @@ class Emitter:
             elif index == self.max_tokens - 1:
                 text, self.reason = text + self.stream.flush(), "length"
         event = make_event(
-            figures, index, text, self.lm.tokenizer, source=source, eos=is_eos, watch_names=self.watch_names
+            figures, index, text, self.lm.token_text, source=source, eos=is_eos, watch_names=self.watch_names
         )
         self.stats.record(event)
         return event
@@ -87,13 +86,13 @@ def make_event(
     figures: StepFigures,
     index: int,
     text: str,
-    tokenizer: Any,
+    token_text: Callable[[int], str],
     source: str = "target",
     eos: bool = False,
     watch_names: Sequence[str] = (),
 ) -> TokenEvent:
     top = tuple(
-        Candidate(t, tokenizer.decode([t], skip_special_tokens=False), p, m)
+        Candidate(t, token_text(t), p, m)
         for t, p, m in zip(figures.top_ids, figures.top_probs, figures.top_model_probs, strict=True)
     )
     return TokenEvent(

@@ -5,7 +5,7 @@ files, weights that do not match their config."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,12 +51,21 @@ class LoadedModel:
     sample_device: torch.device | None = None  # where logits are sampled; None: ``device``
     placed_on: tuple[str, ...] = ()  # --device-map: the devices its layers sit on ("cpu", "disk", ...)
     quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
+    token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
 
     def __post_init__(self) -> None:
         # ``device`` is where token ids go (the embedding's device). Placed models return their
         # outputs there too, so every draw happens on this one device whatever the layout.
         if self.sample_device is None:
             self.sample_device = self.device
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens spelled out; decoded once per run, since every
+        event lists several alternatives and they recur (a batch step decodes dozens)."""
+        text = self.token_texts.get(token)
+        if text is None:
+            text = self.token_texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
+        return text
 
     @property
     def compile(self) -> bool:

@@ -42,9 +42,10 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | N
     top_ids = ranked.topk(min(top_n, ranked.shape[-1]), dim=-1).indices if top_n > 0 else index[:, :0]
     kept: list[Tensor] = []
     for position, stage in enumerate(chain.stages):
-        # A stage that changed nothing returns its input: count it once. Logits are finite
+        # Only a filter removes tokens: the other stages keep -inf where it was and clamp what they
+        # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
         # until a filter sets -inf, so that is all there is to count.
-        same = position > 0 and stage.logits is chain.stages[position - 1].logits
+        same = position > 0 and stage.name not in FILTER_STAGES
         kept.append(kept[-1] if same else (stage.logits != -math.inf).sum(-1))
     columns = [
         index.float(),
