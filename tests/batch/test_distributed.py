@@ -54,7 +54,10 @@ def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> No
 
 def test_a_killed_run_is_completed_by_a_rerun(tiny_model_dir: Path, tmp_path: Path) -> None:
     source = tmp_path / "in.txt"
-    source.write_text("".join(f"w{3 + i % 25} w{4 + i % 20}\n" for i in range(120)))
+    # Enough work that the kill lands mid-run: the decoding after the first records takes seconds,
+    # while the wait polls every 20 ms (with a few requests the run could finish between polls).
+    requests = 600
+    source.write_text("".join(f"w{3 + i % 25} w{4 + i % 20}\n" for i in range(requests)))
     reference, out = tmp_path / "reference.jsonl", tmp_path / "out.jsonl"
     args = ("-n", "6", "--seed", "5", "--batch-size", "2")
     process = subprocess.Popen(
@@ -63,13 +66,13 @@ def test_a_killed_run_is_completed_by_a_rerun(tiny_model_dir: Path, tmp_path: Pa
     )  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and sum(p.stat().st_size for p in tmp_path.glob("out.jsonl.part-*")) < 2000:
-        time.sleep(0.2)
+        time.sleep(0.02)
     os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
     process.wait(timeout=60)
     parts = list(tmp_path.glob("out.jsonl.part-*"))
     assert parts and not out.exists()
     kept = sum(len(p.read_text().splitlines()) for p in parts)
-    assert 0 < kept < 120
+    assert 0 < kept < requests
     # The rerun uses one process: whatever the number of ranks, the parts are taken over.
     rerun = subprocess.run(batch_command(tiny_model_dir, source, out, 1, *args), env=cli_env(), timeout=600)
     assert rerun.returncode == 0
