@@ -140,39 +140,34 @@ model_options = _stack(
 )
 
 
-def _check_device_map(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    from llmsample.models.placement import read_device_map
+def _placement_value(parser: str) -> Callable[[click.Context, click.Parameter, str | None], Any]:
+    """A click callback that reads the option with ``llmsample.models.placement.<parser>`` (imported
+    only when the option is given): absent stays None, a ValueError is a usage error."""
 
-    if value is None:
-        return None
-    try:
-        return read_device_map(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        if value is None:
+            return None
+        from llmsample.models import placement
 
+        try:
+            return getattr(placement, parser)(value)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
 
-def _check_max_memory(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
-    from llmsample.models.placement import parse_max_memory
-
-    if value is None:
-        return None
-    try:
-        return parse_max_memory(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from exc
+    return check
 
 
 placement_options = _stack(
     click.option(
         "--device-map",
         metavar="auto|balanced|sequential|FILE",
-        callback=_check_device_map,
+        callback=_placement_value("read_device_map"),
         help="Spread the layers over the GPUs, the CPU and disk (accelerate); FILE: a JSON {module: device} map.",
     ),
     click.option(
         "--max-memory",
         metavar="DEV=SIZE,...",
-        callback=_check_max_memory,
+        callback=_placement_value("parse_max_memory"),
         help="Memory per device for --device-map, e.g. 0=20GiB,1=20GiB,cpu=60GiB (implies --device-map auto).",
     ),
     click.option(
