@@ -39,7 +39,7 @@ class Emitter:
         lm: LoadedModel,
         cfg: SamplingConfig,
         stats: RunStats,
-        prompt_ids: Tensor,
+        prompt_ids: Sequence[int],
         ignore_eos: bool,
         watch_names: Sequence[str] = (),
     ):
@@ -49,9 +49,9 @@ class Emitter:
         self.max_tokens = cfg.max_tokens
         self.stats = stats
         self.eos = set() if ignore_eos else lm.eos_ids
-        self.stream = TextStream(lm.tokenizer, cfg.stop, prompt_ids[0].tolist())
+        self.stream = TextStream(lm.tokenizer, cfg.stop, list(prompt_ids))
         self.reason: str | None = None
-        stats.prompt_tokens = prompt_ids.shape[1]
+        stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
         stats.extra["device"] = str(lm.device)
         stats.extra["dtype"] = dtype_name(lm.dtype)

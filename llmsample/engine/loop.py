@@ -1,23 +1,20 @@
-"""Our own autoregressive loop: prefill once, one cached forward pass per token, one event
-per token, then a summary."""
+"""One prompt through the engine: ``generate`` (one row) and several samples of it advancing
+together (``compare-presets``), both on :func:`llmsample.engine.decode.decode`."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import Tensor
 
-from llmsample.engine.emitter import Emitter
-from llmsample.engine.runner import ModelRunner
+from llmsample.engine.decode import DecodeOptions, decode
+from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.errors import RuntimeFailure
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.figures import WatchIndex, step_figures
-from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import make_generator, sampler_chain
 
 
 def generate(
@@ -35,12 +32,17 @@ def generate(
 
     ``stats`` belongs to the caller so that an interrupted run still has its summary; ``watch``:
     ``(name, token id)`` pairs whose numbers every event carries under ``name``; ``reference``:
-    score every token under this model too (``--reference``)."""
-    rows = generate_rows(
-        lm, prompt_ids, cfg, [stats], [cfg.seed], top_n=top_n, ignore_eos=ignore_eos, watch=watch, reference=reference
-    )
-    for _, item in rows:
-        yield item
+    score every token under this model too (``--reference``). Broken numbers raise
+    :class:`RuntimeFailure` naming the position."""
+    options = DecodeOptions(top_n, ignore_eos, watch, reference)
+    yield from _one_row(lm, BatchItem(0, prompt_ids[0].tolist(), cfg, stats), options)
+
+
+def _one_row(lm: LoadedModel, item: BatchItem, options: DecodeOptions) -> Iterator[TokenEvent | Summary]:
+    for _, record in decode(lm, [item], 1, options, one_prompt=True):
+        if isinstance(record, RowFailed):
+            raise RuntimeFailure(record.message)
+        yield record
 
 
 def generate_rows(
@@ -52,53 +54,17 @@ def generate_rows(
     *,
     top_n: int = 5,
     ignore_eos: bool = False,
-    watch: Sequence[tuple[str, int]] = (),
-    reference: LoadedModel | None = None,
-) -> Iterator[tuple[int, TokenEvent | Summary]]:
-    """Several samples of one prompt advancing together, one forward pass per step; row i draws
-    with its own generator seeded ``seeds[i]``, so it equals the same sample run alone.
-    Yields ``(row, event)`` and ``(row, summary)`` when that row ends. Draws happen on
-    ``lm.sample_device`` whatever devices the layers sit on."""
-    from llmsample.engine.reference import ReferenceScorer
-
-    batch = len(stats)
-    length = prompt_ids.shape[1] + cfg.max_tokens
-    with contextlib.ExitStack() as stack:
-        runner = stack.enter_context(ModelRunner.for_run(lm, batch, length))
-        scorer = stack.enter_context(ReferenceScorer(reference, batch, length)) if reference is not None else None
-        for row_stats in stats:
-            if runner.compile_s:
-                row_stats.extra["compile_s"] = runner.compile_s
-        generators = [make_generator(seed, lm.sample_device) for seed in seeds]
-        names = [name for name, _ in watch]
-        emitters = [Emitter(lm, cfg, row_stats, prompt_ids, ignore_eos, names) for row_stats in stats]
-        watched = WatchIndex.of([token for _, token in watch], lm.sample_device)
-        ids = prompt_ids.expand(batch, -1)  # the same prompt in every row: no padding needed
-        logits = runner.prefill(ids)
-        if scorer is not None:
-            scorer.start(ids)
-        history = TokenHistory.for_config(ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
-        active = list(range(batch))
-        while active:
-            chain = sampler_chain(logits, history, cfg)
-            tokens = runner.agree(chain.draw(generators))
-            figures = step_figures(chain, tokens, top_n, watched)
-            scored = scorer.score(chain.raw, tokens) if scorer is not None else None
-            for row in list(active):
-                event = emitters[row].emit(figures[row])
-                if scorer is not None and scored is not None:
-                    event = dataclasses.replace(event, reference=scored[row])
-                    scorer.totals[row].add(scored[row])
-                    stats[row].extra["reference"] = scorer.totals[row].as_dict()
-                yield row, event
-                if emitters[row].reason:
-                    active.remove(row)
-                    yield row, stats[row].summary(emitters[row].reason)
-            if active:  # finished rows keep a place in the batch; their tokens are ignored
-                history = history.advanced(tokens, [f.token_id for f in figures])
-                logits = runner.step(tokens)
-                if scorer is not None:
-                    scorer.advance(tokens)
+) -> Iterator[tuple[int, TokenEvent | Summary | RowFailed]]:
+    """Several samples of one prompt advancing together (prefilled once); row i draws with its
+    own generator seeded ``seeds[i]``, so it equals the same sample run alone. Yields
+    ``(row, event)``, then ``(row, summary)`` or ``(row, RowFailed)`` when that row ends (a row
+    whose numbers break ends alone)."""
+    ids = prompt_ids[0].tolist()
+    items = [
+        BatchItem(row, ids, dataclasses.replace(cfg, seed=seed), row_stats)
+        for row, (row_stats, seed) in enumerate(zip(stats, seeds, strict=True))
+    ]
+    yield from decode(lm, items, len(items), DecodeOptions(top_n, ignore_eos), one_prompt=True)
 
 
 def run_to_end(events: Iterator[Any]) -> tuple[list[TokenEvent], Summary]:

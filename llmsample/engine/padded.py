@@ -21,17 +21,35 @@ class PaddedBatch:
     """The decoding state of a changing set of rows: cache ``[rows, heads, T, dim]`` per layer,
     ``mask`` ``[rows, T]`` (1 for a real token) and ``positions`` ``[rows]`` (the next token's).
     Mask and positions live on the input device; each layer's cache on that layer's device
-    (``--device-map``), so rows are selected there with an index of its own."""
+    (``--device-map``), so rows are selected there with an index of its own.
 
-    def __init__(self, model: Any) -> None:
+    A rolled-back row keeps its rejected entries as masked holes (the mask hides them, and the
+    positions count only real tokens), so one row's rollback never copies the others' cache;
+    columns that are holes in every row are cropped before the next pass."""
+
+    can_join = True
+    ragged = True
+    compile_s = 0.0
+
+    def __init__(self, model: Any, sample_device: torch.device | None = None) -> None:
         from transformers import DynamicCache
 
         self.model = model
         self.cache_arg = cache_arg(model)
         self.cache = DynamicCache(config=model.config)
         self.device = device = input_device(model)
+        self.sample_device = sample_device or device
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
         self.positions = torch.zeros(0, dtype=torch.long, device=device)
+        self._holes_at_end = False
+
+    @staticmethod
+    def supports(model: Any) -> bool:
+        """Whether every layer's cache is full attention (sliding windows cannot be padded)."""
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
 
     @property
     def rows(self) -> int:
@@ -54,26 +72,87 @@ class PaddedBatch:
         return logits
 
     @torch.inference_mode()
+    def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
+        """``copies`` rows of one prompt: prefilled once, the new row's cache replicated."""
+        logits = self.admit([prompt])
+        if copies > 1:
+            last = self.rows - 1
+            self._select(torch.tensor([*range(self.rows), *[last] * (copies - 1)], device=self.device))
+        return logits.expand(copies, -1)
+
+    @torch.inference_mode()
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row in (``[rows]``), next-token logits ``[rows, vocab]`` out."""
+        self._crop_holes()
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
         tokens = tokens.view(-1, 1).to(self.device)
         logits = self._forward(tokens, self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
         self.positions = self.positions + 1
         return logits
 
+    @torch.inference_mode()
+    def verify(self, tokens: list[list[int]]) -> Tensor:
+        """Each row's tokens (ragged, right-padded in one pass); logits ``[rows, longest, vocab]``."""
+        self._crop_holes()
+        width = max(len(t) for t in tokens)
+        ids = torch.tensor([t + [0] * (width - len(t)) for t in tokens], device=self.device)
+        new = torch.tensor([[1] * len(t) + [0] * (width - len(t)) for t in tokens], device=self.device)
+        positions = self.positions.view(-1, 1) + torch.arange(width, device=self.device)
+        self.mask = torch.cat([self.mask, new], dim=1)
+        logits = self._forward(ids, self.mask, positions, self.cache)
+        self.positions = self.positions + new.sum(-1)
+        self._holes_at_end = True  # a shorter row's padding
+        return logits
+
+    def rollback(self, row: int, length: int) -> None:
+        """Row ``row`` keeps its first ``length`` real tokens; later ones become holes."""
+        kept = self.mask[row].cumsum(0) <= length
+        self.mask = self.mask.clone()
+        self.mask[row] = self.mask[row] * kept
+        self.positions = self.positions.clone()
+        self.positions[row] = length
+        self._holes_at_end = True
+
+    def agree(self, tokens: Tensor) -> Tensor:
+        return tokens
+
+    def close(self) -> None:
+        """Nothing leased: the cache goes with the object."""
+
+    def _crop_holes(self) -> None:
+        """Drop trailing columns that no row uses (rolled-back drafts), before they cost attention."""
+        if not self._holes_at_end or self.rows == 0:
+            return
+        self._holes_at_end = False
+        used = self.mask.any(0)
+        end = self.mask.shape[1] - int(used.flip(0).int().argmax())
+        if end < self.mask.shape[1]:
+            self.mask = self.mask[:, :end]
+            for layer in self._filled(self.cache):
+                layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
+
     def keep(self, rows: list[int]) -> None:
         """Only these rows go on (finished rows leave); padding no row needs any more is trimmed."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
-        self.mask, self.positions = self.mask[index], self.positions[index]
+        if not rows:
+            from transformers import DynamicCache
+
+            self.cache = DynamicCache(config=self.model.config)
+            self.mask, self.positions = self.mask[:0, :0], self.positions[:0]
+            return
+        self._select(torch.tensor(rows, dtype=torch.long, device=self.mask.device))
         # Leading columns that are padding in every remaining row cost attention for nothing.
         used = self.mask.any(0)
         first = int(used.int().argmax()) if bool(used.any()) else self.mask.shape[1]
         self.mask = self.mask[:, first:]
-        for layer in self._layers(self.cache):
+        for layer in self._filled(self.cache):
+            layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
+
+    def _select(self, index: Tensor) -> None:
+        """These rows of mask, positions and every layer's cache, in this order (repeats replicate)."""
+        self.mask, self.positions = self.mask[index], self.positions[index]
+        for layer in self._filled(self.cache):
             here = index.to(layer.keys.device)
-            layer.keys = layer.keys[here, :, first:]
-            layer.values = layer.values[here, :, first:]
+            layer.keys, layer.values = layer.keys[here], layer.values[here]
 
     def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any, keep_last: bool = False) -> Tensor:
         try:
@@ -90,7 +169,7 @@ class PaddedBatch:
                 f"out of memory on {ids.device} with {ids.shape[0]} rows of {mask.shape[1]} positions; "
                 "try a smaller --batch-size"
             ) from exc
-        return out.logits.float().to(self.device)  # placed models return them here already
+        return out.logits.float().to(self.sample_device)
 
     def _merge(self, new: Any, new_mask: Tensor, new_positions: Tensor) -> None:
         """Append the rows of ``new``, left-padding whichever side is shorter in time."""
@@ -104,6 +183,11 @@ class PaddedBatch:
             old_layer.values = torch.cat([_left_pad(old_layer.values, width), _left_pad(new_layer.values, width)])
         self.mask = torch.cat([_left_pad(self.mask, width, dim=1), _left_pad(new_mask, width, dim=1)])
         self.positions = torch.cat([self.positions, new_positions])
+
+    @classmethod
+    def _filled(cls, cache: Any) -> list[Any]:
+        """The layers that hold tensors (a model without a cache of its own leaves them empty)."""
+        return [layer for layer in cls._layers(cache) if getattr(layer, "keys", None) is not None]
 
     @staticmethod
     def _layers(cache: Any) -> list[Any]:

@@ -12,15 +12,13 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from llmsample.engine.emitter import Emitter, check_finite
 from llmsample.engine.runner import ModelRunner
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import draw, make_generator, sampler_chain, sampling_probs
+from llmsample.sampling.pipeline import draw, sampling_probs
 
 
 def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -150,58 +148,16 @@ def speculative_generate(
     top_n: int = 5,
     ignore_eos: bool = False,
     watch: Sequence[tuple[str, int]] = (),
+    reference: LoadedModel | None = None,
 ) -> Iterator[TokenEvent | Summary]:
-    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source."""
-    length = DraftLength(k=draft_tokens or 4, adaptive=draft_tokens is None)
-    # a verification pass may write up to max_k + 1 positions before rolling back
-    room = prompt_ids.shape[1] + cfg.max_tokens + length.max_k + 1
-    with ModelRunner.for_run(lm, 1, room) as runner:
-        if runner.compile_s:
-            stats.extra["compile_s"] = runner.compile_s
-        runner.reset()
-        generator = make_generator(cfg.seed, lm.sample_device)
-        emitter = Emitter(lm, cfg, stats, prompt_ids, ignore_eos, [name for name, _ in watch])
-        watched = WatchIndex.of([token for _, token in watch], lm.sample_device)
-        vocab = lm.model.config.vocab_size
-        seq = prompt_ids[0].tolist()
-        if len(seq) > 1:
-            runner.extend(prompt_ids[:, :-1], keep_last=True)
-        history = TokenHistory.for_config(prompt_ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
-        drafted_total = accepted_total = passes = 0
-        while not emitter.reason:
-            k = min(length.k, cfg.max_tokens - stats.tokens - 1)
-            if k > 0:
-                drafted, q = drafter.propose(seq, k, history, cfg, generator)
-            else:
-                drafted, q = prompt_ids.new_zeros(0), torch.zeros(0, vocab, device=lm.sample_device)
-            k = drafted.shape[0]
-            # The cache holds everything but the newest token: feed it with the drafts.
-            logits = runner.extend(torch.cat([prompt_ids.new_tensor(seq[-1:]), drafted.to(prompt_ids.device)])[None])[0]
-            passes += 1
-            check_finite(logits, runner.length)
-            chain = sampler_chain(logits, history.prefixes(drafted), cfg)
-            accepted_t, after = accept_drafts(chain.probs[None], q[None], drafted[None], generator)
-            accepted = int(accepted_t)
-            emitted = torch.cat([drafted[:accepted], after])
-            drafted_total, accepted_total = drafted_total + k, accepted_total + accepted
-            length.update(accepted, k)
-            for i, figures in enumerate(step_figures(chain.rows(slice(0, accepted + 1)), emitted, top_n, watched)):
-                event = emitter.emit(figures, source="draft" if i < accepted else "target")
-                # Kept current at every token, so an interrupted run's summary has them too.
-                stats.extra.update(
-                    drafted=drafted_total,
-                    accepted=accepted_total,
-                    acceptance_rate=accepted_total / drafted_total if drafted_total else 0.0,
-                    target_passes=passes,
-                    tokens_per_pass=stats.tokens / passes,
-                )
-                yield event
-                if emitter.reason:
-                    break
-                history = history.advanced(emitted[i : i + 1], [figures.token_id])
-            seq += emitted.tolist()
-            runner.rollback(len(seq) - 1)
-    yield stats.summary(emitter.reason)
+    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source:
+    one row with a drafter through the one loop."""
+    from llmsample.engine.decode import DecodeOptions
+    from llmsample.engine.loop import _one_row
+    from llmsample.engine.rows import BatchItem
+
+    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, drafter, draft_tokens)
+    yield from _one_row(lm, item, DecodeOptions(top_n, ignore_eos, watch, reference))
 
 
 def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:

@@ -1,0 +1,83 @@
+"""The seam between the decoding loop and a forward-pass implementation: a backend owns the KV
+cache of a changing set of rows and hands back float32 logits on ``sample_device``; the loop
+(:mod:`llmsample.engine.decode`) owns everything else (sampling, records, stops, drafting).
+
+A row is addressed by its index in the backend's current order: :meth:`Backend.admit` appends
+rows, :meth:`Backend.keep` drops and reorders them. Two implementations ship:
+:class:`llmsample.engine.padded.PaddedBatch` (transformers, one left-padded cache with a mask:
+rows join and leave at any step, ragged verification, per-row rollback) and
+:class:`llmsample.engine.lockstep.LockstepBatch` (transformers, rows of one prompt advancing
+together: the compiled static cache and tensor parallelism). A llama.cpp backend maps the same
+calls onto sequence ids: ``admit`` decodes each prompt under a new id, ``verify`` carries the
+ragged tokens with their ids in one ``llama_batch``, ``rollback`` is ``seq_rm``, ``replicate`` is
+``seq_cp``, ``keep`` removes the ids that left."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from llmsample.models.loading import LoadedModel
+
+
+class Backend(Protocol):
+    """What the loop needs of a model with its cache."""
+
+    sample_device: torch.device
+    can_join: bool  # rows may be admitted while others are decoding
+    ragged: bool  # rows may verify different numbers of tokens and roll back on their own
+    compile_s: float  # what building a compiled step cost this run (0: none, or reused)
+
+    def admit(self, prompts: list[list[int]]) -> Tensor:
+        """Prefill ``prompts`` as new last rows; their next-token logits ``[len(prompts), vocab]``."""
+        ...
+
+    def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
+        """``copies`` new rows of one prompt, prefilled once where the backend can replicate a row."""
+        ...
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """One token per row (``[rows]``) in; next-token logits ``[rows, vocab]`` out."""
+        ...
+
+    def verify(self, tokens: list[list[int]]) -> Tensor:
+        """Several tokens per row (at least one each); logits after each, ``[rows, longest, vocab]``
+        (positions past a row's own count are padding)."""
+        ...
+
+    def rollback(self, row: int, length: int) -> None:
+        """Forget row ``row``'s cached positions from ``length`` on (a rejected draft)."""
+        ...
+
+    def keep(self, rows: list[int]) -> None:
+        """Only these rows go on, in this order (the others finished, failed or were cancelled)."""
+        ...
+
+    def agree(self, tokens: Tensor) -> Tensor:
+        """The tokens every process feeds next (tensor parallelism: rank 0's); else ``tokens``."""
+        ...
+
+    def close(self) -> None:
+        """Give back what the run leased (a compiled step); idempotent."""
+        ...
+
+
+def open_backend(lm: LoadedModel, rows: int, positions: int, one_prompt: bool) -> Backend:
+    """The backend a run decodes through. A compiled model (``--compile``) or one split over
+    processes (``--tp``) needs rows that advance in lockstep over one prompt; everything else
+    runs on the padded batch, where rows join, leave and verify drafts on their own."""
+    from llmsample.engine.lockstep import LockstepBatch
+    from llmsample.engine.padded import PaddedBatch
+    from llmsample.errors import UserError
+
+    if lm.compiled is not None or lm.tensor_parallel:
+        if not one_prompt:
+            flag = "--compile" if lm.compiled is not None else "--tp"
+            raise UserError(
+                f"{flag} decodes rows of one prompt in lockstep (a static cache); "
+                f"requests with their own prompts run without {flag}"
+            )
+        return LockstepBatch(lm, rows, positions)
+    return PaddedBatch(lm.model, lm.sample_device)

@@ -1,0 +1,160 @@
+"""The one decoding loop every command runs: a changing set of rows advancing through one
+backend (:mod:`llmsample.engine.backend`). Rows join while there is room (their prompts
+prefilled and merged in) and leave the forward pass as soon as they finish or fail. A step feeds
+each row its newest token and, for a speculative row, its drafts; :func:`sample_step` turns the
+logits into records; the loop then rolls back what was rejected and feeds the next pass.
+
+``generate`` is one row, ``compare-presets`` every sample of a preset as rows of one prompt
+(prefilled once), ``batch`` a queue feeding rows, ``speculate`` and ``batch --draft`` rows with
+drafters: every record, stop rule and failure rule lives in one place."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from llmsample.engine.backend import Backend, open_backend
+from llmsample.engine.rows import BatchItem, Row, start_row
+from llmsample.engine.speculative import DraftLength
+from llmsample.engine.step import Record, StepInput, sample_step
+from llmsample.models.device import dtype_name
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.figures import WatchIndex
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """What every row of a run shares: the alternatives per record, EOS handling, ``--watch``
+    (``(name, token id)`` pairs), and a reference model scoring every token (``--reference``)."""
+
+    top_n: int = 5
+    ignore_eos: bool = False
+    watch: Sequence[tuple[str, int]] = ()
+    reference: LoadedModel | None = None
+
+
+def decode(
+    lm: LoadedModel,
+    items: Iterable[BatchItem],
+    max_rows: int,
+    options: DecodeOptions = DecodeOptions(),
+    *,
+    one_prompt: bool = False,
+) -> Iterator[Record]:
+    """Yields ``(key, event)`` per token, then ``(key, summary)`` or ``(key, RowFailed)`` when a
+    request ends, in the order rows finish. ``one_prompt``: every item has the same prompt (all
+    admitted at once, the prompt prefilled once; the lockstep backend is allowed)."""
+    items = list(items) if one_prompt else items
+    queue = iter(items)
+    first = list(_take(queue, max_rows))
+    if not first:
+        return
+    positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in first) + DraftLength.max_k + 1
+    with contextlib.ExitStack() as stack:
+        backend = stack.enter_context(contextlib.closing(open_backend(lm, max_rows, positions, one_prompt)))
+        shadow = None
+        if options.reference is not None:
+            shadow = stack.enter_context(
+                contextlib.closing(open_backend(options.reference, max_rows, positions, one_prompt))
+            )
+        yield from _run(lm, backend, shadow, first, queue, max_rows, options, one_prompt)
+
+
+def _take(queue: Iterator[BatchItem], n: int) -> Iterator[BatchItem]:
+    for _, item in zip(range(n), queue, strict=False):
+        yield item
+
+
+def _run(
+    lm: LoadedModel,
+    backend: Backend,
+    shadow: Backend | None,
+    joining: list[BatchItem],
+    queue: Iterator[BatchItem],
+    max_rows: int,
+    options: DecodeOptions,
+    one_prompt: bool,
+) -> Iterator[Record]:
+    backends = [backend] if shadow is None else [backend, shadow]
+    watched = WatchIndex.of([token for _, token in options.watch], lm.sample_device)
+    names = [name for name, _ in options.watch]
+    reference_dtype = dtype_name(options.reference.dtype) if options.reference is not None else None
+    rows: list[Row] = []
+    step: StepInput | None = None
+    while True:
+        if joining:
+            admitted = [_admit(b, joining, one_prompt) for b in backends]
+            vocab = admitted[0].shape[-1]
+            for item in joining:
+                if backend.compile_s:
+                    item.stats.extra["compile_s"] = backend.compile_s
+            new = [start_row(lm, item, vocab, options.ignore_eos, names, reference_dtype) for item in joining]
+            step = _joined(step, rows, admitted)
+            rows += new
+        if not rows:
+            return
+        assert step is not None
+        result = yield from sample_step(rows, step, options.top_n, watched, backend.agree)
+        staying = [i for i, done in enumerate(result.finished) if not done]
+        for i in staying:
+            rows[i].advance(result.emitted[i], result.newest[i : i + 1])
+        newest = result.newest
+        if len(staying) < len(rows):
+            for b in backends:
+                b.keep(staying)
+            rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
+        joining = list(_take(queue, max_rows - len(rows))) if backend.can_join else []
+        if not rows:
+            step = None
+            continue
+        step = _forward(backends, rows, newest)
+
+
+def _admit(backend: Backend, joining: list[BatchItem], one_prompt: bool) -> torch.Tensor:
+    if one_prompt:
+        return backend.admit_copies(joining[0].prompt_ids, len(joining))
+    return backend.admit([item.prompt_ids for item in joining])
+
+
+def _joined(step: StepInput | None, rows: list[Row], admitted: list[torch.Tensor]) -> StepInput:
+    """The next step's input with the newly admitted rows' prefill logits after the others'."""
+    if step is None or not rows:
+        reference = admitted[1] if len(admitted) > 1 else None
+        return StepInput(admitted[0], list(range(admitted[0].shape[0])), reference)
+    at = step.logits.shape[0]
+    starts = step.starts + [at + i for i in range(admitted[0].shape[0])]
+    reference = None
+    if step.reference is not None:
+        reference = torch.cat([step.reference, admitted[1].to(step.reference.device)])
+    return StepInput(torch.cat([step.logits, admitted[0]]), starts, reference)
+
+
+def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> StepInput:
+    """Roll back what the last pass rejected, draft, and feed every row its newest token (and
+    drafts): a one-token step when nobody drafts, else one ragged verification pass."""
+    backend = backends[0]
+    for i, row in enumerate(rows):
+        if row.cached > len(row.seq) - 1:
+            for b in backends:
+                b.rollback(i, len(row.seq) - 1)
+            row.cached = len(row.seq) - 1
+    drafts = [row.propose(DraftLength.max_k) for row in rows] if backend.ragged else [[] for _ in rows]
+    if not any(drafts):
+        outputs = [b.step(newest) for b in backends]
+        for row in rows:
+            row.cached += 1
+        return StepInput(outputs[0], list(range(len(rows))), outputs[1] if len(outputs) > 1 else None)
+    fed = [[row.seq[-1], *draft] for row, draft in zip(rows, drafts, strict=True)]
+    outputs = [b.verify(fed) for b in backends]
+    width = outputs[0].shape[1]
+    index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
+    starts, at = [], 0
+    for row, f in zip(rows, fed, strict=True):
+        starts.append(at)
+        at += len(f)
+        row.cached += len(f)
+    flat = [out.reshape(-1, out.shape[-1])[index.to(out.device)] for out in outputs]
+    return StepInput(flat[0], starts, flat[1] if len(flat) > 1 else None)

@@ -1,0 +1,138 @@
+"""A row: one request's decoding state in the loop (:mod:`llmsample.engine.decode`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmsample.engine.emitter import Emitter
+from llmsample.engine.reference import ReferenceTotals
+from llmsample.engine.speculative import Drafter, DraftLength
+from llmsample.events import RunStats
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import make_generator
+
+
+@dataclass(frozen=True)
+class BatchItem:
+    """One request as the engine sees it: ``key`` is the caller's, handed back with each record.
+    ``drafter``: speculate for this row (``draft_tokens`` fixed K, None adaptive)."""
+
+    key: Any
+    prompt_ids: list[int]
+    cfg: SamplingConfig  # with its seed set
+    stats: RunStats
+    drafter: Drafter | None = None
+    draft_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RowFailed:
+    """A request that failed while decoding (e.g. NaN logits): the others go on."""
+
+    key: Any
+    message: str
+
+
+@dataclass
+class Row:
+    """What the loop keeps per request between steps.
+
+    The cache holds ``seq`` but its newest token (``cached`` positions, which a verification
+    pass may have run past); ``logits`` are the logits at the positions fed in the last pass,
+    ``drafted``/``q`` the drafts fed there and their draft distributions."""
+
+    item: BatchItem
+    emitter: Emitter
+    generator: torch.Generator
+    history: TokenHistory
+    seq: list[int]
+    cached: int
+    draft_length: DraftLength | None
+    drafted: Tensor
+    q: Tensor
+    draft_ids: list[int] = field(default_factory=list)
+    reference: ReferenceTotals | None = None
+    counts: dict[str, int] = field(default_factory=lambda: {"drafted": 0, "accepted": 0, "passes": 0})
+
+    @property
+    def key(self) -> Any:
+        return self.item.key
+
+    @property
+    def draft_count(self) -> int:
+        return self.drafted.shape[0]
+
+    def propose(self, max_k: int) -> list[int]:
+        """Drafts for the next pass (none for a plain row), kept for verification; their ids."""
+        if self.item.drafter is None or self.draft_length is None:
+            return []
+        cfg = self.item.cfg
+        k = min(self.draft_length.k, cfg.max_tokens - self.item.stats.tokens - 1, max_k)
+        if k > 0:
+            self.drafted, self.q = self.item.drafter.propose(self.seq, k, self.history, cfg, self.generator)
+        else:
+            self.drafted, self.q = self.drafted[:0], self.q[:0]
+        self.draft_ids = self.drafted.tolist()
+        return self.draft_ids
+
+    def advance(self, emitted: list[int], newest: Tensor) -> None:
+        """The step's tokens join the history and the sequence; ``newest``: the last, on the device."""
+        if len(emitted) == 1:
+            self.history = self.history.advanced(newest, emitted)
+        else:
+            device = newest.device
+            for token in emitted:
+                self.history = self.history.advanced(torch.tensor([token], device=device), [token])
+        self.seq += emitted
+
+    def record_pass(self, accepted: int) -> None:
+        """Speculation counts, current at every token so an interrupted run's summary has them."""
+        assert self.draft_length is not None
+        counts, k = self.counts, self.draft_count
+        counts["drafted"] += k
+        counts["accepted"] += accepted
+        counts["passes"] += 1
+        self.draft_length.update(accepted, k)
+
+    def speculation_figures(self) -> dict[str, float | int]:
+        counts = self.counts
+        return {
+            "drafted": counts["drafted"],
+            "accepted": counts["accepted"],
+            "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else 0.0,
+            "target_passes": counts["passes"],
+            "tokens_per_pass": self.item.stats.tokens / max(counts["passes"], 1),
+        }
+
+
+def start_row(
+    lm: LoadedModel,
+    item: BatchItem,
+    vocab: int,
+    ignore_eos: bool,
+    watch_names: Sequence[str],
+    reference_dtype: str | None,
+) -> Row:
+    """A row whose cache holds its whole prompt: its first token is drawn from the prefill's logits."""
+    prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
+    generator = make_generator(item.cfg.seed, lm.sample_device)
+    speculative = item.drafter is not None
+    return Row(
+        item=item,
+        emitter=Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names),
+        generator=generator,
+        history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
+        seq=list(item.prompt_ids),
+        cached=len(item.prompt_ids),
+        draft_length=DraftLength(k=item.draft_tokens or 4, adaptive=item.draft_tokens is None) if speculative else None,
+        drafted=torch.zeros(0, dtype=torch.long, device=lm.sample_device),
+        q=torch.zeros(0, vocab, device=lm.sample_device),
+        reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
+    )

@@ -1,0 +1,156 @@
+"""One step of the loop for every row at once, plain and speculative alike: the chain over the
+logits of every position fed, the draws (or the rejection step over a row's drafts), the step
+figures in one transfer per group of rows that share sampler settings, then the records.
+
+Rows group by their sampler settings alone (not the seed, the length or the stop strings), so a
+batch of requests with fresh seeds still makes one chain call per setting. Each row draws from
+its own generator, so in float32 it samples what it samples alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from llmsample.engine.reference import reference_figures
+from llmsample.engine.rows import Row, RowFailed
+from llmsample.engine.speculative import accept_drafts
+from llmsample.errors import RuntimeFailure
+from llmsample.events import StepFigures, Summary, TokenEvent
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.figures import WatchIndex, step_figures
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import Chain, sampler_chain
+
+Record = tuple[Any, TokenEvent | Summary | RowFailed]
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """The logits of every position fed in the last pass, ``[positions, vocab]``, and where each
+    row's positions start (a row has ``1 + row.draft_count``); ``reference``: the reference
+    model's logits at the same positions (``--reference``)."""
+
+    logits: Tensor
+    starts: list[int]
+    reference: Tensor | None = None
+
+
+@dataclass
+class StepResult:
+    """Per row: the tokens it emitted (host ids), whether it finished; and the newest token of
+    every row as a tensor, ready to be fed."""
+
+    emitted: list[list[int]]
+    finished: list[bool]
+    newest: Tensor
+
+
+def sampler_key(cfg: SamplingConfig) -> SamplingConfig:
+    """What the chain reads of a config: rows that share it are sampled by one chain call."""
+    return dataclasses.replace(cfg, seed=None, max_tokens=1, description="")
+
+
+def sample_step(
+    rows: list[Row], step: StepInput, top_n: int, watched: WatchIndex | None, agree: Callable[[Tensor], Tensor]
+) -> Iterator[Record]:
+    """Yields the step's records; returns a :class:`StepResult`."""
+    emitted: list[list[int]] = [[] for _ in rows]
+    finished = [False] * len(rows)
+    newest = torch.zeros(len(rows), dtype=torch.long, device=step.logits.device)
+    groups: dict[SamplingConfig, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(sampler_key(row.item.cfg), []).append(i)
+    for members in groups.values():
+        chain, tokens, accepted, starts = _draw_group(rows, members, step, agree)
+        figures = step_figures(chain, tokens, top_n, watched)
+        scored = None
+        if step.reference is not None:
+            scored = reference_figures(chain.raw, step.reference[_positions(rows, members, step)], tokens)
+        for i, start in zip(members, starts, strict=True):
+            count = accepted[i] + 1
+            finished[i] = yield from _emit(rows[i], figures[start : start + count], scored, start, accepted[i])
+            emitted[i] = [f.token_id for f in figures[start : start + count]]
+        last = (
+            tokens
+            if len(starts) == len(tokens)
+            else tokens[[s + accepted[i] for i, s in zip(members, starts, strict=True)]]
+        )
+        if len(members) == len(rows):
+            newest = last
+        else:
+            newest[torch.tensor(members, device=newest.device)] = last
+    return StepResult(emitted, finished, newest)
+
+
+def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor | slice:
+    """Where the group's positions sit in the step's logits (a slice when that is all of them)."""
+    if len(members) == len(rows):
+        return slice(None)
+    index = [p for i in members for p in range(step.starts[i], step.starts[i] + 1 + rows[i].draft_count)]
+    return torch.tensor(index, device=step.logits.device)
+
+
+def _draw_group(
+    rows: list[Row], members: list[int], step: StepInput, agree: Callable[[Tensor], Tensor]
+) -> tuple[Chain, Tensor, dict[int, int], list[int]]:
+    """The group's chain, its token at every position, each row's accepted drafts, and where
+    each row's positions start within the group."""
+    group = [rows[i] for i in members]
+    logits = step.logits[_positions(rows, members, step)]
+    speculative = any(row.draft_count for row in group)
+    history = TokenHistory.stack(
+        [row.history.prefixes(row.drafted, row.draft_ids) if row.draft_count else row.history for row in group]
+    )
+    chain = sampler_chain(logits, history, group[0].item.cfg)
+    if not speculative:
+        tokens = agree(chain.draw([row.generator for row in group]))
+        return chain, tokens, dict.fromkeys(members, 0), list(range(len(members)))
+    parts, counts, starts, at = [], [], [], 0
+    for row in group:
+        k = row.draft_count
+        starts.append(at)
+        probs = chain.probs[at : at + k + 1]
+        if k == 0:
+            count, after = torch.zeros((), dtype=torch.long, device=probs.device), chain.rows(at).draw([row.generator])
+        else:
+            count, after = accept_drafts(probs[None], row.q[None], row.drafted[None], row.generator)
+            count = count[0]
+        # Position j carries the emitted token: the draft while accepted, then the correction.
+        drafts = torch.cat([row.drafted, after])
+        parts.append(torch.where(torch.arange(k + 1, device=drafts.device) < count, drafts, after))
+        counts.append(count)
+        at += k + 1
+    tokens = agree(torch.cat(parts))
+    accepted = dict(zip(members, torch.stack(counts).tolist(), strict=True))
+    return chain, tokens, accepted, starts
+
+
+def _emit(
+    row: Row, figures: list[StepFigures], scored: list[Any] | None, start: int, accepted: int
+) -> Iterator[Record]:
+    """The row's records for this step; returns whether the row finished."""
+    speculative = row.draft_length is not None
+    if speculative:
+        row.record_pass(accepted)
+    for j, figure in enumerate(figures):
+        try:
+            event = row.emitter.emit(figure, source="draft" if j < accepted else "target")
+        except RuntimeFailure as exc:  # this request's numbers broke, not the run
+            yield row.key, RowFailed(row.key, str(exc))
+            return True
+        if scored is not None and row.reference is not None:
+            event = dataclasses.replace(event, reference=scored[start + j])
+            row.reference.add(scored[start + j])
+            row.item.stats.extra["reference"] = row.reference.as_dict()
+        if speculative:
+            row.item.stats.extra.update(row.speculation_figures())
+        yield row.key, event
+        if row.emitter.reason:
+            yield row.key, row.item.stats.summary(row.emitter.reason)
+            return True
+    return False
