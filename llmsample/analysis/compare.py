@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmsample.analysis.metrics import SampleMetrics, cross_sample_diversity, mean_pairwise_overlap, sample_metrics
 from llmsample.engine import loop
+from llmsample.engine.rows import RowFailed
 from llmsample.errors import Interrupted, ignore_further_interrupts
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
@@ -36,6 +37,8 @@ class PresetRun:
     events: tuple[TokenEvent, ...]
     summary: Summary
     metrics: SampleMetrics
+
+    failure: str | None = None  # why the sample ended early when its numbers broke (the others go on)
 
     @property
     def interrupted(self) -> bool:
@@ -126,11 +129,17 @@ def _run_preset(
     stats = [RunStats(lm.name, name, s) for s in seeds]
     events: list[list[TokenEvent]] = [[] for _ in seeds]
     summaries: dict[int, Summary] = {}
+    failures: dict[int, str] = {}
     code = 0
     try:
         for row, item in loop.generate_rows(lm, prompt_ids, cfg, stats, seeds):
             if isinstance(item, Summary):
                 summaries[row] = item
+            elif isinstance(item, RowFailed):  # this sample ends; the others finish
+                failures[row] = item.message
+                summaries[row] = dataclasses.replace(
+                    stats[row].summary("failed"), text="".join(e.text for e in events[row]), tokens=len(events[row])
+                )
             else:
                 events[row].append(item)
     except (KeyboardInterrupt, Interrupted) as exc:
@@ -145,7 +154,7 @@ def _run_preset(
             tokens=len(events[row]),
         )
         metrics = sample_metrics(name, row, events[row], summary, greedy)
-        runs.append(PresetRun(name, row, row_seed, tuple(events[row]), summary, metrics))
+        runs.append(PresetRun(name, row, row_seed, tuple(events[row]), summary, metrics, failures.get(row)))
     return runs, code
 
 

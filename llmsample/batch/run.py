@@ -20,6 +20,7 @@ from llmsample.batch.responses import (
 )
 from llmsample.engine.batch import BatchItem, RowFailed, decode_batch, default_batch_size
 from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
+from llmsample.engine.speculative import Drafter
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
@@ -42,6 +43,7 @@ class BatchSettings:
     top_n: int = 5
     ignore_eos: bool = False
     batch_size: int | None = None  # None: as many rows as memory holds (``default_batch_size``)
+    draft_tokens: int | None = None  # with a drafter: a fixed K (None: adaptive)
     tokens: TokenLevel = "full"
     fmt: Literal["jsonl", "openai"] = "jsonl"
 
@@ -105,9 +107,13 @@ def run_batch(
     settings: BatchSettings,
     write: Callable[[Record], None],
     on_finished: Callable[[int], None] = lambda tokens: None,
+    *,
+    drafter: Callable[[], Drafter] | None = None,
+    reference: LoadedModel | None = None,
 ) -> BatchOutcome:
     """Decode every request not in ``done``; bad lines and failed requests become error records.
-    Raises what interrupts it after writing every record that finished."""
+    ``drafter`` makes each request's drafter (speculation); ``reference`` scores every token
+    (``--reference``). Raises what interrupts it after writing every record that finished."""
     outcome = BatchOutcome()
     todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
     writer = OrderedWriter(write, [i for i, _ in todo])
@@ -124,13 +130,16 @@ def run_batch(
             writer.put(position, _error(settings, _as_error(item, str(exc))))
             continue
         requests[position] = item
-        items.append(BatchItem(position, ids, cfg, RunStats(lm.name, preset, cfg.seed)))
+        stats = RunStats(lm.name, preset, cfg.seed)
+        items.append(BatchItem(position, ids, cfg, stats, drafter, settings.draft_tokens))
     top_n = max([settings.top_n, *(r.top_logprobs for r in requests.values())])
     longest = max((len(item.prompt_ids) + item.cfg.max_tokens for item in items), default=1)
     outcome.batch_size = settings.batch_size or default_batch_size(lm, longest)
     events: dict[int, list[TokenEvent]] = {position: [] for position in requests}
     try:
-        decoded = decode_batch(lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos)
+        decoded = decode_batch(
+            lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos, reference=reference
+        )
         for position, record in decoded:
             if isinstance(record, TokenEvent):
                 events[position].append(record)

@@ -10,10 +10,12 @@ import click
 
 from llmsample.commands.options import (
     check_utf8_option,
+    draft_options,
     end_rank,
     load_model_with_progress,
     model_options,
     quiet_option,
+    reference_option,
     resolve_sampling,
     sampling_options,
     sampling_overrides,
@@ -42,7 +44,8 @@ from llmsample.errors import Interrupted, UserError
 @click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks).")
-@click.option("--draft", metavar="ID|DIR|ngram", hidden=True)
+@draft_options
+@reference_option
 @quiet_option("progress")
 def batch(**options: Any) -> None:
     """Decode many requests in one process, together, with every token's figures.
@@ -55,6 +58,7 @@ def batch(**options: Any) -> None:
     llmsample batch questions.txt -o answers.jsonl
     llmsample batch requests.jsonl --preset code --max-tokens 200 --tokens none
     llmsample batch openai-batch.jsonl --format openai -o results.jsonl
+    llmsample batch rewrites.jsonl --draft ngram    # speculation per request, verified together
     """
     from llmsample.batch.distributed import existing_parts, launched_ranks, merge_parts
     from llmsample.batch.requests import read_requests
@@ -62,10 +66,11 @@ def batch(**options: Any) -> None:
     from llmsample.batch.run import BatchSettings
     from llmsample.sampling import presets as preset_store
 
-    if options["draft"]:
-        raise UserError("--draft is not supported by batch yet; run speculation with `llmsample speculate`")
     if options["compile_model"]:
-        raise UserError("--compile is not supported by batch yet; leave it out (batch decodes eagerly)")
+        raise UserError(
+            "--compile decodes rows of one prompt in lockstep over a static cache, and batch requests have "
+            "their own prompts; leave it out (batch decodes eagerly)"
+        )
     resolve_sampling(options)  # bad flags and an unknown preset fail before anything runs
     overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
     settings = BatchSettings(
@@ -80,6 +85,7 @@ def batch(**options: Any) -> None:
         tokens=options["tokens"],
         fmt=options["fmt"],
         batch_size=options["batch_size"],
+        draft_tokens=options["draft_tokens"],
     )
     parsed = list(read_requests(_input_lines(options["input_path"]), known_presets=preset_store.discover().keys()))
     ranks = launched_ranks()
@@ -154,8 +160,11 @@ def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, option
     from llmsample.batch.responses import dumps
     from llmsample.batch.resume import Appender
     from llmsample.batch.run import run_batch
+    from llmsample.commands.generate import build_drafter, load_reference
     from llmsample.terminal import stderr_console
 
+    drafter = build_drafter(options, lm) if options["draft"] else None
+    reference = load_reference(options, lm) if options["reference"] else None
     todo = sum(1 for r in parsed if getattr(r, "custom_id", None) not in done)
     appender = Appender(options["output"]) if options["output"] else None
 
@@ -182,7 +191,7 @@ def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, option
                 rate = f"{generated / elapsed:.1f} tok/s" if elapsed else ""
                 progress.update(task, advance=1, rate=rate)
 
-            outcome = run_batch(lm, parsed, done, settings, write, finished)
+            outcome = run_batch(lm, parsed, done, settings, write, finished, drafter=drafter, reference=reference)
     except KeyboardInterrupt as exc:
         raise click.exceptions.Exit(130) from exc
     except Interrupted as exc:

@@ -79,6 +79,8 @@ def compare_presets(**options: Any) -> None:
             record = dataclasses.asdict(run.metrics)
             if run.interrupted:
                 record["interrupted"] = True
+            if run.failure:
+                record["error"] = run.failure
             click.echo(strict_json(record))
     elif runs:
         show(runs, options["samples"], options["no_color"])
@@ -86,8 +88,11 @@ def compare_presets(**options: Any) -> None:
         from llmsample.render.html import compare_page, write_page
 
         write_page(options["html"], compare_page([(run.preset, run.sample, list(run.events)) for run in runs]))
-    if comparison.exit_code:
-        raise click.exceptions.Exit(comparison.exit_code)
+    failed = [run for run in runs if run.failure]
+    for run in failed:  # data went out above; each broken sample gets its one line
+        click.echo(f"Error: {run.preset} sample {run.sample} (seed {run.seed}): {run.failure}", err=True)
+    if comparison.exit_code or failed:
+        raise click.exceptions.Exit(comparison.exit_code or 1)
 
 
 @contextlib.contextmanager
@@ -152,6 +157,8 @@ def show(runs: list[PresetRun], samples: int, no_color: bool) -> None:
     for run in runs:
         if run.interrupted:
             texts.setdefault(run.preset, Text("[interrupted]\n", style="bold"))
+        if run.failure:
+            texts.setdefault(run.preset, Text()).append(f"[sample {run.sample} failed]\n", style="bold")
         cell = texts.setdefault(run.preset, Text())
         if samples > 1:
             cell.append(f"[sample {run.sample}, seed {run.seed}]\n", style="dim")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -15,6 +15,7 @@ from llmsample.commands.options import (
     generation_options,
     load_model_with_progress,
     read_prompt,
+    reference_option,
     resolve_sampling,
     resolve_watch,
 )
@@ -33,11 +34,7 @@ if TYPE_CHECKING:
 @click.option(
     "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see README)."
 )
-@click.option(
-    "--reference",
-    is_flag=True,
-    help="Also score every token under the same checkpoint in float32, unquantized: KL and same-top per token.",
-)
+@reference_option
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
 
@@ -56,8 +53,6 @@ def run(options: dict[str, Any]) -> None:
     from llmsample.events import RunStats
 
     preset, cfg = resolve_sampling(options)
-    if options.get("reference") and options.get("draft"):
-        raise UserError("--reference scores plain decoding; drop --draft (speculation samples the same distribution)")
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
         cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
     prompt = read_prompt(options["prompt"], options["raw"])
@@ -71,21 +66,21 @@ def run(options: dict[str, Any]) -> None:
         stats.extra["quantization"] = lm.quantization
     if lm.placed_on:
         stats.extra["device_map"] = list(lm.placed_on)
+    reference = load_reference(options, lm) if options.get("reference") else None
     if options.get("draft"):
         from llmsample.engine.speculative import speculative_generate
 
-        drafter = build_drafter(options, lm)  # a bad draft fails before any output
+        drafter = build_drafter(options, lm)()  # a bad draft fails before any output
         events = speculative_generate(
             lm, prompt_ids, cfg, stats, drafter,
             draft_tokens=options.get("draft_tokens"), top_n=options["top_n"], ignore_eos=options["ignore_eos"],
-            watch=watch,
+            watch=watch, reference=reference,
         )  # fmt: skip
         if options.get("compare"):
             events = with_plain_comparison(events, lm, prompt_ids, cfg, options)
     else:
         from llmsample.engine.loop import generate as generate_events
 
-        reference = load_reference(options, lm) if options.get("reference") else None
         events = generate_events(
             lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch,
             reference=reference,
@@ -138,8 +133,9 @@ def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
     return load_model(options["model"], device, "float32", placement=placement)
 
 
-def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Drafter:
-    """``--draft ngram`` (prompt lookup) or a model sharing the target's tokenizer."""
+def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Drafter]:
+    """``--draft ngram`` (prompt lookup) or a model sharing the target's tokenizer, loaded once:
+    a maker of one drafter per row (a draft model's drafter keeps that row's draft cache)."""
     from llmsample.engine.speculative import ModelDrafter, NgramDrafter, check_same_tokenizer
     from llmsample.models.loading import load_model
 
@@ -147,11 +143,12 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Drafter:
     if options["draft"] == "ngram":
         if options["ngram_min"] > options["ngram_max"]:
             raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
-        return NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+        ngram = NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+        return lambda: ngram  # stateless: one serves every row
     # On the device the target samples on (its input device when it is placed over several).
     draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."))
     check_same_tokenizer(draft, lm)
-    return ModelDrafter(draft, vocab, lm.sample_device)
+    return lambda: ModelDrafter(draft, vocab, lm.sample_device)
 
 
 def with_plain_comparison(

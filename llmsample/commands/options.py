@@ -315,6 +315,12 @@ output_options = _stack(
 )
 
 
+reference_option = click.option(
+    "--reference",
+    is_flag=True,
+    help="Also score every token under the same checkpoint in float32, unquantized: KL and same-top per token.",
+)
+
 draft_options = _stack(
     click.option("--draft", metavar="ID|DIR|ngram", help="Speculative decoding with this draft model, or 'ngram'."),
     click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),

@@ -7,11 +7,12 @@ from typing import Any
 import click
 
 from llmsample.commands.generate import run
-from llmsample.commands.options import generation_options
+from llmsample.commands.options import generation_options, reference_option
 
 
 @click.command()
 @generation_options
+@reference_option
 def speculate(**options: Any) -> None:
     """Speculative decoding: a draft proposes, the target verifies (exact rejection sampling).
 

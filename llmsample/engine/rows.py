@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +22,14 @@ from llmsample.sampling.pipeline import make_generator
 @dataclass(frozen=True)
 class BatchItem:
     """One request as the engine sees it: ``key`` is the caller's, handed back with each record.
-    ``drafter``: speculate for this row (``draft_tokens`` fixed K, None adaptive)."""
+    ``drafter``: makes this row's drafter when it starts (speculation; ``draft_tokens`` a fixed K,
+    None adaptive), so a draft model's per-row cache lives only as long as the row."""
 
     key: Any
     prompt_ids: list[int]
     cfg: SamplingConfig  # with its seed set
     stats: RunStats
-    drafter: Drafter | None = None
+    drafter: Callable[[], Drafter] | None = None
     draft_tokens: int | None = None
 
 
@@ -54,11 +55,13 @@ class Row:
     history: TokenHistory
     seq: list[int]
     cached: int
+    drafter: Drafter | None
     draft_length: DraftLength | None
     drafted: Tensor
     q: Tensor
     draft_ids: list[int] = field(default_factory=list)
     reference: ReferenceTotals | None = None
+    ready: bool = True  # False: the last pass's logits are not this row's to sample (see start_row)
     counts: dict[str, int] = field(default_factory=lambda: {"drafted": 0, "accepted": 0, "passes": 0})
 
     @property
@@ -71,12 +74,12 @@ class Row:
 
     def propose(self, max_k: int) -> list[int]:
         """Drafts for the next pass (none for a plain row), kept for verification; their ids."""
-        if self.item.drafter is None or self.draft_length is None:
+        if self.drafter is None or self.draft_length is None:
             return []
         cfg = self.item.cfg
         k = min(self.draft_length.k, cfg.max_tokens - self.item.stats.tokens - 1, max_k)
         if k > 0:
-            self.drafted, self.q = self.item.drafter.propose(self.seq, k, self.history, cfg, self.generator)
+            self.drafted, self.q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator)
         else:
             self.drafted, self.q = self.drafted[:0], self.q[:0]
         self.draft_ids = self.drafted.tolist()
@@ -120,7 +123,9 @@ def start_row(
     watch_names: Sequence[str],
     reference_dtype: str | None,
 ) -> Row:
-    """A row whose cache holds its whole prompt: its first token is drawn from the prefill's logits."""
+    """A row whose cache holds its whole prompt. A plain row draws its first token from the
+    prefill's logits; a speculative row drafts from the start: the loop rolls its cache back by
+    one and feeds the prompt's last token with the first drafts."""
     prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
     generator = make_generator(item.cfg.seed, lm.sample_device)
     speculative = item.drafter is not None
@@ -131,8 +136,10 @@ def start_row(
         history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
         seq=list(item.prompt_ids),
         cached=len(item.prompt_ids),
+        drafter=item.drafter() if item.drafter is not None else None,
         draft_length=DraftLength(k=item.draft_tokens or 4, adaptive=item.draft_tokens is None) if speculative else None,
         drafted=torch.zeros(0, dtype=torch.long, device=lm.sample_device),
         q=torch.zeros(0, vocab, device=lm.sample_device),
         reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
+        ready=not speculative,
     )

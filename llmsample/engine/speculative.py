@@ -156,7 +156,7 @@ def speculative_generate(
     from llmsample.engine.loop import _one_row
     from llmsample.engine.rows import BatchItem
 
-    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, drafter, draft_tokens)
+    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, lambda: drafter, draft_tokens)
     yield from _one_row(lm, item, DecodeOptions(top_n, ignore_eos, watch, reference))
 
 

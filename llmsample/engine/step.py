@@ -58,13 +58,16 @@ def sampler_key(cfg: SamplingConfig) -> SamplingConfig:
 def sample_step(
     rows: list[Row], step: StepInput, top_n: int, watched: WatchIndex | None, agree: Callable[[Tensor], Tensor]
 ) -> Iterator[Record]:
-    """Yields the step's records; returns a :class:`StepResult`."""
+    """Yields the step's records; returns a :class:`StepResult`. A row that is not ready emits
+    nothing and feeds its sequence's last token next."""
     emitted: list[list[int]] = [[] for _ in rows]
     finished = [False] * len(rows)
-    newest = torch.zeros(len(rows), dtype=torch.long, device=step.logits.device)
+    waiting = [row.seq[-1] if not row.ready else 0 for row in rows]
+    newest = torch.tensor(waiting, device=step.logits.device)
     groups: dict[SamplingConfig, list[int]] = {}
     for i, row in enumerate(rows):
-        groups.setdefault(sampler_key(row.item.cfg), []).append(i)
+        if row.ready:
+            groups.setdefault(sampler_key(row.item.cfg), []).append(i)
     for members in groups.values():
         chain, tokens, accepted, starts = _draw_group(rows, members, step, agree)
         figures = step_figures(chain, tokens, top_n, watched)
