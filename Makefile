@@ -31,10 +31,12 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed: the HTML browser test will be skipped"
 
-# The single-sequence loop at the defaults, then batch decoding by batch size (float32, as in the README).
+# The single-sequence loop at the defaults, then batch decoding by batch size (float32, as in the README),
+# then the batch workloads users run (fresh seeds and mixed settings; --draft ngram on code rewrites).
 bench: $(STAMP)
 	$(BIN)/llmsample bench
 	$(BIN)/llmsample bench --batch-sizes 1,4,8,16 --runs 3 --dtype float32
+	$(BIN)/llmsample bench --workloads --runs 3 --dtype float32
 
 # The first time a GPU is at hand: CUDA tests, benchmarks and versions into one results folder
 # ($$OUT, else bench/results/gpu-check-*). Runs from the source tree with whatever python has torch

@@ -64,12 +64,20 @@ def _check_sizes(ctx: click.Context, param: click.Parameter, value: str | None) 
     metavar="N,N,...",
     help="Instead: batch decoding of 32 chat prompts at these batch sizes against transformers' padded generate.",
 )
+@click.option(
+    "--workloads",
+    is_flag=True,
+    help="Instead: batch workloads against their baselines (fresh seeds and mixed settings; --draft ngram).",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
     from llmsample.bench import run_benchmark, write_results
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
     err = stderr_console()
+    if options["workloads"]:
+        bench_workloads(options, err)
+        return
     if options["batch_sizes"]:
         bench_batch(options, err)
         return
@@ -80,6 +88,38 @@ def bench(**options: Any) -> None:
     path = write_results(results.to_dict(), options["out"])
     console = stdout_console(use_color())
     console.print(results_table(results))
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def bench_workloads(options: dict[str, Any], err: Any) -> None:
+    """``--workloads``: what users' batch runs cost against their easiest form, ratios in one run."""
+    from rich.table import Table
+
+    from llmsample.bench import machine_info, write_results
+    from llmsample.bench_workloads import rows_to_dict, run_workload_benchmark
+    from llmsample.models.loading import load_model
+    from llmsample.terminal import stdout_console, use_color
+
+    lm = load_model(options["model"], options["device"], options["dtype"])
+    tokens = min(options["tokens"], 64)
+    rows = run_workload_benchmark(lm, options["runs"], tokens, log=lambda step: err.print(f"[dim]bench: {step}…[/]"))
+    document = {
+        "kind": "bench-workloads",
+        "model": lm.name,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "machine": machine_info().__dict__,
+        "new_tokens": tokens,
+        "runs": options["runs"],
+        "rows": rows_to_dict(rows),
+    }
+    path = write_results(document, options["out"])
+    table = Table(title=f"batch workloads, {lm.name} ({document['dtype']}), medians of {options['runs']}")
+    for column in ("workload", "tok/s", "baseline", "tok/s", "ratio"):
+        table.add_column(column, justify="left" if column in ("workload", "baseline") else "right")
+    for row in rows:
+        table.add_row(row.workload, f"{row.tok_s:.1f}", row.baseline, f"{row.baseline_tok_s:.1f}", f"{row.ratio:.2f}")
+    stdout_console(use_color()).print(table)
     err.print(f"[dim]figures written to {path}[/]")
 
 

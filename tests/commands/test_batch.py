@@ -129,7 +129,7 @@ def test_interrupt_keeps_finished_records_and_exits_130(tiny_model_dir: Path, tm
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--draft", "ngram"), "--draft is not supported by batch"),
+        (("--compile",), "--compile decodes rows of one prompt in lockstep"),
         (("--temperature", "-1"), "--temperature"),
         (("--preset", "nope"), "unknown preset"),
         (("/nonexistent/requests.jsonl",), "cannot read /nonexistent/requests.jsonl"),

@@ -78,7 +78,6 @@ def test_max_memory_pushes_layers_to_disk(four_layers: Path, tmp_path: Path) -> 
         (("--device-map", "everywhere"), "neither auto"),
         (("--device-map", "auto", "--compile"), "--compile needs the whole model on one device"),
         (("--device-map", "sequential", "--device", "cpu"), "--device cpu and --device-map exclude each other"),
-        (("--reference", "--draft", "ngram"), "--reference scores plain decoding"),
     ],
 )
 def test_placement_refusals_are_one_line(tiny_model_dir: Path, args: tuple[str, ...], fragment: str) -> None:
@@ -182,6 +181,18 @@ def test_reference_against_itself_is_zero(tiny_model_dir: Path) -> None:
     assert all(t["reference"]["kl"] == 0 and t["reference"]["same_top"] for t in tokens)
     assert [t["reference"]["prob"] for t in tokens] == pytest.approx([t["model_prob"] for t in tokens])
     assert summary["reference"]["same_top"] == 1.0
+
+
+@pytest.mark.parametrize("draft", [(), ("--draft", "ngram"), ("--draft", "{tiny}")])
+def test_reference_scores_speculative_runs_too(tiny_model_dir: Path, draft: tuple[str, ...]) -> None:
+    """Speculation samples the plain distribution, so the reference sees the same per-token figures."""
+    draft = tuple(a.replace("{tiny}", str(tiny_model_dir)) for a in draft)
+    result = invoke(*BASE, "-m", str(tiny_model_dir), "--reference", *draft)
+    assert result.exit_code == 0, result.output
+    tokens, summary = records(result)
+    assert summary["reference"]["tokens"] == len(tokens) == 8
+    assert all(t["reference"]["kl"] == 0 and t["reference"]["same_top"] for t in tokens)
+    assert [t["reference"]["prob"] for t in tokens] == pytest.approx([t["model_prob"] for t in tokens])
 
 
 def test_records_without_reference_keep_their_schema(tiny_model_dir: Path) -> None:

@@ -1,0 +1,99 @@
+"""The workloads users run through ``llmsample batch``, each against its own baseline in one
+process, interleaved, medians: requests with fresh seeds and four sampler settings against one
+seed and one setting (what grouping rows by settings, not seeds, buys), and ``--draft ngram`` on
+code rewrites (requests that copy from their input) against the same batch without drafting."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llmsample.bench_batch import batch_prompts
+from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.prompt import encode_prompt
+from llmsample.engine.speculative import NgramDrafter
+from llmsample.events import RunStats, TokenEvent
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+
+SETTINGS = [(0.7, 0.9), (0.9, 0.95), (1.0, 0.8), (0.6, 1.0)]  # (temperature, top-p)
+FUNCTIONS = [
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)",
+    "def scale(values, factor):\n    result = []\n    for value in values:\n        result.append(value * factor)\n    return result",
+    "def count_words(text):\n    counts = {}\n    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n    return counts",
+    "def clamp(value, low, high):\n    if value < low:\n        return low\n    if value > high:\n        return high\n    return value",
+]
+
+
+@dataclass(frozen=True)
+class WorkloadRow:
+    workload: str
+    tok_s: float
+    baseline: str
+    baseline_tok_s: float
+    ratio: float
+
+
+def _rate(lm: LoadedModel, items: list[BatchItem], batch_size: int) -> float:
+    start = time.perf_counter()
+    generated = sum(isinstance(r, TokenEvent) for _, r in decode_batch(lm, items, batch_size, ignore_eos=True))
+    return generated / (time.perf_counter() - start)
+
+
+def _mixed(lm: LoadedModel, prompts: list[list[int]], tokens: int, fresh: bool) -> list[BatchItem]:
+    """Every request its own seed and one of four settings, or all seed 0 with the first setting."""
+    items = []
+    for i, ids in enumerate(prompts):
+        temperature, top_p = SETTINGS[i % len(SETTINGS)] if fresh else SETTINGS[0]
+        cfg = SamplingConfig(temperature=temperature, top_p=top_p, max_tokens=tokens, seed=1000 + i if fresh else 0)
+        items.append(BatchItem(i, ids, cfg, RunStats(lm.name, "bench", cfg.seed)))
+    return items
+
+
+def _rewrites(lm: LoadedModel, tokens: int, draft: bool) -> list[BatchItem]:
+    ngram = NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
+    cfg = SamplingConfig(temperature=0.0, max_tokens=tokens, seed=0)
+    items = []
+    for i, code in enumerate(FUNCTIONS):
+        ids = encode_prompt(lm, f"Rewrite this Python function with type hints and a docstring:\n\n{code}")
+        items.append(
+            BatchItem(i, ids[0].tolist(), cfg, RunStats(lm.name, "bench", 0), (lambda: ngram) if draft else None)
+        )
+    return items
+
+
+def _median_pair(runs: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[float, float]:
+    first, second = [], []
+    for _ in range(runs):
+        first.append(a())
+        second.append(b())
+    return statistics.median(first), statistics.median(second)
+
+
+def run_workload_benchmark(
+    lm: LoadedModel, runs: int = 3, tokens: int = 64, log: Callable[[str], None] = lambda step: None
+) -> list[WorkloadRow]:
+    prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(16)]
+    log("fresh seeds and four settings against one seed and one setting, batch 8")
+    mixed, uniform = _median_pair(
+        runs,
+        lambda: _rate(lm, _mixed(lm, prompts, tokens, True), 8),
+        lambda: _rate(lm, _mixed(lm, prompts, tokens, False), 8),
+    )
+    log("--draft ngram on code rewrites against no drafting, batch 4")
+    drafted, plain = _median_pair(
+        runs,
+        lambda: _rate(lm, _rewrites(lm, 2 * tokens, True), 4),
+        lambda: _rate(lm, _rewrites(lm, 2 * tokens, False), 4),
+    )
+    return [
+        WorkloadRow("fresh seeds, 4 settings (batch 8)", mixed, "one seed, one setting", uniform, mixed / uniform),
+        WorkloadRow("code rewrites, --draft ngram (batch 4)", drafted, "no drafting", plain, drafted / plain),
+    ]
+
+
+def rows_to_dict(rows: list[WorkloadRow]) -> list[dict[str, Any]]:
+    return [asdict(row) for row in rows]
