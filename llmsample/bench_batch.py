@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from llmsample.engine import padded
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
@@ -46,23 +45,14 @@ def ours(lm: LoadedModel, prompts: list[list[int]], tokens: int, batch_size: int
     """Generated tokens, and seconds spent in the model's forward passes."""
     cfg = SamplingConfig(temperature=0.0, max_tokens=tokens, seed=0)
     items = [BatchItem(i, ids, cfg, RunStats(lm.name, "bench", 0)) for i, ids in enumerate(prompts)]
-    spent = 0.0
-    forward = padded.PaddedBatch._forward
+    spent = [0.0]
 
-    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        nonlocal spent
-        start = time.perf_counter()
-        try:
-            return forward(self, *args, **kwargs)
-        finally:
-            spent += time.perf_counter() - start
+    def timed(seconds: float) -> None:
+        spent[0] += seconds
 
-    padded.PaddedBatch._forward = timed  # type: ignore[method-assign]
-    try:
-        count = sum(1 for _, r in decode_batch(lm, items, batch_size, ignore_eos=True) if not isinstance(r, Summary))
-    finally:
-        padded.PaddedBatch._forward = forward  # type: ignore[method-assign]
-    return count, spent
+    records = decode_batch(lm, items, batch_size, ignore_eos=True, on_forward=timed)
+    count = sum(1 for _, r in records if not isinstance(r, Summary))
+    return count, spent[0]
 
 
 def theirs(lm: LoadedModel, prompts: list[list[int]], tokens: int, batch_size: int) -> int:

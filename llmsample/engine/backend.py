@@ -14,6 +14,7 @@ ragged tokens with their ids in one ``llama_batch``, ``rollback`` is ``seq_rm``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -64,10 +65,13 @@ class Backend(Protocol):
         ...
 
 
-def open_backend(lm: LoadedModel, rows: int, positions: int, one_prompt: bool) -> Backend:
+def open_backend(
+    lm: LoadedModel, rows: int, positions: int, one_prompt: bool, on_forward: Callable[[float], None] | None = None
+) -> Backend:
     """The backend a run decodes through. A compiled model (``--compile``) or one split over
     processes (``--tp``) needs rows that advance in lockstep over one prompt; everything else
-    runs on the padded batch, where rows join, leave and verify drafts on their own."""
+    runs on the padded batch, where rows join, leave and verify drafts on their own.
+    ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks)."""
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
     from llmsample.errors import UserError
@@ -80,4 +84,4 @@ def open_backend(lm: LoadedModel, rows: int, positions: int, one_prompt: bool) -
                 f"requests with their own prompts run without {flag}"
             )
         return LockstepBatch(lm, rows, positions)
-    return PaddedBatch(lm.model, lm.sample_device)
+    return PaddedBatch(lm.model, lm.sample_device, on_forward)

@@ -9,7 +9,7 @@ itself is :func:`llmsample.engine.decode.decode`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -31,12 +31,13 @@ def decode_batch(
     ignore_eos: bool = False,
     watch: Sequence[tuple[str, int]] = (),
     reference: LoadedModel | None = None,
+    on_forward: Callable[[float], None] | None = None,
 ) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
     """Yields ``(key, event)`` per token, then ``(key, summary)`` or ``(key, RowFailed)`` when a
     request ends; requests end in whatever order they finish. ``watch``: as for
     :func:`llmsample.engine.loop.generate`, the same for every request; an item with a drafter
     speculates, its drafts verified in the same pass as every other row's."""
-    yield from decode(lm, items, batch_size, DecodeOptions(top_n, ignore_eos, watch, reference))
+    yield from decode(lm, items, batch_size, DecodeOptions(top_n, ignore_eos, watch, reference, on_forward))
 
 
 def default_batch_size(lm: LoadedModel, positions: int) -> int:

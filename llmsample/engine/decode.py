@@ -11,7 +11,7 @@ drafters: every record, stop rule and failure rule lives in one place."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +34,7 @@ class DecodeOptions:
     ignore_eos: bool = False
     watch: Sequence[tuple[str, int]] = ()
     reference: LoadedModel | None = None
+    on_forward: Callable[[float], None] | None = None  # the seconds of each forward pass (benchmarks)
 
 
 def decode(
@@ -54,7 +55,9 @@ def decode(
         return
     positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in first) + DraftLength.max_k + 1
     with contextlib.ExitStack() as stack:
-        backend = stack.enter_context(contextlib.closing(open_backend(lm, max_rows, positions, one_prompt)))
+        backend = stack.enter_context(
+            contextlib.closing(open_backend(lm, max_rows, positions, one_prompt, options.on_forward))
+        )
         shadow = None
         if options.reference is not None:
             shadow = stack.enter_context(

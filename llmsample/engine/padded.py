@@ -7,6 +7,8 @@ position ids count only its own tokens."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,7 +33,13 @@ class PaddedBatch:
     ragged = True
     compile_s = 0.0
 
-    def __init__(self, model: Any, sample_device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        sample_device: torch.device | None = None,
+        on_forward: Callable[[float], None] | None = None,
+    ) -> None:
+        """``on_forward``: told the seconds of every forward pass (the benchmark's model share)."""
         from transformers import DynamicCache
 
         self.model = model
@@ -42,6 +50,7 @@ class PaddedBatch:
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
         self.positions = torch.zeros(0, dtype=torch.long, device=device)
         self._holes_at_end = False
+        self.on_forward = on_forward
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -155,6 +164,7 @@ class PaddedBatch:
             layer.keys, layer.values = layer.keys[here], layer.values[here]
 
     def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any, keep_last: bool = False) -> Tensor:
+        start = time.perf_counter()
         try:
             out = self.model(
                 input_ids=ids,
@@ -169,7 +179,10 @@ class PaddedBatch:
                 f"out of memory on {ids.device} with {ids.shape[0]} rows of {mask.shape[1]} positions; "
                 "try a smaller --batch-size"
             ) from exc
-        return out.logits.float().to(self.sample_device)
+        logits = out.logits.float().to(self.sample_device)
+        if self.on_forward is not None:
+            self.on_forward(time.perf_counter() - start)
+        return logits
 
     def _merge(self, new: Any, new_mask: Tensor, new_positions: Tensor) -> None:
         """Append the rows of ``new``, left-padding whichever side is shorter in time."""
