@@ -386,7 +386,7 @@ def reference_model(model: str | None, device: torch.device, dtype: torch.dtype 
     from transformers import AutoModelForCausalLM
 
     from llmsample.models.conversion import default_model_path
-    from llmsample.models.loading import read_config
+    from llmsample.models.checkpoint import read_config
 
     source = default_model_path() if model is None else model
     config = read_config(source, model or "default")  # without an old conversion's GGUF quantization entry
