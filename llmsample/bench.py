@@ -385,8 +385,8 @@ def reference_model(model: str | None, device: torch.device, dtype: torch.dtype 
     default when None (float32 before transformers 5; the config's dtype, ``"auto"``, since)."""
     from transformers import AutoModelForCausalLM
 
-    from llmsample.models.conversion import default_model_path
     from llmsample.models.checkpoint import read_config
+    from llmsample.models.conversion import default_model_path
 
     source = default_model_path() if model is None else model
     config = read_config(source, model or "default")  # without an old conversion's GGUF quantization entry
