@@ -48,6 +48,7 @@ from llmsample.sampling.figures import step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator, sampler_chain
 from llmsample.sampling.presets import load as load_preset
+from llmsample.sampling.stages import STAGES
 
 CODE = """def mean(values):
     total = 0
@@ -223,24 +224,13 @@ def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context
     return (time.perf_counter() - start) / steps
 
 
-STAGE_SETTINGS = {
-    "typical_p": {"typical_p": 0.9},
-    "top_n_sigma": {"top_n_sigma": 1.0},
-    "xtc": {"xtc_probability": 0.5},
-    "dry": {"dry_multiplier": 0.8},
-    "logit_bias": {"logit_bias": {"0": -5.0, "1": 2.0}},
-    "ban": {"ban": ("As an AI", "delve")},
-    "min_tokens": {"min_tokens": 10_000, "stop": ("\n\n",)},
-}
-
-
 def stage_costs(lm: LoadedModel, steps: int = 5, rounds: int = 40, context: int = 512) -> dict[str, float]:
-    """Each newer stage's seconds per step on top of the default chain (balanced, whose own cost
-    is under ``"balanced"``), with ``context`` tokens of history. Rounds interleave the settings
+    """Each optional stage's seconds per step (switched on by its ``example`` in the stage table)
+    on top of the default chain (balanced, whose own cost is under ``"balanced"``), with ``context`` tokens of history. Rounds interleave the settings
     and each keeps its fastest round: on a shared machine the minimum is what the code costs."""
     _, base = load_preset("balanced")
     configs = {"balanced": base} | {
-        name: SamplingConfig.from_mapping(settings, base) for name, settings in STAGE_SETTINGS.items()
+        info.name: SamplingConfig.from_mapping(dict(info.example), base) for info in STAGES if info.example
     }
     best = dict.fromkeys(configs, float("inf"))
     for _ in range(rounds):
@@ -395,8 +385,8 @@ def reference_model(model: str | None, device: torch.device, dtype: torch.dtype 
     default when None (float32 before transformers 5; the config's dtype, ``"auto"``, since)."""
     from transformers import AutoModelForCausalLM
 
+    from llmsample.models.checkpoint import read_config
     from llmsample.models.conversion import default_model_path
-    from llmsample.models.loading import read_config
 
     source = default_model_path() if model is None else model
     config = read_config(source, model or "default")  # without an old conversion's GGUF quantization entry

@@ -87,7 +87,8 @@ def chain_table(report: Any, preset: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from llmsample.render.inspect import STAGE_LABELS, visible
+    from llmsample.render.inspect import visible
+    from llmsample.sampling.stages import label
 
     shown = [
         name
@@ -99,17 +100,17 @@ def chain_table(report: Any, preset: str) -> Any:
     table = Table(title=f"next token under preset {preset!r}", box=None, pad_edge=False, header_style="bold")
     table.add_column("token", overflow="fold", max_width=14)
     for name in shown:
-        table.add_column(STAGE_LABELS[name], justify="right")
+        table.add_column(label(name), justify="right")
     table.add_column("removed by")
     for candidate in report.candidates:
         cells = []
         for name in shown:
             p = candidate.probs[name]
             cells.append(Text("–", style="dim") if p == 0 else Text(f"{p:.3f}"))
-        removed = STAGE_LABELS[candidate.removed_by] if candidate.removed_by else ""
+        removed = label(candidate.removed_by) if candidate.removed_by else ""
         table.add_row(visible(candidate.text), *cells, Text(removed, style="bold #d55e00"))
     lines = ["candidates left:"]
-    for item in (f"{STAGE_LABELS[n]} {report.kept[n]}" for n in report.stages):
+    for item in (f"{label(n)} {report.kept[n]}" for n in report.stages):
         if len(lines[-1]) + 2 + len(item) > 78:
             lines.append("")
         lines[-1] += (" " if lines[-1].endswith(":") else "  ") + item if lines[-1] else item
@@ -124,14 +125,15 @@ def continuation_table(scored: list[Any], preset: str) -> Any:
     from rich.table import Table
     from rich.text import Text
 
-    from llmsample.render.inspect import STAGE_LABELS, visible
+    from llmsample.render.inspect import visible
+    from llmsample.sampling.stages import label
 
     table = Table(title=f"continuation under preset {preset!r}", box=None, pad_edge=False, header_style="bold")
     for name, justify in (("#", "right"), ("token", "left"), ("p model", "right"), ("p preset", "right"),
                           ("rank", "right"), ("allowed", "left")):  # fmt: skip
         table.add_column(name, justify=justify, overflow="fold")
     for token in scored:
-        allowed = Text("yes") if token.allowed else Text(f"no ({STAGE_LABELS[token.removed_by]})", style="bold #d55e00")
+        allowed = Text("yes") if token.allowed else Text(f"no ({label(token.removed_by)})", style="bold #d55e00")
         table.add_row(
             str(token.index),
             visible(token.text),

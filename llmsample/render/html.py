@@ -11,7 +11,7 @@ from pathlib import Path
 from llmsample.errors import RuntimeFailure
 from llmsample.events import Summary, TokenEvent
 from llmsample.render.bands import BANDS, band_for
-from llmsample.render.inspect import STAGE_LABELS
+from llmsample.sampling.stages import label
 
 PAGE_STYLE = """
 body { font: 16px/1.6 system-ui, sans-serif; margin: 2rem auto; max-width: 60rem; padding: 0 1rem;
@@ -50,7 +50,7 @@ def _tooltip(event: TokenEvent) -> str:
         f'<td class="pm">{c.model_prob:.4f}</td></tr>'
         for c in event.top
     )
-    removed = ", ".join(f"{STAGE_LABELS[name]} {count}" for name, count in event.removed.items() if count)
+    removed = ", ".join(f"{label(name)} {count}" for name, count in event.removed.items() if count)
     return (
         f'<span class="tip" role="tooltip">#{event.index} {html.escape(repr(event.text))} '
         f'p=<b class="prob">{event.prob:.4f}</b> model=<span class="model-prob">{event.model_prob:.4f}</span> '

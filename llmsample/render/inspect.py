@@ -8,6 +8,7 @@ from rich.text import Text
 
 from llmsample.events import Summary, TokenEvent
 from llmsample.render.bands import band_for
+from llmsample.sampling.stages import BY_NAME, FILTER_STAGES
 
 VISIBLE = {" ": "·", "\n": "↵", "\t": "→", "\r": "␍"}
 
@@ -25,46 +26,16 @@ def visible(text: str) -> str:
     return "".join(out) or "∅"
 
 
-STAGE_LABELS = {
-    "raw": "raw",
-    "logit_bias": "bias",
-    "ban": "ban",
-    "min_tokens": "min-n",
-    "penalties": "penal.",
-    "dry": "DRY",
-    "temperature": "temp.",
-    "greedy": "greedy",
-    "top_n_sigma": "n-σ",
-    "top_k": "top-k",
-    "top_p": "top-p",
-    "typical_p": "typ.",
-    "min_p": "min-p",
-    "xtc": "XTC",
-}
-"""Every stage of the sampler chain, as the tables and the HTML view name it."""
-
-SHORT_LABELS = {
-    "ban": ("b", "--ban"),
-    "min_tokens": ("n", "--min-tokens"),
-    "top_n_sigma": ("σ", "top-n-sigma"),
-    "top_k": ("k", "top-k"),
-    "top_p": ("p", "top-p"),
-    "typical_p": ("t", "typical-p"),
-    "min_p": ("m", "min-p"),
-    "xtc": ("x", "XTC, when it fires"),
-}
-"""The filters' one-letter names in the ``removed`` column, and what each letter stands for."""
-
-
 def removed_cell(event: TokenEvent) -> str:
-    return " ".join(f"{SHORT_LABELS[name][0]}{count}" for name, count in event.removed.items() if count) or "-"
+    """The ``removed`` column: each filter's letter (from the stage table) and its count."""
+    return " ".join(f"{BY_NAME[name].letter}{count}" for name, count in event.removed.items() if count) or "-"
 
 
 def removed_legend(events: list[TokenEvent]) -> str:
     """The letters of the filters these events report (top-k, top-p and min-p always)."""
-    names = [name for name in SHORT_LABELS if any(name in event.removed for event in events)]
+    names = [name for name in FILTER_STAGES if any(name in event.removed for event in events)]
     names = names or ["top_k", "top_p", "min_p"]
-    letters = ", ".join(f"{SHORT_LABELS[n][1]} ({SHORT_LABELS[n][0]})" for n in names)
+    letters = ", ".join(f"{BY_NAME[n].legend} ({BY_NAME[n].letter})" for n in names)
     return f"removed: candidates dropped by {letters}; ✓ accepted draft token"
 
 

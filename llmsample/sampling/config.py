@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmsample.sampling.stages import STAGES
+
 GREEDY_TEMPERATURE = 1e-4
 """At or below this temperature we take the argmax instead of dividing by ~0."""
 
@@ -300,12 +302,12 @@ class SamplingConfig:
     @property
     def needs_sequences(self) -> bool:
         """Stages that read the token sequence itself (DRY, bans, min-tokens), not only counts."""
-        return self.has_dry or bool(self.ban) or self.min_tokens > 0
+        return any(info.needs_sequences and info.on(self) for info in STAGES)
 
     @property
     def needs_vocabulary(self) -> bool:
         """Stages that need the tokenizer: token texts, EOS ids, texts to token ids."""
-        return self.needs_sequences or bool(self.logit_bias)
+        return any(info.needs_vocabulary and info.on(self) for info in STAGES)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

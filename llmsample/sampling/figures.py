@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling.pipeline import FILTER_STAGES, Chain, entropy_bits
+from llmsample.sampling.pipeline import Chain, entropy_bits
+from llmsample.sampling.stages import FILTER_STAGES
 
 
 @dataclass(frozen=True)

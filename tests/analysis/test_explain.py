@@ -14,14 +14,9 @@ from llmsample.analysis.explain import explain_next, score_continuation
 from llmsample.cli import main
 from llmsample.engine.prompt import encode_prompt
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.filters import apply_penalties, keep_min_p, keep_top_k, keep_top_p
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import (
-    apply_penalties,
-    keep_min_p,
-    keep_top_k,
-    keep_top_p,
-    sampling_probs,
-)
+from llmsample.sampling.pipeline import sampling_probs
 
 CFG = SamplingConfig(temperature=0.7, top_k=12, top_p=0.8, min_p=0.1, repetition_penalty=1.3)
 
@@ -93,16 +88,8 @@ NEW = SamplingConfig(
 
 
 def test_the_new_stages_by_hand(tiny_lm) -> None:
-    from llmsample.sampling.pipeline import (
-        apply_dry,
-        apply_logit_bias,
-        keep_top_n_sigma,
-        keep_typical_p,
-        keep_xtc,
-        mask_banned,
-        mask_early_end,
-        xtc_mixture,
-    )
+    from llmsample.sampling.filters import keep_top_n_sigma, keep_typical_p, keep_xtc, xtc_mixture
+    from llmsample.sampling.text_stages import apply_dry, apply_logit_bias, mask_banned, mask_early_end
 
     ids = encode_prompt(tiny_lm, "w3 w9 w12 w9 w3 w9", raw=True)
     report = explain_next(tiny_lm, ids, NEW, top_n=12)

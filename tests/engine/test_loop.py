@@ -181,7 +181,7 @@ def test_one_host_transfer_per_step(
     from llmsample.sampling.vocabulary import Vocabulary
 
     # Count as on an accelerator: the CPU-only shortcuts (top-p's widening) are off.
-    monkeypatch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
+    monkeypatch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
     lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
     cfg = dataclasses.replace(cfg, max_tokens=12, seed=3)
     vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
@@ -198,12 +198,12 @@ def test_one_host_transfer_per_step(
 
 
 def test_top_p_sorted_and_widened_candidates_agree() -> None:
-    from llmsample.sampling.pipeline import _nucleus_candidates, keep_top_p
+    from llmsample.sampling.filters import _nucleus_candidates, keep_top_p
 
     logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(2)) * 0.3  # a wide nucleus
     for p in (0.1, 0.5, 0.9, 0.999):
         widened = keep_top_p(logits, p)
         assert _nucleus_candidates(logits.softmax(-1), p)[0].shape[-1] > 256 or p < 0.9
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
+            patch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
             assert torch.equal(keep_top_p(logits, p), widened)

@@ -17,6 +17,7 @@ MODULES = [
     "llmsample.render.inspect",
     "llmsample.render.jsonout",
     "llmsample.render.stream",
+    "llmsample.sampling.stages",
     "llmsample.batch.requests",
     "llmsample.batch.responses",
     "llmsample.batch.resume",

@@ -10,18 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.filters import apply_penalties, keep_min_p, keep_top_k, keep_top_p
 from llmsample.sampling.history import NO_HISTORY, TokenHistory
-from llmsample.sampling.pipeline import (
-    apply_penalties,
-    draw,
-    entropy_bits,
-    keep_min_p,
-    keep_top_k,
-    keep_top_p,
-    make_generator,
-    sampler_chain,
-    sampling_probs,
-)
+from llmsample.sampling.pipeline import draw, entropy_bits, make_generator, sampler_chain, sampling_probs
 
 PROBS = torch.tensor([[0.1, 0.2, 0.3, 0.4]])
 LOGITS = PROBS.log()

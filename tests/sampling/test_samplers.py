@@ -14,18 +14,11 @@ from hypothesis import strategies as st
 
 from llmsample.errors import UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
+from llmsample.sampling.filters import keep_top_n_sigma, keep_typical_p, keep_xtc
 from llmsample.sampling.history import NO_HISTORY, TokenHistory
-from llmsample.sampling.pipeline import (
-    FILTER_STAGES,
-    apply_dry,
-    apply_logit_bias,
-    keep_top_n_sigma,
-    keep_typical_p,
-    keep_xtc,
-    mask_banned,
-    mask_early_end,
-    sampler_chain,
-)
+from llmsample.sampling.pipeline import sampler_chain
+from llmsample.sampling.stages import FILTER_STAGES
+from llmsample.sampling.text_stages import apply_dry, apply_logit_bias, mask_banned, mask_early_end
 from llmsample.sampling.vocabulary import Vocabulary, ban_table, dry_penalties
 
 PROBS = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
@@ -330,6 +323,6 @@ def test_typical_p_candidates_and_full_sort_agree(monkeypatch: pytest.MonkeyPatc
     for mass in (0.1, 0.5, 0.9, 0.999):
         widened = keep_typical_p(logits, mass)
         with monkeypatch.context() as patch:
-            patch.setattr("llmsample.sampling.pipeline.host_syncs_are_free", lambda tensor: False)
+            patch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
             assert torch.equal(keep_typical_p(logits, mass), widened)
     assert len(kept(keep_typical_p(logits, 0.999))) > 256  # the widening was needed

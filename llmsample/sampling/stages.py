@@ -1,0 +1,99 @@
+"""The stages of the sampler chain, in chain order: one table that the pipeline, the config, the
+step figures, ``explain``, ``--inspect``, the HTML page and the benchmark all read, so a new stage
+is one row here (and its function in the pipeline's ``APPLY``) instead of an edit in five places.
+
+Plain data (no torch): the renderers read it too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmsample.sampling.config import SamplingConfig
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    """One stage. ``removes``: a filter, whose removed candidates every token event counts under
+    ``name`` and ``--inspect`` under ``letter`` (``legend`` says what the letter stands for).
+    Greedy keeps one token but is not a filter: a greedy step reports nothing removed.
+    ``needs_sequences``: it reads each row's token sequence (the order, not only the penalties'
+    counts); ``needs_vocabulary``: the tokenizer's texts or EOS ids. ``example``: settings that
+    switch an optional stage on, as the benchmark costs it on top of ``balanced``."""
+
+    name: str
+    label: str
+    on: Callable[[SamplingConfig], bool]
+    removes: bool = False
+    letter: str = ""
+    legend: str = ""
+    needs_sequences: bool = False
+    needs_vocabulary: bool = False
+    example: tuple[tuple[str, Any], ...] = ()
+
+
+def _always(cfg: SamplingConfig) -> bool:
+    return True
+
+
+def _sampling(cfg: SamplingConfig) -> bool:
+    return not cfg.is_greedy
+
+
+STAGES: tuple[StageInfo, ...] = (
+    StageInfo("raw", "raw", _always),
+    StageInfo(
+        "logit_bias", "bias", lambda cfg: bool(cfg.logit_bias), needs_vocabulary=True,
+        example=(("logit_bias", (("0", -5.0), ("1", 2.0))),),
+    ),
+    StageInfo(
+        "ban", "ban", lambda cfg: bool(cfg.ban), removes=True, letter="b", legend="--ban",
+        needs_sequences=True, needs_vocabulary=True, example=(("ban", ("As an AI", "delve")),),
+    ),
+    StageInfo(
+        "min_tokens", "min-n", lambda cfg: cfg.min_tokens > 0, removes=True, letter="n", legend="--min-tokens",
+        needs_sequences=True, needs_vocabulary=True, example=(("min_tokens", 10_000), ("stop", ("\n\n",))),
+    ),
+    StageInfo("penalties", "penal.", _always),
+    StageInfo(
+        "dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True,
+        example=(("dry_multiplier", 0.8),),
+    ),
+    StageInfo("greedy", "greedy", lambda cfg: cfg.is_greedy),
+    StageInfo("temperature", "temp.", _sampling),
+    StageInfo(
+        "top_n_sigma", "n-σ", lambda cfg: _sampling(cfg) and cfg.top_n_sigma > 0, removes=True, letter="σ",
+        legend="top-n-sigma", example=(("top_n_sigma", 1.0),),
+    ),
+    StageInfo("top_k", "top-k", _sampling, removes=True, letter="k", legend="top-k"),
+    StageInfo("top_p", "top-p", _sampling, removes=True, letter="p", legend="top-p"),
+    StageInfo(
+        "typical_p", "typ.", lambda cfg: _sampling(cfg) and cfg.typical_p < 1, removes=True, letter="t",
+        legend="typical-p", example=(("typical_p", 0.9),),
+    ),
+    StageInfo("min_p", "min-p", _sampling, removes=True, letter="m", legend="min-p"),
+    StageInfo(
+        "xtc", "XTC", lambda cfg: _sampling(cfg) and cfg.has_xtc, removes=True, letter="x",
+        legend="XTC, when it fires", example=(("xtc_probability", 0.5),),
+    ),
+)  # fmt: skip
+"""Every stage in chain order; ``on`` says whether a config's chain has it (an off stage is not
+in the chain at all; top-k, top-p and min-p are, set to keep everything, when sampling)."""
+
+BY_NAME: dict[str, StageInfo] = {info.name: info for info in STAGES}
+
+FILTER_STAGES: tuple[str, ...] = tuple(info.name for info in STAGES if info.removes)
+"""The stages that remove candidates; the step figures count what each removed (XTC: what it
+removes on the steps it fires)."""
+
+
+def label(name: str) -> str:
+    """How the tables and the HTML view name a stage."""
+    return BY_NAME[name].label
+
+
+def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
+    """The stages a config's chain runs, in order (``raw`` first)."""
+    return tuple(info for info in STAGES if info.on(cfg))

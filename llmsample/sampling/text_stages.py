@@ -1,0 +1,119 @@
+"""The text-aware stages of the sampler chain: logit biases, bans, min-tokens and DRY, which
+read the tokenizer's texts and each row's token sequence (kept in the :class:`TokenHistory`).
+They come before the temperature, as in transformers' processors and llama.cpp's default chain;
+no function edits its input in place, and a removed token has logit ``-inf``."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.filters import keep_finite
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.vocabulary import Vocabulary, ban_table, bias_vector, breaker_ids, dry_penalties
+
+
+def _vocabulary(history: TokenHistory, stage: str) -> Vocabulary:
+    if history.vocabulary is None:
+        raise ValueError(f"the {stage} stage needs a history built with the tokenizer's vocabulary")
+    return history.vocabulary
+
+
+def _sequences(history: TokenHistory, stage: str) -> tuple[tuple[int, ...], ...]:
+    if history.sequences is None:
+        raise ValueError(f"the {stage} stage needs a history that keeps the token sequences")
+    return history.sequences
+
+
+def _on(device: torch.device, values: list[int] | list[float], dtype: torch.dtype) -> Tensor:
+    """Host values onto the logits' device: a copy to the device, never a read back."""
+    tensor = torch.tensor(values, dtype=dtype)
+    return tensor if device.type == "cpu" else tensor.to(device, non_blocking=True)
+
+
+def mask_tokens(logits: Tensor, banned: list[set[int]] | list[frozenset[int]]) -> Tensor:
+    """``-inf`` for ``banned[row]`` in each row, unless that would leave a row with nothing (then
+    the row is left as it was: a distribution must remain)."""
+    rows = [r for r, tokens in enumerate(banned) for _ in tokens]
+    if not rows:
+        return logits
+    cols = [t for tokens in banned for t in tokens]
+    index = (_on(logits.device, rows, torch.long), _on(logits.device, cols, torch.long))
+    masked = logits.index_put(index, torch.tensor(-math.inf, device=logits.device))
+    return torch.where((masked > -math.inf).any(-1, keepdim=True), masked, logits)
+
+
+def apply_logit_bias(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """OpenAI's ``logit_bias``: a fixed number added to chosen tokens' logits."""
+    if not cfg.logit_bias:
+        return logits
+    bias = bias_vector(_vocabulary(history, "logit_bias"), cfg.logit_bias)
+    if logits.device.type != "cpu":
+        bias = _device_bias(bias, logits.device)
+    # |bias| <= 100 is far below a float32 ulp near its largest value: the sum cannot overflow
+    return logits + bias
+
+
+@functools.lru_cache(maxsize=16)
+def _device_bias(bias: Tensor, device: torch.device) -> Tensor:
+    return bias.to(device)
+
+
+def mask_banned(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """``--ban``: every candidate whose text would complete a banned string, given the text
+    generated so far (the banned string may start in earlier tokens), is removed."""
+    if not cfg.ban:
+        return logits
+    vocabulary, sequences = _vocabulary(history, "ban"), _sequences(history, "ban")
+    table = ban_table(vocabulary, cfg.ban)
+    banned = []
+    for row in range(len(sequences)):
+        text = vocabulary.generated_text_tail(history.generated(row), table.longest - 1)
+        banned.append(table.banned(text))
+    return mask_tokens(logits, banned)
+
+
+def mask_early_end(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """``--min-tokens``: before the N-th generated token no EOS id, and no token that would
+    complete a stop string."""
+    if cfg.min_tokens <= 0:
+        return logits
+    vocabulary, sequences = _vocabulary(history, "min_tokens"), _sequences(history, "min_tokens")
+    stops = ban_table(vocabulary, cfg.stop) if cfg.stop else None
+    banned: list[set[int]] = []
+    for row in range(len(sequences)):
+        generated = history.generated(row)
+        tokens: set[int] = set()
+        if len(generated) < cfg.min_tokens:
+            tokens.update(vocabulary.eos_ids)
+            if stops is not None:
+                tokens |= stops.banned(vocabulary.generated_text_tail(generated, stops.longest - 1))
+        banned.append(tokens)
+    return mask_tokens(logits, banned)
+
+
+def apply_dry(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """DRY over each row's prompt and generated tokens (see :func:`dry_penalties`)."""
+    if not cfg.has_dry:
+        return logits
+    sequences = _sequences(history, "dry")
+    breakers = breaker_ids(_vocabulary(history, "dry"), cfg.dry_sequence_breakers)
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[float] = []
+    for row, sequence in enumerate(sequences):
+        penalties = dry_penalties(
+            sequence, cfg.dry_multiplier, cfg.dry_base, cfg.dry_allowed_length, breakers, cfg.dry_penalty_last_n
+        )
+        rows += [row] * len(penalties)
+        cols += list(penalties)
+        values += [-v for v in penalties.values()]
+    if not rows:
+        return logits
+    device = logits.device
+    index = (_on(device, rows, torch.long), _on(device, cols, torch.long))
+    return keep_finite(logits.index_put(index, _on(device, values, torch.float32), accumulate=True), logits)
