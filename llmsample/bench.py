@@ -130,7 +130,7 @@ def ours(
             if ttft is not None and item.ttft_s is not None:
                 ttft.append(item.ttft_s)
             if extra is not None:
-                extra.update(item.extra)
+                extra.update(item.facts.to_dict())
             if renderer:
                 renderer.summary(item)
         else:
@@ -336,7 +336,7 @@ def bench_speculation(lm: LoadedModel, greedy: SamplingConfig, runs: int) -> Spe
             return sum(1 for item in events if not isinstance(item, Summary))
 
         spec.ours.append(timed_tokens_per_s(speculative))
-        acceptance.append(stats.extra["acceptance_rate"])
+        acceptance.append(stats.facts.speculation.acceptance_rate if stats.facts.speculation else 0.0)
         spec.theirs.append(timed_tokens_per_s(lambda: theirs(lm, ids, greedy, prompt_lookup_num_tokens=10)))
         plain.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, greedy)))
     row = spec.result()
@@ -344,7 +344,7 @@ def bench_speculation(lm: LoadedModel, greedy: SamplingConfig, runs: int) -> Spe
         **dataclasses.asdict(row),
         speedup_over_plain=row.ours_tok_s / statistics.median(plain.ours),
         acceptance_rate=statistics.median(acceptance),
-        tokens_per_pass=stats.extra["tokens_per_pass"],  # the last run's
+        tokens_per_pass=stats.facts.speculation.tokens_per_pass if stats.facts.speculation else 0.0,  # the last run's
     )
 
 

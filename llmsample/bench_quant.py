@@ -101,10 +101,11 @@ def run_variant(variant: str, tokens: int, runs: int) -> VariantResult:
         for ids in prompts:
             stats = RunStats("", "", 0)
             run_to_end(generate(lm, ids, cfg, stats, ignore_eos=True, reference=reference))
-            figures = stats.extra["reference"]
-            kl_sum += figures["mean_kl"] * figures["tokens"]
-            same += figures["same_top"] * figures["tokens"]
-            scored += figures["tokens"]
+            figures = stats.facts.reference
+            assert figures is not None, "a run with a reference has its figures"
+            kl_sum += figures.mean_kl * figures.tokens
+            same += figures.same_top * figures.tokens
+            scored += figures.tokens
     else:
         scored, same = tokens * len(prompts), tokens * len(prompts)
     return VariantResult(

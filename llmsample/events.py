@@ -7,7 +7,7 @@ none of them touches the model, and this module imports no torch.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 
@@ -74,6 +74,86 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class Speculation:
+    """What a speculative run drafted and kept, current at every token."""
+
+    drafted: int = 0
+    accepted: int = 0
+    target_passes: int = 0
+    tokens_per_pass: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "target_passes": self.target_passes,
+            "tokens_per_pass": self.tokens_per_pass,
+        }
+
+
+@dataclass(frozen=True)
+class ReferenceSummary:
+    """``--reference``: the run's figures against the float32 checkpoint (the ``reference`` key)."""
+
+    dtype: str
+    tokens: int
+    mean_kl: float
+    max_kl: float
+    same_top: float
+
+
+@dataclass(frozen=True)
+class PlainComparison:
+    """``--compare``: the same prompt decoded without speculation, same seed."""
+
+    plain_tokens_per_s: float | None
+    plain_elapsed_s: float
+    speedup: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        if self.speedup is None:
+            del data["speedup"]
+        return data
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a run used and measured beyond the counts, in typed optional sections; a section
+    that does not apply is None and leaves its keys out of the summary record."""
+
+    device: str | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    device_map: tuple[str, ...] | None = None
+    compile_s: float | None = None
+    speculation: Speculation | None = None
+    reference: ReferenceSummary | None = None
+    comparison: PlainComparison | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
+        data: dict[str, Any] = {}
+        for key in ("quantization", "compile_s", "device", "dtype"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        if self.device_map is not None:
+            data["device_map"] = list(self.device_map)
+        if self.speculation is not None:
+            data.update(self.speculation.to_dict())
+        if self.reference is not None:
+            data["reference"] = asdict(self.reference)
+        if self.comparison is not None:
+            data.update(self.comparison.to_dict())
+        return data
+
+
+@dataclass(frozen=True)
 class Summary:
     text: str
     tokens: int
@@ -85,11 +165,11 @@ class Summary:
     preset: str
     seed: int | None
     elapsed_s: float
-    extra: dict[str, Any] = field(default_factory=dict)
+    facts: RunFacts = field(default_factory=RunFacts)
 
     def to_dict(self) -> dict[str, Any]:
-        data = {"type": "summary", **asdict(self)}
-        data.update(data.pop("extra"))
+        data = {"type": "summary", **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "facts"}}
+        data.update(self.facts.to_dict())
         return data
 
 
@@ -105,7 +185,11 @@ class RunStats:
     first_token_at: float | None = None
     tokens: int = 0
     text_parts: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    facts: RunFacts = field(default_factory=RunFacts)
+
+    def note(self, **sections: Any) -> None:
+        """Set sections of the run's facts (``device=...``, ``speculation=...``)."""
+        self.facts = replace(self.facts, **sections)
 
     def record(self, event: TokenEvent) -> None:
         if self.first_token_at is None:
@@ -130,7 +214,7 @@ class RunStats:
             preset=self.preset,
             seed=self.seed,
             elapsed_s=now - self.started,
-            extra=dict(self.extra),
+            facts=self.facts,
         )
 
 

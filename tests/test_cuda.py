@@ -75,7 +75,7 @@ def test_model_inputs_caches_and_generators_live_on_the_device(lm) -> None:
         assert keys.device.type == device.type
     assert make_generator(3, lm.device).device.type == device.type
     _, summary = run(lm, GREEDY)
-    assert summary.extra["device"] == str(lm.device) and summary.extra["dtype"] == "float32"
+    assert summary.facts.device == str(lm.device) and summary.facts.dtype == "float32"
 
 
 def test_the_same_seed_gives_the_same_text(lm) -> None:
@@ -99,9 +99,9 @@ def test_compile_decodes_what_eager_decodes(model_dir: Path, lm) -> None:
     # On CUDA the step runs as a CUDA graph: inductor counts each time it had to fall back.
     assert counters["inductor"]["cudagraph_skips"] == skips
     assert token_ids(events) == token_ids(run(lm, GREEDY)[0])
-    assert summary.extra["compile_s"] > 0
+    assert summary.facts.compile_s > 0
     again, summary = run(compiled, SAMPLED)  # the same step, leased again: an empty cache
-    assert token_ids(again) == token_ids(run(lm, SAMPLED)[0]) and "compile_s" not in summary.extra
+    assert token_ids(again) == token_ids(run(lm, SAMPLED)[0]) and summary.facts.compile_s is None
 
 
 def test_compile_through_the_cli(model_dir: Path) -> None:
@@ -126,7 +126,7 @@ def test_speculation_with_a_draft_model(tmp_path: Path, lm, cfg: SamplingConfig)
     events, summary = run_to_end(
         speculative_generate(lm, PROMPT.to(lm.device), cfg, stats, ModelDrafter(draft, 64), draft_tokens=3)
     )
-    assert len(events) == cfg.max_tokens and summary.extra["target_passes"] >= 2
+    assert len(events) == cfg.max_tokens and summary.facts.speculation.target_passes >= 2
     if cfg.is_greedy:  # exactly the plain loop's tokens
         assert token_ids(events) == token_ids(run(lm, cfg)[0])
     ngram = speculative_generate(
@@ -160,7 +160,7 @@ def test_half_precision(model_dir: Path, dtype: str) -> None:
     half = load_model(str(model_dir), DEVICE, dtype)
     assert half.dtype == getattr(torch, dtype) and next(half.model.parameters()).dtype == half.dtype
     events, summary = run(half, SAMPLED)
-    assert len(events) == SAMPLED.max_tokens and summary.extra["dtype"] == dtype
+    assert len(events) == SAMPLED.max_tokens and summary.facts.dtype == dtype
     assert all(0 < e.prob <= 1 for e in events)
     assert token_ids(run(half, SAMPLED)[0]) == token_ids(events)  # reproducible in half precision too
     items = [BatchItem(i, [5, 9, 3 + i], GREEDY, RunStats("t", "t", None)) for i in range(4)]

@@ -63,9 +63,9 @@ def run(options: dict[str, Any]) -> None:
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     stats = RunStats(model=lm.name, preset=preset, seed=cfg.seed)
     if lm.quantization:
-        stats.extra["quantization"] = lm.quantization
+        stats.note(quantization=lm.quantization)
     if lm.placed_on:
-        stats.extra["device_map"] = list(lm.placed_on)
+        stats.note(device_map=tuple(lm.placed_on))
     reference = load_reference(options, lm) if options.get("reference") else None
     if options.get("draft"):
         from llmsample.engine.speculative import speculative_generate
@@ -158,7 +158,7 @@ def with_plain_comparison(
     without speculation, same seed; the summary gains the plain speed and the speedup."""
     from llmsample.engine.loop import generate as generate_events
     from llmsample.engine.loop import run_to_end
-    from llmsample.events import RunStats, Summary
+    from llmsample.events import PlainComparison, RunStats, Summary
 
     summary = None
     for item in events:
@@ -171,10 +171,9 @@ def with_plain_comparison(
     _, plain = run_to_end(
         generate_events(lm, prompt_ids, cfg, plain_stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"])
     )
-    extra = dict(summary.extra, plain_tokens_per_s=plain.tokens_per_s, plain_elapsed_s=plain.elapsed_s)
-    if plain.tokens_per_s and summary.tokens_per_s:
-        extra["speedup"] = summary.tokens_per_s / plain.tokens_per_s
-    yield dataclasses.replace(summary, extra=extra)
+    speedup = summary.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s and summary.tokens_per_s else None
+    comparison = PlainComparison(plain.tokens_per_s, plain.elapsed_s, speedup)
+    yield dataclasses.replace(summary, facts=dataclasses.replace(summary.facts, comparison=comparison))
 
 
 def build_renderers(options: dict[str, Any]) -> list[Renderer]:
@@ -212,6 +211,7 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
 
     code = 0
     summary = None
+    shown: list[str] = []  # what reached the renderers: a signal can land between a token's count and its print
     try:
         for item in events:
             if isinstance(item, Summary):
@@ -219,10 +219,11 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
             else:
                 for renderer in renderers:
                     renderer.token(item)
+                shown.append(item.text)
     except (KeyboardInterrupt, Interrupted) as exc:
         ignore_further_interrupts()
         code = exc.exit_code if isinstance(exc, Interrupted) else 130
-        summary = stats.summary("interrupted")
+        summary = dataclasses.replace(stats.summary("interrupted"), tokens=len(shown), text="".join(shown))
     assert summary is not None
     for renderer in renderers:
         renderer.summary(summary)

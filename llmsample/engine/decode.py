@@ -93,7 +93,7 @@ def _run(
             vocab = admitted[0].shape[-1]
             for item in joining:
                 if backend.compile_s:
-                    item.stats.extra["compile_s"] = backend.compile_s
+                    item.stats.note(compile_s=backend.compile_s)
             new = [start_row(lm, item, vocab, options.ignore_eos, names, reference_dtype) for item in joining]
             step = _joined(step, rows, admitted)
             rows += new

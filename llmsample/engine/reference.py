@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from llmsample.engine.runner import ModelRunner
-from llmsample.events import ReferenceFigures
+from llmsample.events import ReferenceFigures, ReferenceSummary
 from llmsample.models.loading import LoadedModel
 
 
@@ -34,15 +34,9 @@ class ReferenceTotals:
         self.same_top += figures.same_top
         self.kl_max = max(self.kl_max, figures.kl)
 
-    def as_dict(self) -> dict[str, float | int | str]:
+    def summary(self) -> ReferenceSummary:
         n = max(self.tokens, 1)
-        return {
-            "dtype": self.dtype,
-            "tokens": self.tokens,
-            "mean_kl": self.kl_sum / n,
-            "max_kl": self.kl_max,
-            "same_top": self.same_top / n,
-        }
+        return ReferenceSummary(self.dtype, self.tokens, self.kl_sum / n, self.kl_max, self.same_top / n)
 
 
 def reference_figures(model_logits: Tensor, reference_logits: Tensor, tokens: Tensor) -> list[ReferenceFigures]:

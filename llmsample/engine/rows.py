@@ -12,7 +12,7 @@ from torch import Tensor
 from llmsample.engine.emitter import Emitter
 from llmsample.engine.reference import ReferenceTotals
 from llmsample.engine.speculative import Drafter, DraftLength
-from llmsample.events import RunStats
+from llmsample.events import RunStats, Speculation
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
@@ -104,15 +104,10 @@ class Row:
         counts["passes"] += 1
         self.draft_length.update(accepted, k)
 
-    def speculation_figures(self) -> dict[str, float | int]:
+    def speculation(self) -> Speculation:
         counts = self.counts
-        return {
-            "drafted": counts["drafted"],
-            "accepted": counts["accepted"],
-            "acceptance_rate": counts["accepted"] / counts["drafted"] if counts["drafted"] else 0.0,
-            "target_passes": counts["passes"],
-            "tokens_per_pass": self.item.stats.tokens / max(counts["passes"], 1),
-        }
+        tokens_per_pass = self.item.stats.tokens / max(counts["passes"], 1)
+        return Speculation(counts["drafted"], counts["accepted"], counts["passes"], tokens_per_pass)
 
 
 def start_row(

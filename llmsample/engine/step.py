@@ -149,9 +149,9 @@ def _emit(
         if scored is not None and row.reference is not None:
             event = dataclasses.replace(event, reference=scored[start + j])
             row.reference.add(scored[start + j])
-            row.item.stats.extra["reference"] = row.reference.as_dict()
+            row.item.stats.note(reference=row.reference.summary())
         if speculative:
-            row.item.stats.extra.update(row.speculation_figures())
+            row.item.stats.note(speculation=row.speculation())
         yield row.key, event
         if row.emitter.reason:
             yield row.key, row.item.stats.summary(row.emitter.reason)

@@ -87,19 +87,14 @@ def summary_line(summary: Summary) -> str:
         parts.append(f"first token {summary.ttft_s:.2f} s")
     if summary.tokens_per_s is not None:
         parts.append(f"{summary.tokens_per_s:.1f} tok/s")
-    if "acceptance_rate" in summary.extra:
-        extra = summary.extra
-        parts.append(f"accepted {extra['accepted']}/{extra['drafted']} drafted ({extra['acceptance_rate']:.0%})")
-        parts.append(f"{extra['tokens_per_pass']:.2f} tokens/target pass")
-    reference = summary.extra.get("reference")
-    if isinstance(reference, dict) and reference.get("tokens"):
-        parts.append(
-            f"vs {reference['dtype']}: mean KL {reference['mean_kl']:.4f} nats, same top {reference['same_top']:.1%}"
-        )
-    if "speedup" in summary.extra:
-        parts.append(
-            f"plain loop {summary.extra['plain_tokens_per_s']:.1f} tok/s: {summary.extra['speedup']:.2f}x speedup"
-        )
-    if "device" in summary.extra:
-        parts.append(f"{summary.extra['device']} {summary.extra['dtype']}")
+    facts = summary.facts
+    if (spec := facts.speculation) is not None:
+        parts.append(f"accepted {spec.accepted}/{spec.drafted} drafted ({spec.acceptance_rate:.0%})")
+        parts.append(f"{spec.tokens_per_pass:.2f} tokens/target pass")
+    if (reference := facts.reference) is not None and reference.tokens:
+        parts.append(f"vs {reference.dtype}: mean KL {reference.mean_kl:.4f} nats, same top {reference.same_top:.1%}")
+    if (comparison := facts.comparison) is not None and comparison.speedup is not None:
+        parts.append(f"plain loop {comparison.plain_tokens_per_s:.1f} tok/s: {comparison.speedup:.2f}x speedup")
+    if facts.device is not None:
+        parts.append(f"{facts.device} {facts.dtype}")
     return " · ".join(parts)

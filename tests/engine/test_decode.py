@@ -87,9 +87,13 @@ def test_every_speculative_request_in_a_batch_decodes_as_it_does_alone(
             assert mine.removed == theirs.removed and mine.model_rank == theirs.model_rank
             assert mine.prob == pytest.approx(theirs.prob, rel=1e-4, abs=1e-6)
         assert summaries[item.key].text == summary.text
-        for key in ("drafted", "accepted", "target_passes"):
-            assert summaries[item.key].extra[key] == summary.extra[key]
-        drafted += summary.extra["drafted"]
+        mine, theirs = summaries[item.key].facts.speculation, summary.facts.speculation
+        assert (mine.drafted, mine.accepted, mine.target_passes) == (
+            theirs.drafted,
+            theirs.accepted,
+            theirs.target_passes,
+        )
+        drafted += summary.facts.speculation.drafted
     assert drafted > 0  # the rows really speculated
 
 
@@ -162,7 +166,7 @@ def test_speculative_rows_of_a_batch_follow_the_target_distribution(vocab12) -> 
             tokens.setdefault(key, []).append(record.token_id)
         else:
             pairs[key[0]].append(tuple(tokens.pop(key)))
-            assert record.extra["drafted"] >= 1  # the first token came through verification
+            assert record.facts.speculation.drafted >= 1  # the first token came through verification
     for name in names:
         expected = expected_pairs(target, prompt, SETTINGS[name]).flatten().double()
         observed = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmsample.engine.reference import ReferenceTotals, reference_figures
-from llmsample.events import ReferenceFigures, Summary
+from llmsample.events import ReferenceFigures, ReferenceSummary, RunFacts, Summary
 from llmsample.render.stream import summary_line
 
 
@@ -38,7 +38,7 @@ def test_totals_and_the_summary_line() -> None:
     totals = ReferenceTotals("float32")
     for fig in (ReferenceFigures(0.02, True, 0.5), ReferenceFigures(0.04, False, 0.2)):
         totals.add(fig)
-    data = totals.as_dict()
-    assert data == {"dtype": "float32", "tokens": 2, "mean_kl": pytest.approx(0.03), "max_kl": 0.04, "same_top": 0.5}
-    summary = Summary("x", 2, 3, "length", 0.1, 10.0, "m", "p", 1, 0.3, extra={"reference": data})
+    data = totals.summary()
+    assert data == ReferenceSummary("float32", 2, pytest.approx(0.03), 0.04, 0.5)
+    summary = Summary("x", 2, 3, "length", 0.1, 10.0, "m", "p", 1, 0.3, facts=RunFacts(reference=data))
     assert "vs float32: mean KL 0.0300 nats, same top 50.0%" in summary_line(summary)

@@ -141,7 +141,7 @@ def test_greedy_equals_plain_with_the_target_as_draft(tiny_lm, k: int | None) ->
     cfg = SamplingConfig(temperature=0, max_tokens=30)
     tokens, summary = spec_run(tiny_lm, ModelDrafter(tiny_lm, 32), cfg, PROMPT, k)
     assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
-    assert summary.extra["acceptance_rate"] > 0.95 and summary.extra["target_passes"] >= 2
+    assert summary.facts.speculation.acceptance_rate > 0.95 and summary.facts.speculation.target_passes >= 2
     assert any(t.source == "draft" for t in tokens)
 
 
@@ -156,9 +156,9 @@ def test_an_interrupted_run_keeps_its_speculation_figures(tiny_lm) -> None:
         next(events)
     events.close()
     summary = stats.summary("interrupted")
-    assert summary.extra["drafted"] >= 3 and summary.extra["accepted"] >= 3
-    assert summary.extra["target_passes"] >= 1 and summary.extra["tokens_per_pass"] == pytest.approx(
-        5 / summary.extra["target_passes"]
+    assert summary.facts.speculation.drafted >= 3 and summary.facts.speculation.accepted >= 3
+    assert summary.facts.speculation.target_passes >= 1 and summary.facts.speculation.tokens_per_pass == pytest.approx(
+        5 / summary.facts.speculation.target_passes
     )
 
 
@@ -167,7 +167,7 @@ def test_greedy_equals_plain_with_an_unrelated_draft(tiny_lm, other_lm, k: int) 
     cfg = SamplingConfig(temperature=0, max_tokens=30)
     tokens, summary = spec_run(tiny_lm, ModelDrafter(other_lm, 32), cfg, PROMPT, k)
     assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
-    assert summary.extra["acceptance_rate"] < 0.3 and summary.extra["target_passes"] >= 2
+    assert summary.facts.speculation.acceptance_rate < 0.3 and summary.facts.speculation.target_passes >= 2
 
 
 @pytest.mark.parametrize("k", [2, 4, None])
@@ -175,7 +175,7 @@ def test_greedy_equals_plain_with_ngram(tiny_lm, k: int | None) -> None:
     cfg = SamplingConfig(temperature=0, max_tokens=60)
     tokens, summary = spec_run(tiny_lm, NgramDrafter(32, torch.device("cpu"), 1, 3), cfg, PROMPT, k)
     assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
-    assert summary.extra["drafted"] > 0
+    assert summary.facts.speculation.drafted > 0
 
 
 @pytest.mark.parametrize(
@@ -198,7 +198,7 @@ def test_long_greedy_run_survives_rejections(tiny_lm, other_lm) -> None:
     for drafter in (ModelDrafter(other_lm, 32), NgramDrafter(32, torch.device("cpu"), 1, 4)):
         tokens, summary = spec_run(tiny_lm, drafter, cfg, PROMPT, None)
         assert [t.token_id for t in tokens] == expected
-        assert summary.extra["accepted"] < summary.extra["drafted"]  # there were rejections
+        assert summary.facts.speculation.accepted < summary.facts.speculation.drafted  # there were rejections
 
 
 def test_padded_draft_vocabulary(tmp_path: Path, tiny_lm) -> None:
@@ -336,7 +336,7 @@ def test_ngram_on_the_default_model_equals_plain_greedy(default_lm) -> None:
     )
     assert [t.token_id for t in spec] == [t.token_id for t in plain]
     assert "".join(t.text for t in spec) == "".join(t.text for t in plain)
-    assert summary.extra["accepted"] > 0
+    assert summary.facts.speculation.accepted > 0
 
 
 def test_speculate_command_reports_sources_and_speedup(tiny_model_dir: Path) -> None:

@@ -82,6 +82,6 @@ def test_load_model_runs_a_bf16_checkpoint_as_the_cpu_allows(tiny_model_dir, tmp
     _, summary = run_to_end(generate(lm, torch.tensor([[5, 9, 3]]), SamplingConfig(max_tokens=3, seed=1),
                                      RunStats("tiny", "test", 1)))  # fmt: skip
     name = "bfloat16" if native else "float32"
-    assert summary.extra["device"] == "cpu" and summary.extra["dtype"] == name
+    assert summary.facts.device == "cpu" and summary.facts.dtype == name
     assert summary.to_dict()["dtype"] == name  # in the JSONL summary
     assert summary_line(summary).endswith(f"cpu {name}")

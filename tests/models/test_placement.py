@@ -95,7 +95,7 @@ def test_speculation_with_ngrams_gives_the_single_device_tokens(whole, split) ->
         stats = RunStats("m", "p", SAMPLED.seed)
         runs.append(ids_and_probs(speculative_generate(lm, ids, SAMPLED, stats, drafter, ignore_eos=True)))
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
-    assert runs[1][2].extra["drafted"] > 0
+    assert runs[1][2].facts.speculation.drafted > 0
 
 
 def test_speculation_with_a_draft_model_gives_the_single_device_tokens(whole, split, draft_dir: Path) -> None:
@@ -107,7 +107,7 @@ def test_speculation_with_a_draft_model_gives_the_single_device_tokens(whole, sp
         stats = RunStats("m", "p", SAMPLED.seed)
         runs.append(ids_and_probs(speculative_generate(lm, ids, SAMPLED, stats, drafter, ignore_eos=True)))
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
-    assert runs[1][2].extra["drafted"] > 0
+    assert runs[1][2].facts.speculation.drafted > 0
 
 
 def test_batch_decoding_gives_the_single_device_records(whole, split) -> None:

@@ -1,0 +1,55 @@
+"""The summary record's JSONL schema, pinned: the typed run facts flatten to exactly the keys
+(and nesting) the records had when they were a string-keyed bag."""
+
+from __future__ import annotations
+
+import json
+
+from llmsample.events import PlainComparison, ReferenceSummary, RunFacts, Speculation, Summary
+
+BASE_KEYS = {
+    "type", "text", "tokens", "prompt_tokens", "stop_reason", "ttft_s", "tokens_per_s", "model", "preset", "seed",
+    "elapsed_s",
+}  # fmt: skip
+
+
+def summary(facts: RunFacts) -> dict:
+    record = Summary("hi", 4, 3, "length", 0.1, 9.5, "m", "p", 7, 0.5, facts=facts).to_dict()
+    json.dumps(record, allow_nan=False)  # strict JSON
+    return record
+
+
+def test_a_plain_run_has_device_and_dtype_only() -> None:
+    record = summary(RunFacts(device="cpu", dtype="float32"))
+    assert set(record) == BASE_KEYS | {"device", "dtype"}
+    assert record["type"] == "summary" and record["device"] == "cpu" and record["dtype"] == "float32"
+
+
+def test_every_section_flattens_to_its_old_keys() -> None:
+    facts = RunFacts(
+        device="cuda:0",
+        dtype="bfloat16",
+        quantization="torchao",
+        device_map=("cuda:0", "cpu"),
+        compile_s=12.5,
+        speculation=Speculation(drafted=10, accepted=6, target_passes=4, tokens_per_pass=2.5),
+        reference=ReferenceSummary("float32", 4, 0.01, 0.03, 0.75),
+        comparison=PlainComparison(20.0, 1.5, 1.8),
+    )
+    record = summary(facts)
+    assert set(record) - BASE_KEYS == {
+        "device", "dtype", "quantization", "device_map", "compile_s", "drafted", "accepted", "acceptance_rate",
+        "target_passes", "tokens_per_pass", "reference", "plain_tokens_per_s", "plain_elapsed_s", "speedup",
+    }  # fmt: skip
+    assert record["device_map"] == ["cuda:0", "cpu"] and record["acceptance_rate"] == 0.6
+    assert record["reference"] == {"dtype": "float32", "tokens": 4, "mean_kl": 0.01, "max_kl": 0.03, "same_top": 0.75}
+    assert (record["plain_tokens_per_s"], record["plain_elapsed_s"], record["speedup"]) == (20.0, 1.5, 1.8)
+
+
+def test_a_comparison_without_a_speed_has_no_speedup_key() -> None:
+    record = summary(RunFacts(comparison=PlainComparison(None, 0.2)))
+    assert "speedup" not in record and record["plain_tokens_per_s"] is None
+
+
+def test_no_drafts_give_a_zero_rate_not_a_division() -> None:
+    assert Speculation().acceptance_rate == 0.0
