@@ -123,6 +123,14 @@ class PlainComparison:
 
 
 @dataclass(frozen=True)
+class CacheReuse:
+    """A turn of a session: prompt tokens found in the cache, and prompt tokens prefilled."""
+
+    reused: int
+    prefilled: int
+
+
+@dataclass(frozen=True)
 class RunFacts:
     """What a run used and measured beyond the counts, in typed optional sections; a section
     that does not apply is None and leaves its keys out of the summary record."""
@@ -135,6 +143,7 @@ class RunFacts:
     speculation: Speculation | None = None
     reference: ReferenceSummary | None = None
     comparison: PlainComparison | None = None
+    cache: CacheReuse | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
@@ -150,6 +159,8 @@ class RunFacts:
             data["reference"] = asdict(self.reference)
         if self.comparison is not None:
             data.update(self.comparison.to_dict())
+        if self.cache is not None:
+            data["cache"] = asdict(self.cache)
         return data
 
 
