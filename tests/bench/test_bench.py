@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import llmsample.bench
-from llmsample.bench_results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
+import llmsample.bench.single
+from llmsample.bench.results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
 from llmsample.cli import main
 from llmsample.commands.bench import results_table
 
@@ -95,7 +95,7 @@ def no_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the benchmark started although --out cannot be written")
 
-    monkeypatch.setattr(llmsample.bench, "run_benchmark", refuse)
+    monkeypatch.setattr(llmsample.bench.single, "run_benchmark", refuse)
 
 
 def test_out_under_a_file_fails_before_the_benchmark(tmp_path: Path, no_benchmark: None) -> None:
