@@ -22,6 +22,7 @@ from typing import Any
 
 from llmsample.bench.prompts import PROMPTS as ALL_PROMPTS
 from llmsample.bench.results import machine_info, write_document
+from llmsample.errors import RuntimeFailure
 
 VARIANTS = {  # name -> (dtype, --quantize)
     "fp32": ("float32", None),
@@ -33,11 +34,15 @@ DEFAULT_VARIANTS = "fp32,bf16,int8"
 LIBRARIES = {"int8": "torchao int8 weight-only", "int4": "bitsandbytes NF4"}
 PROMPTS = {name: ALL_PROMPTS[name] for name in ("chat", "story")}
 
-# One variant in a fresh process (its peak memory its own), its result as the last line of JSON.
+# One variant in a fresh process (its peak memory its own), its result as the last line of JSON;
+# a failure is its message, as the last line on stderr.
 VARIANT_CHILD = """
 import dataclasses, json, sys
 from llmsample.bench.quant import run_variant
-result = run_variant(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] or None, sys.argv[5])
+try:
+    result = run_variant(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] or None, sys.argv[5])
+except Exception as exc:
+    sys.exit(str(exc) or type(exc).__name__)
 print(json.dumps(dataclasses.asdict(result)))
 """
 
@@ -192,8 +197,8 @@ def run_isolated(variant: str, tokens: int, runs: int, model: str | None = None,
     command = [sys.executable, "-c", VARIANT_CHILD, variant, str(tokens), str(runs), model or "", device]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"variant {variant} failed: {tail}")
+        tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise RuntimeFailure(f"quantization variant {variant} failed in its own process: {tail}")
     return VariantResult(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 

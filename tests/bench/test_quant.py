@@ -89,3 +89,16 @@ def test_quant_refusals_are_one_line(args: list[str], fragment: str, tmp_path: P
     result = CliRunner().invoke(main, ["bench", "--out", str(tmp_path), *args])
     assert result.exit_code == 2 and result.stdout == "", result.output
     assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1 and fragment in result.stderr
+
+
+def test_a_failing_variant_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The child's own message, exit 1, and nothing written: not the parent's traceback."""
+    import llmsample.bench.quant
+
+    monkeypatch.setattr(llmsample.bench.quant, "VARIANT_CHILD", "import sys; sys.exit('cannot allocate 2.0 GiB')")
+    result = CliRunner().invoke(main, ["bench", "--out", str(tmp_path), "--quant", "bf16"])
+    assert result.exit_code == 1 and result.stdout == "", result.output
+    assert result.stderr.splitlines()[-1] == (
+        "Error: quantization variant bf16 failed in its own process: cannot allocate 2.0 GiB"
+    )
+    assert "Traceback" not in result.stderr and list(tmp_path.iterdir()) == []
