@@ -33,6 +33,7 @@ browser:
 
 # The single-sequence loop at the defaults, then batch decoding by batch size (float32, as in the README),
 # then the batch workloads users run (fresh seeds and mixed settings; --draft ngram on code rewrites).
+# Quantization is a run of its own: `llmsample bench --quant [fp32,bf16,int8,int4]`.
 bench: $(STAMP)
 	$(BIN)/llmsample bench
 	$(BIN)/llmsample bench --batch-sizes 1,4,8,16 --runs 3 --dtype float32
