@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 
 
 class UserError(Exception):
@@ -44,6 +47,20 @@ def ignore_further_interrupts() -> None:
     (or print a traceback): from here on they are ignored."""
     for signum in ENDING_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold the ending signals for a moment (printing one token and counting it), so an
+    interrupt lands between tokens and the summary counts exactly what was printed."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
 
 
 def first_line(exc: BaseException) -> str:

@@ -19,7 +19,7 @@ from llmsample.commands.options import (
     resolve_sampling,
     resolve_watch,
 )
-from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
+from llmsample.errors import Interrupted, UserError, ignore_further_interrupts, signals_deferred
 
 if TYPE_CHECKING:
     from llmsample.engine.speculative import Drafter
@@ -217,9 +217,10 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
             if isinstance(item, Summary):
                 summary = item
             else:
-                for renderer in renderers:
-                    renderer.token(item)
-                shown.append(item.text)
+                with signals_deferred():
+                    for renderer in renderers:
+                        renderer.token(item)
+                    shown.append(item.text)
     except (KeyboardInterrupt, Interrupted) as exc:
         ignore_further_interrupts()
         code = exc.exit_code if isinstance(exc, Interrupted) else 130
