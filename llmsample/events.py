@@ -245,3 +245,4 @@ class StepFigures:
     mass: float  # total of the sampling distribution: 1 unless something overflowed
     finite_logits: bool  # the model's logits had no NaN/+inf and something finite
     watch: tuple[Watched, ...] = ()  # the watched ids, in the order step_figures was given them
+    accepted: int = 0  # speculation: how many of its row's drafts this step accepted

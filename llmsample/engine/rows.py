@@ -82,7 +82,7 @@ class Row:
             self.drafted, self.q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator)
         else:
             self.drafted, self.q = self.drafted[:0], self.q[:0]
-        self.draft_ids = self.drafted.tolist()
+        self.draft_ids = self.drafted.tolist() if self.draft_count else []  # the drafter's transfer
         return self.draft_ids
 
     def advance(self, emitted: list[int], newest: Tensor) -> None:

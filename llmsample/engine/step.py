@@ -69,8 +69,9 @@ def sample_step(
         if row.ready:
             groups.setdefault(sampler_key(row.item.cfg), []).append(i)
     for members in groups.values():
-        chain, tokens, accepted, starts = _draw_group(rows, members, step, agree)
-        figures = step_figures(chain, tokens, top_n, watched)
+        chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
+        figures = step_figures(chain, tokens, top_n, watched, counts)
+        accepted = {i: figures[start].accepted for i, start in zip(members, starts, strict=True)}
         scored = None
         if step.reference is not None:
             scored = reference_figures(chain.raw, step.reference[_positions(rows, members, step)], tokens)
@@ -100,9 +101,9 @@ def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor |
 
 def _draw_group(
     rows: list[Row], members: list[int], step: StepInput, agree: Callable[[Tensor], Tensor]
-) -> tuple[Chain, Tensor, dict[int, int], list[int]]:
-    """The group's chain, its token at every position, each row's accepted drafts, and where
-    each row's positions start within the group."""
+) -> tuple[Chain, Tensor, Tensor | None, list[int]]:
+    """The group's chain, its token at every position, at every position its row's accepted
+    drafts (None when nobody drafted), and where each row's positions start within the group."""
     group = [rows[i] for i in members]
     logits = step.logits[_positions(rows, members, step)]
     speculative = any(row.draft_count for row in group)
@@ -112,7 +113,7 @@ def _draw_group(
     chain = sampler_chain(logits, history, group[0].item.cfg)
     if not speculative:
         tokens = agree(chain.draw([row.generator for row in group]))
-        return chain, tokens, dict.fromkeys(members, 0), list(range(len(members)))
+        return chain, tokens, None, list(range(len(members)))
     parts, counts, starts, at = [], [], [], 0
     for row in group:
         k = row.draft_count
@@ -126,11 +127,10 @@ def _draw_group(
         # Position j carries the emitted token: the draft while accepted, then the correction.
         drafts = torch.cat([row.drafted, after])
         parts.append(torch.where(torch.arange(k + 1, device=drafts.device) < count, drafts, after))
-        counts.append(count)
+        counts.append(count.expand(k + 1))
         at += k + 1
     tokens = agree(torch.cat(parts))
-    accepted = dict(zip(members, torch.stack(counts).tolist(), strict=True))
-    return chain, tokens, accepted, starts
+    return chain, tokens, torch.cat(counts), starts
 
 
 def _emit(
