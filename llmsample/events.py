@@ -123,6 +123,15 @@ class PlainComparison:
 
 
 @dataclass(frozen=True)
+class ConstraintOutcome:
+    """A constrained run: which constraint (its flag) and whether the output is complete under it
+    (``False``: the length limit or a stop string cut the text before the grammar accepted)."""
+
+    constraint: str
+    complete: bool
+
+
+@dataclass(frozen=True)
 class RunFacts:
     """What a run used and measured beyond the counts, in typed optional sections; a section
     that does not apply is None and leaves its keys out of the summary record."""
@@ -135,6 +144,7 @@ class RunFacts:
     speculation: Speculation | None = None
     reference: ReferenceSummary | None = None
     comparison: PlainComparison | None = None
+    constraint: ConstraintOutcome | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
@@ -150,6 +160,8 @@ class RunFacts:
             data["reference"] = asdict(self.reference)
         if self.comparison is not None:
             data.update(self.comparison.to_dict())
+        if self.constraint is not None:
+            data.update(asdict(self.constraint))
         return data
 
 
