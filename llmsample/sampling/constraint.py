@@ -11,6 +11,7 @@ is built once per tokenizer and vocabulary size and kept."""
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,12 +48,21 @@ ANY = Constraint("any", "")
 """What the step groups by: rows with different constraints share one chain call."""
 
 
+def _one_line(message: str) -> str:
+    """llguidance's message without its source excerpt (``   1 | start: ...``) in one line; a
+    regex error keeps the regex crate's reason (``unclosed group``)."""
+    lines = [line for line in message.splitlines() if not re.match(r"\s*(\d+ )?\|", line) and line.strip() != "^"]
+    text = " ".join(" ".join(lines).split())
+    found = re.search(r"regex parse error:.*?error: (.*)$", text)
+    return f"invalid regex: {found.group(1)}" if found else text
+
+
 def _check(grammar: str, origin: str, unsupported: str = "") -> str:
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
-        reason = " ".join(messages[0].split()) if messages else "invalid"
+        reason = _one_line(messages[0] if messages else "invalid")
         if unsupported and reason.startswith("Unimplemented keys"):
             reason += f" ({unsupported})"
         raise UserError(f"{origin}: {reason}")
@@ -247,3 +257,14 @@ def batch_masks(matchers: Sequence[Matcher], drafts: Sequence[Sequence[int]]) ->
     if drafted:
         _executor().unsafe_compute_mask_ptr_with_draft_token(drafted, bitmask.data_ptr(), words * 4, total)
     return unpack(bitmask, matchers[0].vocab_size)
+
+
+def incomplete_message(summary: Any) -> str | None:
+    """The one line for a constrained output the length limit (or a stop string) cut short;
+    None when the output is complete or unconstrained."""
+    outcome = summary.facts.constraint
+    if outcome is None or outcome.complete:
+        return None
+    if summary.stop_reason == "stop":
+        return f"the output is incomplete under {outcome.constraint}: a stop string ended it after {summary.tokens} tokens"
+    return f"the output is incomplete under {outcome.constraint} after {summary.tokens} tokens; raise --max-tokens"
