@@ -129,6 +129,7 @@ class ModelDrafter:
         logits = self.runner.extend(torch.tensor([seq[common:]], device=device), keep_last=True)[:, -1]
         self.fed = list(seq)
         tokens, dists = [], []
+        pushed = 0
         for i in range(k):
             if matcher is not None:  # q under the grammar state after the drafts before it, as p
                 history = dataclasses.replace(history, allowed=matcher.masks())
@@ -137,14 +138,16 @@ class ModelDrafter:
             tokens.append(token)
             dists.append(q)
             if matcher is not None:
-                matcher.push(int(token))
-                if matcher.stopped:  # nothing but EOS can follow: the draft ends here
+                if not matcher.push(int(token)):  # EOS: the draft ends
+                    break
+                pushed += 1
+                if matcher.stopped:  # nothing but EOS can follow
                     break
             if i < k - 1:
                 history = history.advanced(token)
                 logits = self.runner.step(token)
         if matcher is not None:
-            matcher.rollback(len(tokens))
+            matcher.rollback(pushed)
         if not tokens:
             return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, self.vocab_size, device=device)
         drafted = torch.cat(tokens)

@@ -201,6 +201,7 @@ class Matcher:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self.matcher = LLMatcher(table, constraint.grammar, log_level=0)
+        self.eos = frozenset(table.eos_tokens)
         if self.matcher.is_error():
             raise UserError(f"{constraint.origin or constraint.flag}: {self.matcher.get_error()}")
 
@@ -209,7 +210,9 @@ class Matcher:
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
 
     def advance(self, tokens: Sequence[int]) -> None:
-        if tokens and not self.matcher.consume_tokens(list(tokens)):
+        """The row's emitted tokens (an EOS kept by ``--ignore-eos`` is not the grammar's)."""
+        tokens = [t for t in tokens if t not in self.eos]
+        if tokens and not self.matcher.consume_tokens(tokens):
             raise RuntimeError(f"the grammar rejected an emitted token: {self.matcher.get_error()}")
 
     def accepts_after(self, tokens: Sequence[int]) -> bool:
@@ -219,10 +222,15 @@ class Matcher:
         self.matcher.rollback(consumed)
         return accepting
 
-    def push(self, token: int) -> None:
-        """One draft token in, to be rolled back (see :meth:`rollback`)."""
+    def push(self, token: int) -> bool:
+        """One draft token in, to be rolled back (see :meth:`rollback`); False for EOS, which is
+        not pushed: llguidance 1.9 does not count an EOS consumed in a stopped state, so rolling
+        back over it would undo one token too many."""
+        if token in self.eos:
+            return False
         if not self.matcher.consume_token(token):
             raise RuntimeError(f"the grammar rejected a drafted token: {self.matcher.get_error()}")
+        return True
 
     @property
     def stopped(self) -> bool:
