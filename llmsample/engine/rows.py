@@ -154,4 +154,5 @@ def start_matcher(lm: LoadedModel, cfg: SamplingConfig, vocab: int) -> Matcher |
     """The row's grammar state at the start of its output (the tokenizer's table built once)."""
     if cfg.constraint is None:
         return None
-    return Matcher(cfg.constraint, tokenizer_table(lm.tokenizer, vocab, sorted(lm.eos_ids)), vocab)
+    table = tokenizer_table(lm.tokenizer, vocab, sorted(lm.eos_ids), cfg.constraint.flag)
+    return Matcher(cfg.constraint, table, vocab)

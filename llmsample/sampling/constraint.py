@@ -158,15 +158,19 @@ def from_options(options: dict[str, Any]) -> Constraint | None:
 _TABLES: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
 
 
-def tokenizer_table(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> Any:
+def tokenizer_table(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], flag: str = "the constraint") -> Any:
     """llguidance's table of the tokenizer (every token's bytes, a trie): built once per tokenizer
-    and vocabulary size, kept as long as the tokenizer."""
+    and vocabulary size, kept as long as the tokenizer. A tokenizer llguidance cannot read (not a
+    fast tokenizer, no known decoder) is one line naming ``flag``."""
     tables = _TABLES.setdefault(tokenizer, {})
     if vocab_size not in tables:
         import llguidance.hf
 
         eos = sorted(eos_ids) or None
-        tables[vocab_size] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+        try:
+            tables[vocab_size] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+        except ValueError as exc:
+            raise UserError(f"{flag}: llguidance cannot read this model's tokenizer ({_one_line(str(exc))})") from exc
     return tables[vocab_size]
 
 

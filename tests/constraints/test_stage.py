@@ -130,3 +130,13 @@ def test_masks_after_drafts_leave_the_state_alone(byte_lm) -> None:
     assert text == [["a"], ["b", "c"], ["<eos>"]]
     assert matcher.masks()[0].equal(masks[0])
     assert matcher.accepts_after(ids) and not matcher.accepts_after(ids[:1])
+
+
+def test_a_constraint_no_token_can_continue_is_named() -> None:
+    from llmsample.engine.emitter import nothing_left
+
+    cfg = SamplingConfig(constraint=constraints.regex("x"))
+    assert nothing_left(cfg, {"constraint": 3}, 7) == (
+        "no token is left at position 7: --regex allows no token here; check the constraint"
+    )
+    assert "--regex allows only tokens that --ban removed" in nothing_left(cfg, {"ban": 1, "constraint": 3}, 7)
