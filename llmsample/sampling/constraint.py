@@ -16,12 +16,12 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError
+
+if TYPE_CHECKING:  # the batch reader compiles constraints and imports no torch
+    from torch import Tensor
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """JSON as ``{"a": 1, "b": [2, 3]}``: no free whitespace, so a model cannot pad forever with blanks."""
@@ -174,12 +174,11 @@ def tokenizer_table(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], fla
     return tables[vocab_size]
 
 
-_BITS = torch.arange(32, dtype=torch.int32)
-
-
 def unpack(bitmask: Tensor, vocab_size: int) -> Tensor:
     """llguidance's ``[n, words]`` int32 bitmask as ``[n, vocab]`` bool."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    import torch
+
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
@@ -253,6 +252,8 @@ class Matcher:
 def batch_masks(matchers: Sequence[Matcher], drafts: Sequence[Sequence[int]]) -> Tensor:
     """Every row's masks (the next position, then after each of its drafts) in one call to
     llguidance's executor, which fills them in parallel; rows in order, ``[sum(1 + k), vocab]``."""
+    import torch
+
     total = sum(1 + len(d) for d in drafts)
     words = matchers[0].words
     bitmask = torch.zeros(total, words, dtype=torch.int32)
