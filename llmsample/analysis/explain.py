@@ -3,6 +3,7 @@ of a given continuation. Both run the pipeline's own functions, never a copy of 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -89,11 +90,28 @@ def chain_report(
     return ChainReport(list(chain.names), candidates, kept, float(entropy_bits(chain.probs[0])))
 
 
+def _constrained(
+    lm: LoadedModel, cfg: SamplingConfig, history: TokenHistory, vocab: int, tokens: Sequence[int] = ()
+) -> TokenHistory:
+    """With a constraint: the grammar's allowed tokens at the start and after each of ``tokens``
+    (a token the grammar rejects leaves nothing allowed after it)."""
+    from llmsample.engine.rows import start_matcher
+
+    matcher = start_matcher(lm, cfg, vocab)
+    if matcher is None:
+        return history
+    masks = matcher.masks(tokens[: matcher.valid_prefix(tokens)])
+    rows = len(tokens) + 1 - masks.shape[0]
+    masks = torch.cat([masks, masks.new_zeros(rows, vocab)]) if rows else masks
+    return dataclasses.replace(history, allowed=masks)
+
+
 def explain_next(
     lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10, watch: Sequence[int] = ()
 ) -> ChainReport:
     logits = ModelRunner(lm.model).prefill(prompt_ids)
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
+    history = _constrained(lm, cfg, history, logits.shape[-1])
     return chain_report(logits, history, cfg, lm.tokenizer, top_n, watch)
 
 
@@ -109,6 +127,7 @@ def score_continuation(
     # row i sees the continuation before token i
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = history.prefixes(cont, continuation)
+    history = _constrained(lm, cfg, history, logits.shape[-1], continuation)
     chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
     raw = chain.raw
     model_probs, preset_probs = raw.softmax(-1), chain.probs

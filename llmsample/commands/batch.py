@@ -10,6 +10,7 @@ import click
 
 from llmsample.commands.options import (
     check_utf8_option,
+    constraint_options,
     draft_options,
     end_rank,
     load_model_with_progress,
@@ -30,6 +31,7 @@ from llmsample.errors import Interrupted, UserError
 )
 @model_options
 @sampling_options
+@constraint_options
 @click.option("--system", metavar="TEXT", callback=check_utf8_option, help="System message for prompts without one.")
 @click.option("--raw", is_flag=True, help="Plain-text prompts go to the model as they are, without the chat template.")
 @click.option("--truncate", type=click.Choice(["error", "left"]), default="error", show_default=True)
@@ -71,8 +73,11 @@ def batch(**options: Any) -> None:
             "--compile decodes rows of one prompt in lockstep over a static cache, and batch requests have "
             "their own prompts; leave it out (batch decodes eagerly)"
         )
-    resolve_sampling(options)  # bad flags and an unknown preset fail before anything runs
+    # bad flags, an unknown preset and a bad constraint fail before anything runs
+    constraint = resolve_sampling(options)[1].constraint
     overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
+    if constraint is not None:
+        overrides["constraint"] = constraint
     settings = BatchSettings(
         preset=options["preset"],
         preset_file=options["preset_file"],

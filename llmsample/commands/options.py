@@ -269,6 +269,32 @@ sampling_options = _stack(
     click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
 )
 
+constraint_options = _stack(
+    click.option("--json", "json", is_flag=True, help="Constrain the output to one JSON object."),
+    click.option(
+        "--json-schema",
+        metavar="FILE|JSON",
+        callback=check_utf8_option,
+        help="Constrain the output to JSON valid under this schema (a file, or the schema itself).",
+    ),
+    click.option(
+        "--regex", metavar="PATTERN", callback=check_utf8_option, help="Constrain the whole output to match PATTERN."
+    ),
+    click.option(
+        "--choice",
+        multiple=True,
+        metavar="TEXT",
+        callback=check_utf8_option,
+        help="Constrain the output to exactly one of these texts (repeatable).",
+    ),
+    click.option(
+        "--grammar",
+        metavar="FILE",
+        help="Constrain the output to a Lark grammar (llguidance's dialect); a .gbnf file is read as GBNF.",
+    ),
+)
+
+
 watch_option = click.option(
     "--watch",
     multiple=True,
@@ -349,11 +375,15 @@ def sampling_overrides(options: dict[str, Any]) -> dict[str, Any]:
 
 def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tuple[str, SamplingConfig]:
     """Preset (or ``--preset-file``) with the flags on top; bad values name the flag."""
+    from llmsample.sampling.constraint import from_options
+
     name, cfg = preset_store.load(preset or options.get("preset"), options.get("preset_file"))
     try:
-        return name, cfg.with_overrides(**sampling_overrides(options))
+        cfg = cfg.with_overrides(**sampling_overrides(options))
     except ConfigError as exc:
         raise UserError(f"--{REPEATED_FLAGS.get(exc.key, exc.key).replace('_', '-')}: {exc.reason}") from exc
+    constraint = from_options(options)  # a bad schema, regex or grammar fails here, before the model loads
+    return name, cfg.with_overrides(constraint=constraint)
 
 
 def read_prompt(prompt: str | None, raw: bool = False) -> str:
@@ -402,7 +432,10 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 
 def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
-    return _stack(prompt_options, model_options, placement_options, sampling_options, output_options, draft_options)(f)
+    return _stack(
+        prompt_options, model_options, placement_options, sampling_options, constraint_options, output_options,
+        draft_options,
+    )(f)  # fmt: skip
 
 
 def end_rank(code: int) -> NoReturn:

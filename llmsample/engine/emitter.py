@@ -49,6 +49,7 @@ class Emitter:
         self.max_tokens = cfg.max_tokens
         self.stats = stats
         self.eos = set() if ignore_eos else lm.eos_ids
+        self.cfg = cfg
         self.stream = TextStream(lm.tokenizer, cfg.stop, list(prompt_ids))
         self.reason: str | None = None
         stats.prompt_tokens = len(prompt_ids)
@@ -61,6 +62,8 @@ class Emitter:
         if not figures.finite_logits:
             raise_broken_logits(position)
         if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
+            if self.cfg.constraint is not None:
+                raise RuntimeFailure(nothing_left(self.cfg, figures.removed, position))
             raise RuntimeFailure(
                 f"the sampling distribution at position {position} is not finite "
                 "(the settings overflowed float32); use milder penalties or temperature"
@@ -79,6 +82,18 @@ class Emitter:
         )
         self.stats.record(event)
         return event
+
+
+def nothing_left(cfg: SamplingConfig, removed: dict[str, int], position: int) -> str:
+    """Why a constrained step has no candidate: the grammar allows only what another stage removed."""
+    flag = cfg.constraint.flag
+    others = [flag for name, flag in (("ban", "--ban"), ("min_tokens", "--min-tokens")) if removed.get(name)]
+    if others:
+        return (
+            f"no token is left at position {position}: {flag} allows only tokens that {' and '.join(others)} "
+            f"removed; loosen one of them"
+        )
+    return f"no token is left at position {position}: {flag} allows no token here; check the constraint"
 
 
 def make_event(

@@ -20,8 +20,9 @@ from llmsample.engine.reference import reference_figures
 from llmsample.engine.rows import Row, RowFailed
 from llmsample.engine.speculative import accept_drafts
 from llmsample.errors import RuntimeFailure
-from llmsample.events import StepFigures, Summary, TokenEvent
+from llmsample.events import ConstraintOutcome, StepFigures, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.constraint import ANY, batch_masks
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Chain, sampler_chain
@@ -52,7 +53,8 @@ class StepResult:
 
 def sampler_key(cfg: SamplingConfig) -> SamplingConfig:
     """What the chain reads of a config: rows that share it are sampled by one chain call."""
-    return dataclasses.replace(cfg, seed=None, max_tokens=1, description="")
+    constraint = ANY if cfg.constraint is not None else None  # each row's own grammar gives its mask
+    return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint)
 
 
 def sample_step(
@@ -110,6 +112,9 @@ def _draw_group(
     history = TokenHistory.stack(
         [row.history.prefixes(row.drafted, row.draft_ids) if row.draft_count else row.history for row in group]
     )
+    if group[0].matcher is not None:  # every row's masks, after each of its drafts, in one call
+        masks = batch_masks([row.matcher for row in group if row.matcher], [row.draft_ids for row in group])
+        history = dataclasses.replace(history, allowed=masks)
     chain = sampler_chain(logits, history, group[0].item.cfg)
     if not speculative:
         tokens = agree(chain.draw([row.generator for row in group]))
@@ -154,6 +159,10 @@ def _emit(
             row.item.stats.note(speculation=row.speculation())
         yield row.key, event
         if row.emitter.reason:
+            if row.matcher is not None:
+                emitted = [f.token_id for f in figures[: j + 1]]
+                complete = row.emitter.reason == "eos" or row.matcher.accepts_after(emitted)
+                row.item.stats.note(constraint=ConstraintOutcome(row.matcher.constraint.flag, complete))
             yield row.key, row.item.stats.summary(row.emitter.reason)
             return True
     return False

@@ -117,3 +117,18 @@ def apply_dry(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Ten
     device = logits.device
     index = (_on(device, rows, torch.long), _on(device, cols, torch.long))
     return keep_finite(logits.index_put(index, _on(device, values, torch.float32), accumulate=True), logits)
+
+
+def apply_constraint(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """``--json-schema``, ``--regex``, ...: only the tokens the row's grammar state allows (EOS where
+    the grammar accepts). Before the temperature and every truncation filter, so top-k, top-p and
+    min-p choose among allowed tokens and the draw is from the renormalised constrained
+    distribution. A row left with nothing stays all ``-inf``; the emitter names the stages."""
+    if cfg.constraint is None:
+        return logits
+    if history.allowed is None:
+        raise ValueError("the constraint stage needs a history with each row's allowed tokens")
+    allowed = history.allowed
+    if allowed.device != logits.device:
+        allowed = allowed.to(logits.device, non_blocking=True)
+    return logits.masked_fill(~allowed, -math.inf)
