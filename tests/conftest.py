@@ -28,7 +28,7 @@ def make_tiny_model(
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2} | {f"w{i}": i for i in range(3, vocab_size)}
     backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
@@ -36,6 +36,15 @@ def make_tiny_model(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
+    return save_tiny_llama(path, tokenizer, vocab_size, seed, init, layers, hidden)
+
+
+def save_tiny_llama(
+    path: Path, tokenizer, vocab_size: int, seed: int, init: float, layers: int, hidden: int, positions: int = 1024
+) -> Path:
+    """A random LlamaForCausalLM (ids 0/1 are BOS/EOS) saved with ``tokenizer``: any tiny model's body."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -43,7 +52,7 @@ def make_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=positions,
         bos_token_id=0,
         eos_token_id=1,
         initializer_range=init,  # large weights: peaked, tie-free distributions

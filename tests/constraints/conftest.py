@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
+
+from tests.conftest import save_tiny_llama
 
 
 def make_byte_model(path: Path, seed: int = 0, init: float = 0.5, layers: int = 2, hidden: int = 32) -> Path:
     """A random LlamaForCausalLM over ``<bos>``, ``<eos>``, ``<unk>`` and the 256 bytes."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2}
     for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
@@ -23,25 +24,7 @@ def make_byte_model(path: Path, seed: int = 0, init: float = 0.5, layers: int = 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
-    config = LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        bos_token_id=0,
-        eos_token_id=1,
-        initializer_range=init,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = 1
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_llama(path, tokenizer, len(vocab), seed, init, layers, hidden, positions=2048)
 
 
 @pytest.fixture(scope="session")
