@@ -49,18 +49,40 @@ def ignore_further_interrupts() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+_deferred: list[int] | None = None  # signals that arrived while a token was being printed
+
+
+def raise_interrupted(signum: int, frame: object = None) -> None:
+    """The handler of SIGTERM and SIGHUP (and SIGINT while deferred): raise, or keep it for later."""
+    if _deferred is not None:
+        _deferred.append(signum)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(signum)
+
+
 @contextlib.contextmanager
 def signals_deferred() -> Iterator[None]:
     """Hold the ending signals for a moment (printing one token and counting it), so an
-    interrupt lands between tokens and the summary counts exactly what was printed."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    interrupt lands between tokens and the summary counts exactly what was printed. Python-level,
+    since a signal may reach any of torch's threads: a thread mask would not hold it."""
+    global _deferred
+    if threading.current_thread() is not threading.main_thread() or _deferred is not None:
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, ENDING_SIGNALS)
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:
+        signal.signal(signal.SIGINT, raise_interrupted)
+    _deferred = []
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, ENDING_SIGNALS)
+        pending, _deferred = _deferred, None
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise_interrupted(pending[0])
 
 
 def first_line(exc: BaseException) -> str:
