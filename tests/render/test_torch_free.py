@@ -20,6 +20,8 @@ MODULES = [
     "llmsample.batch.requests",
     "llmsample.batch.responses",
     "llmsample.batch.resume",
+    "llmsample.batch.output",
+    "llmsample.batch.distributed",
 ]
 
 
