@@ -135,9 +135,9 @@ class Bench:
         """One process; True when it finished."""
         captured = run_module.run_batch
 
-        def run_batch(lm: Any, parsed: Any, done: Any, settings: Any, *rest: Any) -> Any:
+        def run_batch(lm: Any, parsed: Any, done: Any, settings: Any, *rest: Any, **named: Any) -> Any:
             self.settings = settings
-            return captured(lm, parsed, done, settings, *rest)
+            return captured(lm, parsed, done, settings, *rest, **named)
 
         with (
             Process(kill).running(),
