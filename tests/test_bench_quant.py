@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from llmsample.bench_quant import VariantResult, table, tensor_bytes, weights_bytes, write
+from tests.conftest import quant_library
 
 
 def result(variant: str, quantization: str | None = None, kl: float = 0.0) -> VariantResult:
@@ -32,7 +32,7 @@ def test_results_are_written_whole(tmp_path: Path) -> None:
 def test_weight_bytes_of_plain_and_quantized_tensors() -> None:
     linear = torch.nn.Linear(64, 32, bias=False)
     assert weights_bytes(linear) == 64 * 32 * 4
-    torchao = pytest.importorskip("torchao")
+    torchao = quant_library("torchao")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     quantize_(linear, Int8WeightOnlyConfig())

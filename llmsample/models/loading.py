@@ -187,6 +187,12 @@ def read_weights(source: str, config: Any, dtype: torch.dtype, name: str, **load
             f"({first_line(exc)}); pass a text-generation model"
         ) from exc
     except OSError as exc:
+        folder = load.get("offload_folder")
+        if folder and exc.filename and str(exc.filename).startswith(str(folder)):
+            raise UserError(
+                f"cannot write the offload folder {folder} ({exc.strerror or first_line(exc)}); "
+                "choose another --offload-folder"
+            ) from exc
         raise UserError(_not_found_message(name, exc)) from exc
     except SafetensorError as exc:
         raise UserError(
@@ -256,6 +262,8 @@ def load_model(
         source = str(Path(spec).expanduser())
         check_local_model(Path(source))
     config = read_config(source, name)
+    if placement is not None and isinstance(placement.device_map, dict):
+        check_explicit_map(config, placement.device_map, name)
     dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
     if local:
         check_tokenizer_files(Path(source))
@@ -299,6 +307,22 @@ def load_model(
         model, tokenizer, name, device, dtype, compiled, tensor_parallel,
         placed_on=placed, quantization=quantize or stored,
     )  # fmt: skip
+
+
+def check_explicit_map(config: Any, device_map: dict[str, Any], name: str) -> None:
+    """An explicit ``--device-map`` against the model's module tree (built on the meta device: no
+    memory, no weights read): entries it lacks and modules it leaves out are one line each."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from llmsample.models.placement import check_map_covers
+
+    try:
+        with init_empty_weights():
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception:  # an architecture that cannot be built so: the load itself will say why
+        return
+    check_map_covers(skeleton, device_map, name)
 
 
 def check_quantized_forward(model: Any, device: torch.device, scheme: str) -> None:

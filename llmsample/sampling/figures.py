@@ -99,6 +99,7 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | N
                 removed=removed,
                 mass=row[5],
                 finite_logits=row[6] == 1.0,
+                candidates=int(kept_counts[-1]),
                 watch=watched_rows,
             )
         )

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+import click
+
 from llmsample.errors import UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
@@ -35,20 +37,41 @@ def user_dir() -> Path:
     return Path(xdg) / "llmsample" / "presets"
 
 
+_warned: set[str] = set()  # user preset directories already warned about in this process
+
+
 def _toml_files(directory: Path) -> list[Path]:
-    if not directory.exists():
-        return []
     try:
         return sorted(p for p in directory.iterdir() if p.suffix.lower() == ".toml")
+    except FileNotFoundError:
+        return []
     except OSError as exc:
         raise UserError(f"cannot read the preset directory {directory} ({exc.strerror}); fix its permissions") from exc
+
+
+def _user_toml_files(directory: Path) -> list[Path]:
+    """The user's preset files; a directory this user cannot read (under another user's home:
+    ``sudo -u nobody`` without ``-H``) leaves the built-in presets, with a one-line warning."""
+    try:
+        return _toml_files(directory)
+    except UserError as exc:
+        if str(directory) not in _warned:
+            _warned.add(str(directory))
+            cause = exc.__cause__
+            reason = getattr(cause, "strerror", None) or cause
+            click.echo(
+                f"Warning: cannot read the user preset directory {printable(str(directory))} ({reason}); "
+                "using the built-in presets (set XDG_CONFIG_HOME to a directory you can read)",
+                err=True,
+            )
+        return []
 
 
 def discover() -> dict[str, PresetFile]:
     """Every preset by name; a user preset shadows the built-in of the same name."""
     found = {p.stem: PresetFile(p.stem, "built-in", p) for p in _toml_files(builtin_dir())}
     user: dict[str, PresetFile] = {}
-    for path in _toml_files(user_dir()):
+    for path in _user_toml_files(user_dir()):
         name = path.stem
         if name in user:
             raise UserError(f"two user presets are named {name!r} ({user[name].path}, {path}); rename one")
