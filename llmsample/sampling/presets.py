@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-
-import click
 
 from llmsample.errors import UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
@@ -59,12 +58,22 @@ def _user_toml_files(directory: Path) -> list[Path]:
             _warned.add(str(directory))
             cause = exc.__cause__
             reason = getattr(cause, "strerror", None) or cause
-            click.echo(
+            _warn(
                 f"Warning: cannot read the user preset directory {printable(str(directory))} ({reason}); "
-                "using the built-in presets (set XDG_CONFIG_HOME to a directory you can read)",
-                err=True,
+                "using the built-in presets (set XDG_CONFIG_HOME to a directory you can read)"
             )
         return []
+
+
+def _warn(line: str) -> None:
+    """One line on stderr; a closed or full stderr only loses it (the run goes on)."""
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def discover() -> dict[str, PresetFile]:

@@ -191,11 +191,18 @@ def test_a_model_against_itself(tiny_lm) -> None:
 
 
 def save_padded(source: Path, target: Path, rows: int = 48) -> Path:
-    """``source`` with its embeddings padded to ``rows`` (same tokenizer, random padding rows)."""
+    """``source`` with its embeddings padded to ``rows`` (same tokenizer). The padding rows of the
+    LM head copy real tokens' rows (and a little noise: no ties, which go to the lower id), so the
+    padded model samples a padding id now and then, the same ids on every run (seeded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(source)
+    size = model.config.vocab_size
+    torch.manual_seed(0)
     model.resize_token_embeddings(rows, mean_resizing=False)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[size:] = head[3 : 3 + rows - size] + 0.01 * torch.randn(rows - size, head.shape[1])
     model.save_pretrained(target)
     AutoTokenizer.from_pretrained(source).save_pretrained(target)
     return target

@@ -150,7 +150,7 @@ def test_a_padded_a_that_writes_an_id_b_lacks_is_scored_up_to_it(pair: tuple[str
     from tests.analysis.test_drift import save_padded
 
     padded = str(save_padded(Path(pair[0]), tmp_path / "padded"))
-    args = ("-m", padded, "-m", pair[1], "--raw", "-p", "w3 w4", "-n", "20", "--seed", "1", "--device", "cpu", "-q")
+    args = ("-m", padded, "-m", pair[1], "--raw", "-p", "w3 w4", "-n", "20", "--seed", "2", "--device", "cpu", "-q")
     result = invoke(*args, "--format", "jsonl")
     assert result.exit_code == 0, result.output
     tokens, summary = records(result.stdout)
