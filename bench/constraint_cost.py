@@ -75,7 +75,9 @@ def main() -> None:
     prompt = encode_prompt(lm, "Give me a person with a name, an age and hobbies", room=TOKENS)[0].tolist()
     plain = SamplingConfig(temperature=0.0, max_tokens=TOKENS)
     schemas = [{**PERSON, "properties": {**PERSON["properties"], f"id{i}": {"type": "integer"}}} for i in range(8)]
-    per_row = [SamplingConfig(temperature=0.0, max_tokens=TOKENS, constraint=constraints.json_schema(s)) for s in schemas]
+    per_row = [
+        SamplingConfig(temperature=0.0, max_tokens=TOKENS, constraint=constraints.json_schema(s)) for s in schemas
+    ]
     for rows in [int(r) for r in args.rows.split(",")]:
         rates: dict[str, list[float]] = {"plain": [], "constrained": []}
         masks: list[float] = []

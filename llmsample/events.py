@@ -256,5 +256,6 @@ class StepFigures:
     removed: dict[str, int]
     mass: float  # total of the sampling distribution: 1 unless something overflowed
     finite_logits: bool  # the model's logits had no NaN/+inf and something finite
+    candidates: int = 1  # tokens the chain's last stage kept: 0 when bans/min-tokens removed every one
     watch: tuple[Watched, ...] = ()  # the watched ids, in the order step_figures was given them
     accepted: int = 0  # speculation: how many of its row's drafts this step accepted

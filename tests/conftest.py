@@ -3,8 +3,10 @@ real default model (converted once into a cache kept between test runs)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +20,15 @@ if os.environ.get("CI"):
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"
+
+
+def quant_library(name: str) -> Any:
+    """``pytest.importorskip`` for the quant extra's libraries (torchao, bitsandbytes), except
+    under ``make test``, which installs the extra and sets ``LLMSAMPLE_REQUIRE_QUANT=1``: there a
+    missing library fails the test, so the quantization paths cannot silently go untested."""
+    if os.environ.get("LLMSAMPLE_REQUIRE_QUANT") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
 
 
 def make_tiny_model(

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmsample.engine.emitter import raise_nothing_left
 from llmsample.engine.runner import ModelRunner
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
@@ -52,6 +53,16 @@ class ScoredToken:
         return {"type": "scored", **asdict(self)}
 
 
+def check_candidates(chain: Chain, first_index: int, first_position: int) -> None:
+    """Every row must keep a candidate: bans (with min-tokens) that remove them all are one line
+    (exit 1), as in generation, never a distribution of NaNs."""
+    kept = torch.stack([(stage.logits != -torch.inf).sum(-1) for stage in chain.stages], -1).tolist()
+    for row, counts in enumerate(kept):
+        if counts[-1] == 0:
+            removed = {name: counts[i - 1] - counts[i] for i, name in enumerate(chain.names) if i}
+            raise_nothing_left(removed, first_index + row, first_position + row)
+
+
 def _removed_by(chain: Chain, row: int, token: int) -> str | None:
     for stage in chain.stages:
         if not torch.isfinite(stage.logits[row, token]):
@@ -70,6 +81,7 @@ def chain_report(
     """``logits``: raw next-token logits ``[1, vocab]``; ``watch``: token ids shown after the top
     candidates when they are not among them (``--watch``)."""
     chain = sampler_chain(logits, history, cfg)
+    check_candidates(chain, 0, history.prompt_lengths[0] if history.prompt_lengths else 0)
     probs = {stage.name: stage.logits[0].softmax(-1) for stage in chain.stages}
     if "xtc" in probs:  # XTC fires at random: what is sampled after it is the mixture
         probs["xtc"] = chain.probs[0]
@@ -129,6 +141,7 @@ def score_continuation(
     history = history.prefixes(cont, continuation)
     history = _constrained(lm, cfg, history, logits.shape[-1], continuation)
     chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
+    check_candidates(chain, 0, prompt_ids.shape[1])
     raw = chain.raw
     model_probs, preset_probs = raw.softmax(-1), chain.probs
     scored = []

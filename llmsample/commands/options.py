@@ -173,6 +173,7 @@ placement_options = _stack(
     click.option(
         "--offload-folder",
         type=click.Path(file_okay=False, path_type=Path),
+        callback=lambda ctx, param, value: None if value is None else check_offload_folder(value),
         help="Where layers offloaded to disk keep their weights (implies --device-map auto).",
     ),
     click.option(
@@ -181,6 +182,28 @@ placement_options = _stack(
         help="Quantize the weights as they load: int8 (torchao), int4 (bitsandbytes NF4); needs llmsample[quant].",
     ),
 )
+
+
+def check_offload_folder(folder: Path) -> Path:
+    """A folder that cannot be written fails deep in the load with an error about the model: try
+    it first (a file in it, or a directory beside where it would be made; nothing is left), as
+    ``--html`` does, since root ignores permission bits and a read-only mount does not."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if existing == folder:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        elif not existing.is_dir():
+            raise click.BadParameter(f"cannot make {folder}: {existing} is not a directory; choose another folder")
+        else:
+            Path(tempfile.mkdtemp(dir=existing)).rmdir()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot write the offload folder {folder} ({exc.strerror or exc}); choose another folder"
+        ) from exc
+    return folder
 
 
 def placement_from_options(options: dict[str, Any]) -> Any:

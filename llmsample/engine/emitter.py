@@ -24,6 +24,17 @@ def check_finite(logits: Tensor, position: int) -> None:
         raise_broken_logits(position)
 
 
+def raise_nothing_left(removed: dict[str, int], index: int, position: int) -> None:
+    """The bans (with --min-tokens) removed every candidate: the run (or batch row) fails rather
+    than lifting them; only these stages can, every other filter keeps its best token."""
+    stages = [name for stage, name in (("ban", "bans"), ("min_tokens", "min_tokens")) if removed.get(stage)]
+    how = "ban fewer strings" + (" or lower min_tokens" if "min_tokens" in stages else "")
+    raise RuntimeFailure(
+        f"the {' and '.join(stages) or 'sampling settings'} leave no token to generate at token {index} "
+        f"(position {position}): every candidate is removed, and they are never lifted; {how}"
+    )
+
+
 def raise_broken_logits(position: int) -> None:
     raise RuntimeFailure(
         f"the model produced NaN/inf logits at position {position}; try --dtype float32 (half precision can overflow)"
@@ -61,6 +72,8 @@ class Emitter:
         position = self.stats.prompt_tokens + index
         if not figures.finite_logits:
             raise_broken_logits(position)
+        if figures.candidates == 0:
+            raise_nothing_left(figures.removed, index, position)
         if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
             if self.cfg.constraint is not None:
                 raise RuntimeFailure(nothing_left(self.cfg, figures.removed, position))

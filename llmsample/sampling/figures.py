@@ -104,6 +104,7 @@ def step_figures(
                 removed=removed,
                 mass=row[5],
                 finite_logits=row[6] == 1.0,
+                candidates=int(kept_counts[-1]),
                 watch=watched_rows,
                 accepted=int(row[-1]) if accepted is not None else 0,
             )
