@@ -86,7 +86,12 @@ class Chat:
         reply = self._last_reply()
         if not 0 <= position < len(reply.events):
             raise UserError(f"/branch: the last reply has tokens 0..{len(reply.events) - 1}; got {position}")
-        kept = [*reply.events[:position], forced_event(self.lm, reply.events[position], token, reply.ids[:position])]
+        kept = [
+            *reply.events[:position],
+            forced_event(
+                self.lm, reply.events[position], token, position, reply.prompt_ids[-1:] + reply.ids[:position]
+            ),
+        ]
         self.conversation.turns[-1].reply = None
         return self._kept_unless_interrupted((reply, None), kept, secrets.randbits(63), reply.settings)
 
@@ -111,9 +116,13 @@ class Chat:
                 continue
             record = turn.saved
             prefix = [int(t) for t in record.get("prefix") or []]
-            events = [forced_event(self.lm, None, t, prefix[:i]) for i, t in enumerate(prefix)]
+            ids, _ = self.conversation.fit(self.lm, 0)
+            events = [forced_event(self.lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
             reply = self._answer(events, int(record["seed"]), settings_of(record))
-            results.append((number, reply is not None and reply.text == record.get("content")))
+            same = reply is not None and reply.text == record.get("content")
+            if reply is not None and "token_ids" in record:
+                same = reply.ids == record["token_ids"]
+            results.append((number, same))
         return results
 
     def undo(self) -> bool:
@@ -238,9 +247,10 @@ def escape(text: str) -> str:
     return rich_escape(text)
 
 
-def forced_event(lm: LoadedModel, at: TokenEvent | None, token: int, before: list[int]) -> TokenEvent:
+def forced_event(lm: LoadedModel, at: TokenEvent | None, token: int, index: int, before: list[int]) -> TokenEvent:
     """A token put into a reply rather than drawn (``/branch``, a replayed prefix): its numbers
-    are those of the alternative it was at ``at`` (zero where it was not among them; rank 0: unknown)."""
+    are those of the alternative it was at ``at`` (zero where it was not among them; rank 0: unknown).
+    ``before``: the ids before it, so that its text is spaced as a sampled token's would be."""
     candidate = next((c for c in (at.top if at else ()) if c.token_id == token), None)
     prob = candidate.prob if candidate else 0.0
     model_prob = candidate.model_prob if candidate else 0.0
@@ -248,7 +258,7 @@ def forced_event(lm: LoadedModel, at: TokenEvent | None, token: int, before: lis
     text = decode([*before, token])[len(decode(before)) :] if before else decode([token])  # its spacing
     top = at.top if at else (Candidate(token, lm.token_text(token), prob, model_prob),)
     return TokenEvent(
-        index=len(before), token_id=token, text=text, prob=prob,
+        index=index, token_id=token, text=text, prob=prob,
         model_prob=model_prob, model_rank=0, entropy=at.entropy if at else 0.0, top=top, removed={},
         source="forced",
     )  # fmt: skip
