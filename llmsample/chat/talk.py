@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -173,24 +174,29 @@ class Chat:
         events: list[TokenEvent] = []
         records = self.session.turn(item)
         summary = None
-        try:
-            for event in kept:
+        guard = TokenGuard()
+
+        def show(event: TokenEvent) -> None:
+            with guard:
                 for renderer in renderers:
                     renderer.token(event)
                 events.append(event)
+
+        previous = signal.signal(signal.SIGINT, guard.on_sigint)
+        try:
+            for event in kept:
+                show(event)
             for _, record in records:
                 if isinstance(record, RowFailed):
                     raise RuntimeFailure(record.message)
                 if isinstance(record, Summary):
                     summary = record
-                    continue
-                event = dataclasses.replace(record, index=len(events))
-                for renderer in renderers:
-                    renderer.token(event)
-                events.append(event)
+                else:
+                    show(dataclasses.replace(record, index=len(events)))
         except KeyboardInterrupt:
             summary = item.stats.summary("interrupted")
         finally:
+            signal.signal(signal.SIGINT, previous)
             records.close()  # an interrupted turn: the session starts its cache afresh
         assert summary is not None
         text = "".join(event.text for event in events)
@@ -239,6 +245,29 @@ class Chat:
         if self.options["fmt"] == "jsonl":
             return stderr_console()
         return stdout_console(use_color(self.options["no_color"]))
+
+
+class TokenGuard:
+    """Ctrl-C stops a reply between tokens, never inside a token's printing: a token is either
+    shown whole and part of the reply, or neither (rich would print a half-written one twice)."""
+
+    def __init__(self) -> None:
+        self.printing = self.pending = False
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        if self.printing:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> None:
+        self.printing = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.printing = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
 
 
 def escape(text: str) -> str:
