@@ -71,18 +71,15 @@ class Conversation:
         from llmsample.engine.prompt import render_messages
 
         limit = lm.context_length
-        dropped = 0
-        while True:
-            ids = render_messages(lm, self.messages())
+        for dropped in range(max(len(self.turns), 1)):
+            ids = render_messages(lm, Conversation(self.system, self.turns[dropped:]).messages())
             if not limit or len(ids) + room <= limit:
+                del self.turns[:dropped]
                 return ids, dropped
-            if len(self.turns) <= 1:
-                raise UserError(
-                    f"this message is {len(ids)} tokens with the template, and the context of {lm.name} is "
-                    f"{limit} ({room} kept for the reply); send a shorter one, or lower max_tokens with /set"
-                )
-            self.turns.pop(0)
-            dropped += 1
+        raise UserError(  # nothing dropped: the conversation goes on as it was
+            f"this message is {len(ids)} tokens with the template, and the context of {lm.name} is "
+            f"{limit} ({room} kept for the reply); send a shorter one, or lower max_tokens with /set"
+        )
 
 
 def save(path: Path, conversation: Conversation, header: dict[str, Any]) -> None:
