@@ -166,7 +166,6 @@ def _explain(chat: Chat, args: str) -> None:
     import torch
 
     from llmsample.analysis.explain import chain_report
-    from llmsample.commands.explain import chain_table
     from llmsample.engine.runner import ModelRunner
     from llmsample.sampling.history import TokenHistory
 
@@ -180,7 +179,7 @@ def _explain(chat: Chat, args: str) -> None:
         history = history.advanced(torch.tensor([token], device=lm.device), [token])
     watch = [token for _, token in chat.session.options.watch]
     report = chain_report(logits, history, reply.settings, lm.tokenizer, 10, watch)
-    chat.console().print(chain_table(report, chat.preset))
+    chat.console().print(chat.views.chain_table(report, chat.preset))
 
 
 def resolve_token(chat: Chat, text: str, at: Any = None) -> int:

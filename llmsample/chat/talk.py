@@ -39,6 +39,15 @@ class Totals:
     ttfts: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Views:
+    """How replies and chains are shown, handed down by the command (``generate``'s renderers
+    for the options, ``explain``'s chain table), so that chat shows exactly what they show."""
+
+    renderers: Callable[[dict[str, Any]], list[Any]]
+    chain_table: Callable[[Any, str], Any]
+
+
 class Chat:
     """``options``: the command's display and decoding flags (as ``generate`` takes them)."""
 
@@ -48,10 +57,12 @@ class Chat:
         preset: str,
         cfg: SamplingConfig,
         options: dict[str, Any],
+        views: Views,
         watch: tuple[tuple[str, int], ...] = (),
         drafter: Callable[[], Drafter] | None = None,
     ) -> None:
         self.lm, self.preset, self.cfg, self.options, self.drafter = lm, preset, cfg, options, drafter
+        self.views = views
         self.conversation = Conversation(options.get("system") or None)
         positions = (lm.context_length or 4096) + 65
         self.session = Session(lm, positions, DecodeOptions(options["top_n"], options["ignore_eos"], watch))
@@ -211,10 +222,8 @@ class Chat:
         return events, summary
 
     def _renderers(self) -> list[Any]:
-        from llmsample.commands.generate import build_renderers
-
         # The legend once, before the first reply; each reply gets fresh renderers (--inspect's table).
-        renderers = build_renderers({**self.options, "quiet": self.options["quiet"] or self.legend_shown})
+        renderers = self.views.renderers({**self.options, "quiet": self.options["quiet"] or self.legend_shown})
         self.legend_shown = True
         return renderers
 

@@ -49,7 +49,9 @@ def chat(**options: Any) -> None:
     """
     from llmsample.chat.repl import converse
     from llmsample.chat.slash import load_into
-    from llmsample.chat.talk import Chat
+    from llmsample.chat.talk import Chat, Views
+    from llmsample.commands.explain import chain_table
+    from llmsample.commands.generate import build_renderers
     from llmsample.engine.prompt import has_chat_template
 
     if options["compare"]:
@@ -65,7 +67,7 @@ def chat(**options: Any) -> None:
         from llmsample.commands.generate import build_drafter
 
         drafter = build_drafter(options, lm)
-    talk = Chat(lm, preset, cfg, options, resolve_watch(options, lm), drafter)
+    talk = Chat(lm, preset, cfg, options, Views(build_renderers, chain_table), resolve_watch(options, lm), drafter)
     try:
         if options["load_file"] is not None:
             load_into(talk, options["load_file"])

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from llmsample.chat.slash import resolve_token, run_command
-from llmsample.chat.talk import Chat
+from llmsample.chat.talk import Chat, Views
+from llmsample.commands.explain import chain_table
+from llmsample.commands.generate import build_renderers
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import render_messages
 from llmsample.engine.session import shared_prefix
@@ -30,7 +32,7 @@ def scratch(lm, ids: list[int], cfg: SamplingConfig = GREEDY) -> list[int]:
 
 @pytest.fixture
 def chat(chat_lm):
-    talk = Chat(chat_lm, "t", GREEDY, OPTIONS)
+    talk = Chat(chat_lm, "t", GREEDY, OPTIONS, Views(build_renderers, chain_table))
     yield talk
     talk.close()
 
