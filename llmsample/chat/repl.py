@@ -93,11 +93,13 @@ def converse(chat: Chat, interactive: bool) -> None:
     while (message := read_message(read)) is not None:
         if not message.strip():
             continue
-        if message.startswith("/"):
-            if run_command(chat, message) is EXIT:
-                return
-            continue
         try:
-            chat.say(message)
+            if message.startswith("/"):
+                if run_command(chat, message) is EXIT:
+                    return
+            else:
+                chat.say(message)
         except (UserError, RuntimeFailure) as exc:
             chat.note(str(exc))
+        except KeyboardInterrupt:  # outside a reply (a prefill before it, /explain): back to the prompt
+            chat.note("interrupted")
