@@ -10,7 +10,18 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import batch, bench, compare, compare_models, explain, generate, models, presets, speculate
+from llmsample.commands import (
+    batch,
+    bench,
+    chat,
+    compare,
+    compare_models,
+    explain,
+    generate,
+    models,
+    presets,
+    speculate,
+)
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -86,6 +97,7 @@ def main() -> None:
 
 
 main.add_command(generate.generate)
+main.add_command(chat.chat)
 main.add_command(speculate.speculate)
 main.add_command(explain.explain)
 main.add_command(compare.compare_presets)

@@ -82,7 +82,14 @@ def test_only_the_commands_import_click() -> None:
 
 
 LOWER = ("llmsample.sampling", "llmsample.engine", "llmsample.models")
-UPPER = ("llmsample.commands", "llmsample.cli", "llmsample.analysis", "llmsample.render", "llmsample.bench")
+UPPER = (
+    "llmsample.commands",
+    "llmsample.cli",
+    "llmsample.analysis",
+    "llmsample.render",
+    "llmsample.bench",
+    "llmsample.chat",
+)
 
 
 @pytest.mark.parametrize("layer", LOWER)
@@ -92,6 +99,12 @@ def test_the_core_does_not_import_the_layers_above(layer: str) -> None:
 
 def test_analysis_and_bench_do_not_import_the_commands() -> None:
     assert offenders(("llmsample.analysis", "llmsample.bench"), ("llmsample.commands", "llmsample.cli")) == {}
+
+
+def test_the_chat_does_not_import_the_commands() -> None:
+    """``chat``'s command hands it generate's renderers and explain's table; the package sits below it."""
+    assert "llmsample.chat.talk" in MODULES
+    assert offenders(("llmsample.chat",), ("llmsample.commands", "llmsample.cli")) == {}
 
 
 # --- the benchmarks: one package, behind `llmsample bench` ---------------------------------------

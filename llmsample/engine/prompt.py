@@ -36,10 +36,15 @@ def has_chat_template(lm: LoadedModel) -> bool:
 
 def encode_messages(lm: LoadedModel, messages: list[dict[str, str]], truncate: str = "error", room: int = 0) -> Tensor:
     """A whole conversation through the chat template, ready for the assistant's turn."""
+    return _fit(lm, render_messages(lm, messages), truncate, room)
+
+
+def render_messages(lm: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
+    """The conversation's ids through the chat template, unfitted (``chat`` drops old turns itself)."""
     if not has_chat_template(lm):
         raise UserError(f"{lm.name} has no chat template for messages; send a plain prompt (raw) instead")
     text = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return _fit(lm, lm.tokenizer(text, add_special_tokens=False)["input_ids"], truncate, room)
+    return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _fit(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> Tensor:

@@ -1,0 +1,302 @@
+"""One chat: the model loaded once, its conversation's cache (a :class:`Session`), the settings,
+and how a reply is decoded and shown. Every reply is a turn of the session on the rendered
+conversation (plus forced tokens for ``/branch``), so only what changed is prefilled."""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from llmsample.chat.conversation import Conversation, Reply, Turn, settings_of
+from llmsample.engine.decode import DecodeOptions
+from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.engine.session import Session
+from llmsample.errors import RuntimeFailure, UserError
+from llmsample.events import Candidate, RunStats, Summary, TokenEvent
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from llmsample.engine.speculative import Drafter
+    from llmsample.models.loading import LoadedModel
+    from llmsample.sampling.config import SamplingConfig
+
+
+@dataclass
+class Totals:
+    """``/stats``: the chat so far."""
+
+    replies: int = 0
+    tokens: int = 0
+    reused: int = 0
+    prefilled: int = 0
+    seconds: float = 0.0
+    ttfts: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Views:
+    """How replies and chains are shown, handed down by the command (``generate``'s renderers
+    for the options, ``explain``'s chain table), so that chat shows exactly what they show."""
+
+    renderers: Callable[[dict[str, Any]], list[Any]]
+    chain_table: Callable[[Any, str], Any]
+
+
+class Chat:
+    """``options``: the command's display and decoding flags (as ``generate`` takes them)."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        preset: str,
+        cfg: SamplingConfig,
+        options: dict[str, Any],
+        views: Views,
+        watch: tuple[tuple[str, int], ...] = (),
+        drafter: Callable[[], Drafter] | None = None,
+    ) -> None:
+        self.lm, self.preset, self.cfg, self.options, self.drafter = lm, preset, cfg, options, drafter
+        self.views = views
+        self.conversation = Conversation(options.get("system") or None)
+        positions = (lm.context_length or 4096) + 65
+        self.session = Session(lm, positions, DecodeOptions(options["top_n"], options["ignore_eos"], watch))
+        self.totals = Totals()
+        self.legend_shown = False
+        self.last_summary: Summary | None = None
+
+    # -- what the slash commands and the REPL call --------------------------------------------
+
+    def say(self, text: str) -> Reply | None:
+        """A user turn and its reply."""
+        self.conversation.turns.append(Turn(text))
+        try:
+            reply = self._answer([], self._seed())
+        except BaseException:  # a message too long, a failed run: the conversation is as before
+            self.conversation.turns.pop()
+            raise
+        if reply is None:
+            self.conversation.turns.pop()
+        return reply
+
+    def regen(self) -> Reply | None:
+        """The last reply again, with a new seed."""
+        turns = self.conversation.turns
+        if not turns or turns[-1].reply_text is None:
+            raise UserError("there is no reply in this chat yet to regenerate; say something first")
+        old = turns[-1].reply, turns[-1].saved
+        turns[-1].reply = turns[-1].saved = None
+        return self._kept_unless_interrupted(old, [], secrets.randbits(63))
+
+    def branch(self, position: int, token: int) -> Reply | None:
+        """The last reply up to ``position``, then ``token``, then sampled on from there."""
+        reply = self._last_reply()
+        if not 0 <= position < len(reply.events):
+            raise UserError(f"/branch: the last reply has tokens 0..{len(reply.events) - 1}; got {position}")
+        kept = [
+            *reply.events[:position],
+            forced_event(
+                self.lm, reply.events[position], token, position, reply.prompt_ids[-1:] + reply.ids[:position]
+            ),
+        ]
+        self.conversation.turns[-1].reply = None
+        return self._kept_unless_interrupted((reply, None), kept, secrets.randbits(63), reply.settings)
+
+    def _kept_unless_interrupted(self, old: tuple[Reply | None, Any], *answer: Any) -> Reply | None:
+        """A new take on the last reply; the old one stays when the new one shows nothing."""
+        try:
+            reply = self._answer(*answer)
+        finally:
+            turn = self.conversation.turns[-1]
+            if turn.reply is None:
+                turn.reply, turn.saved = old
+        return reply
+
+    def replay(self) -> list[tuple[int, bool]]:
+        """A loaded conversation's replies decoded again with their seeds and settings: which
+        of them (by exchange) came out the same as saved."""
+        results = []
+        turns, self.conversation.turns = self.conversation.turns, []
+        for number, turn in enumerate(turns, 1):
+            self.conversation.turns.append(Turn(turn.user))
+            if turn.saved is None:
+                continue
+            record = turn.saved
+            prefix = [int(t) for t in record.get("prefix") or []]
+            ids, _ = self.conversation.fit(self.lm, 0)
+            events = [forced_event(self.lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
+            reply = self._answer(events, int(record["seed"]), settings_of(record))
+            same = reply is not None and reply.text == record.get("content")
+            if reply is not None and "token_ids" in record:
+                same = reply.ids == record["token_ids"]
+            results.append((number, same))
+        return results
+
+    def undo(self) -> bool:
+        if not self.conversation.turns:
+            return False
+        self.conversation.turns.pop()
+        return True
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- decoding and showing a reply ---------------------------------------------------------
+
+    def _last_reply(self) -> Reply:
+        turns = self.conversation.turns
+        if not turns or turns[-1].reply is None:
+            raise UserError("there is no reply in this chat yet to work on; say something first")
+        return turns[-1].reply
+
+    def _seed(self) -> int:
+        return self.cfg.seed if self.cfg.seed is not None else secrets.randbits(63)
+
+    def _answer(self, kept: list[TokenEvent], seed: int, settings: SamplingConfig | None = None) -> Reply | None:
+        """Decode the last turn's reply after the rendered conversation and ``kept`` tokens."""
+        cfg = dataclasses.replace(settings or self.cfg, seed=seed)
+        limit = self.lm.context_length or 0
+        room = min(cfg.max_tokens, limit // 2) + len(kept)
+        ids, dropped = self.conversation.fit(self.lm, room)
+        if dropped:
+            self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
+        prefix = [event.token_id for event in kept]
+        stats = RunStats(model=self.lm.name, preset=self.preset, seed=seed)
+        item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.options.get("draft_tokens"))
+        events, summary = self._stream(item, kept)
+        if summary.stop_reason == "interrupted" and len(events) == len(kept):
+            self.note("interrupted before the first token: nothing to keep")
+            return None
+        if summary.stop_reason == "interrupted":
+            self.note("interrupted: what was shown is kept as the reply")
+        reply = Reply(ids, events, summary.text, seed, cfg, summary.stop_reason, prefix)
+        self.conversation.turns[-1].reply = reply
+        self._count(summary)
+        return reply
+
+    def _stream(self, item: BatchItem, kept: list[TokenEvent]) -> tuple[list[TokenEvent], Summary]:
+        """The reply live through ``generate``'s renderers; Ctrl-C stops it and keeps what was shown."""
+        renderers = self._renderers()
+        events: list[TokenEvent] = []
+        records = self.session.turn(item)
+        summary = None
+        guard = TokenGuard()
+
+        def show(event: TokenEvent) -> None:
+            with guard:
+                for renderer in renderers:
+                    renderer.token(event)
+                events.append(event)
+
+        previous = signal.signal(signal.SIGINT, guard.on_sigint)
+        try:
+            for event in kept:
+                show(event)
+            for _, record in records:
+                if isinstance(record, RowFailed):
+                    raise RuntimeFailure(record.message)
+                if isinstance(record, Summary):
+                    summary = record
+                else:
+                    show(dataclasses.replace(record, index=len(events)))
+        except KeyboardInterrupt:
+            summary = item.stats.summary("interrupted")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            records.close()  # an interrupted turn: the session starts its cache afresh
+        assert summary is not None
+        text = "".join(event.text for event in events)
+        summary = dataclasses.replace(summary, tokens=len(events) - len(kept), text=text)
+        for renderer in renderers:
+            renderer.summary(summary)
+        sys.stdout.flush()
+        if not self.options["quiet"]:
+            from llmsample.render.stream import summary_line
+
+            self.note(summary_line(summary))
+        return events, summary
+
+    def _renderers(self) -> list[Any]:
+        # The legend once, before the first reply; each reply gets fresh renderers (--inspect's table).
+        renderers = self.views.renderers({**self.options, "quiet": self.options["quiet"] or self.legend_shown})
+        self.legend_shown = True
+        return renderers
+
+    def _count(self, summary: Summary) -> None:
+        totals, cache = self.totals, summary.facts.cache
+        totals.replies += 1
+        totals.tokens += summary.tokens
+        totals.seconds += summary.elapsed_s
+        if summary.ttft_s is not None:
+            totals.ttfts.append(summary.ttft_s)
+        if cache is not None:
+            totals.reused += cache.reused
+            totals.prefilled += cache.prefilled
+        self.last_summary = summary
+
+    # -- where the chat's own lines go ----------------------------------------------------------
+
+    def note(self, text: str) -> None:
+        """One dim line on stderr (summaries, what a command did)."""
+        from llmsample.terminal import stderr_console
+
+        stderr_console().print(f"[dim]{escape(text)}[/]")
+
+    def console(self) -> Console:
+        """Tables (``/inspect``, ``/explain``, ``/set``): stdout, or stderr when stdout is JSON lines."""
+        from llmsample.terminal import stderr_console, stdout_console, use_color
+
+        if self.options["fmt"] == "jsonl":
+            return stderr_console()
+        return stdout_console(use_color(self.options["no_color"]))
+
+
+class TokenGuard:
+    """Ctrl-C stops a reply between tokens, never inside a token's printing: a token is either
+    shown whole and part of the reply, or neither (rich would print a half-written one twice)."""
+
+    def __init__(self) -> None:
+        self.printing = self.pending = False
+
+    def on_sigint(self, signum: int, frame: Any) -> None:
+        if self.printing:
+            self.pending = True
+        else:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> None:
+        self.printing = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.printing = False
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
+
+def escape(text: str) -> str:
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def forced_event(lm: LoadedModel, at: TokenEvent | None, token: int, index: int, before: list[int]) -> TokenEvent:
+    """A token put into a reply rather than drawn (``/branch``, a replayed prefix): its numbers
+    are those of the alternative it was at ``at`` (zero where it was not among them; rank 0: unknown).
+    ``before``: the ids before it, so that its text is spaced as a sampled token's would be."""
+    candidate = next((c for c in (at.top if at else ()) if c.token_id == token), None)
+    prob = candidate.prob if candidate else 0.0
+    model_prob = candidate.model_prob if candidate else 0.0
+    decode = lm.tokenizer.decode
+    text = decode([*before, token])[len(decode(before)) :] if before else decode([token])  # its spacing
+    top = at.top if at else (Candidate(token, lm.token_text(token), prob, model_prob),)
+    return TokenEvent(
+        index=index, token_id=token, text=text, prob=prob,
+        model_prob=model_prob, model_rank=0, entropy=at.entropy if at else 0.0, top=top, removed={},
+        source="forced",
+    )  # fmt: skip

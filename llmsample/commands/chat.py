@@ -1,0 +1,91 @@
+"""``llmsample chat``: a conversation that keeps its cache, coloured by probability, with slash
+commands to regenerate, undo and branch (the work is in :mod:`llmsample.chat`)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llmsample.commands.options import (
+    check_utf8_option,
+    draft_options,
+    load_model_with_progress,
+    model_options,
+    output_options,
+    placement_options,
+    resolve_sampling,
+    resolve_watch,
+    sampling_options,
+)
+from llmsample.errors import UserError
+
+
+@click.command()
+@click.option("--system", metavar="TEXT", callback=check_utf8_option, help="The system message.")
+@click.option(
+    "--load",
+    "load_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Continue a conversation saved with /save.",
+)
+@click.option("--replay", is_flag=True, help="With --load: decode every saved reply again with its seed and settings.")
+@model_options
+@placement_options
+@sampling_options
+@output_options
+@draft_options
+def chat(**options: Any) -> None:
+    """Talk with a chat model: each reply streams coloured by probability, the conversation's
+    cache is kept between turns, and slash commands regenerate, undo, branch and inspect.
+
+    \b
+    llmsample chat
+    llmsample chat --preset creative --system "You are terse."
+    printf 'Hi\\nWhat is 2+2?\\n' | llmsample chat --preset deterministic
+    llmsample chat --load saved.jsonl --replay
+    """
+    from llmsample.chat.repl import converse
+    from llmsample.chat.slash import load_into
+    from llmsample.chat.talk import Chat, Views
+    from llmsample.commands.explain import chain_table
+    from llmsample.commands.generate import build_renderers
+    from llmsample.engine.prompt import has_chat_template
+
+    if options["compare"]:
+        raise UserError("--compare is for generate and speculate; chat shows each reply's speed in its summary")
+    if options["replay"] and options["load_file"] is None:
+        raise UserError("--replay decodes a saved conversation again; give it with --load FILE")
+    preset, cfg = resolve_sampling(options)
+    lm = load_model_with_progress(options)
+    if not has_chat_template(lm):
+        raise UserError(f"{lm.name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
+    drafter = None
+    if options["draft"]:
+        from llmsample.commands.generate import build_drafter
+
+        drafter = build_drafter(options, lm)
+    talk = Chat(lm, preset, cfg, options, Views(build_renderers, chain_table), resolve_watch(options, lm), drafter)
+    try:
+        if options["load_file"] is not None:
+            load_into(talk, options["load_file"])
+            if options["replay"]:
+                replay(talk)
+        if options["system"] is not None:
+            talk.conversation.system = options["system"] or None
+        interactive = sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()
+        converse(talk, interactive)
+    finally:
+        talk.close()
+
+
+def replay(talk: Any) -> None:
+    """Every saved reply decoded again, then one line: do they equal the saved ones?"""
+    results = talk.replay()
+    differ = [str(number) for number, same in results if not same]
+    if differ:
+        talk.note(f"replayed {len(results)} replies: exchange(s) {', '.join(differ)} differ from the saved ones")
+    else:
+        talk.note(f"replayed {len(results)} replies: all equal to the saved ones")

@@ -1,0 +1,53 @@
+"""``llmsample chat`` off a terminal: each stdin line a user turn, each reply a line of plain
+text on stdout (or JSON lines); a saved conversation replays to the same replies; user errors
+are one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from tests.chat.conftest import chat_command
+from tests.conftest import REPO, cli_env, make_tiny_model
+
+
+def run(model, *args: str, stdin: str = "", cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        chat_command(model, *args), input=stdin, capture_output=True, text=True, timeout=300,
+        env=cli_env(PYTHONPATH=str(REPO)), cwd=cwd,
+    )  # fmt: skip
+
+
+def test_piped_turns_are_plain_lines_and_a_saved_chat_replays_the_same(chat_model_dir, tmp_path) -> None:
+    turns = "w7 w8\n\nw9 w10\n/branch 2 #1\n/save saved.jsonl\n"
+    done = run(chat_model_dir, "-n", "5", "--ignore-eos", "--seed", "3", stdin=turns, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 3 and all(line.split() and "\x1b" not in line for line in lines)  # plain text
+    assert done.stderr.count("prefilled") == 3 and "saved 2 exchange(s)" in done.stderr
+    replay = run(chat_model_dir, "--load", "saved.jsonl", "--replay", "-q", cwd=tmp_path)
+    assert replay.returncode == 0, replay.stderr
+    assert "replayed 2 replies: all equal to the saved ones" in replay.stderr
+    assert replay.stdout.splitlines() == [lines[0], lines[2]]  # the branched reply, as saved
+
+
+def test_jsonl_has_token_records_and_one_summary_per_turn(chat_model_dir) -> None:
+    done = run(chat_model_dir, "-t", "0", "-n", "3", "--ignore-eos", "--format", "jsonl", stdin="w7\nw8 w9\n")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["type"] for r in records] == ["token"] * 3 + ["summary"] + ["token"] * 3 + ["summary"]
+    first, second = records[3], records[7]
+    assert first["cache"] == {"reused": 0, "prefilled": first["prompt_tokens"]}
+    assert second["cache"]["reused"] == first["prompt_tokens"] + 2  # the first reply but its last token
+
+
+def test_user_errors_are_one_line_and_exit_2(chat_model_dir, tmp_path) -> None:
+    plain = make_tiny_model(tmp_path / "plain")  # no chat template
+    for args, message in [
+        ((), "has no chat template, so it cannot chat"),
+        (("--replay",), "--replay decodes a saved conversation again; give it with --load FILE"),
+        (("--load", str(tmp_path / "none.jsonl")), "none.jsonl does not exist"),
+    ]:
+        done = run(plain if not args else chat_model_dir, *args)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.strip().splitlines()[-1].startswith("Error: ") and message in done.stderr
