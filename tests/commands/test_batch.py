@@ -129,7 +129,7 @@ def test_interrupt_keeps_finished_records_and_exits_130(tiny_model_dir: Path, tm
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--compile",), "--compile decodes rows of one prompt in lockstep"),
+        (("--compile", "--draft", "ngram"), "--draft with --compile"),
         (("--temperature", "-1"), "--temperature"),
         (("--preset", "nope"), "unknown preset"),
         (("/nonexistent/requests.jsonl",), "cannot read /nonexistent/requests.jsonl"),
