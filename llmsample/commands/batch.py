@@ -61,15 +61,18 @@ def batch(**options: Any) -> None:
     llmsample batch requests.jsonl --preset code --max-tokens 200 --tokens none
     llmsample batch openai-batch.jsonl --format openai -o results.jsonl
     llmsample batch rewrites.jsonl --draft ngram    # speculation per request, verified together
+
+    With --compile, requests decode in waves of --batch-size over one static cache (the next wave
+    starts once every request of the last one is done): one compiled step for the whole run.
     """
     from llmsample.batch.distributed import launched_ranks
     from llmsample.batch.output import claim_output
     from llmsample.batch.run import BatchSettings
 
-    if options["compile_model"]:
+    if options["compile_model"] and options["draft"]:
         raise UserError(
-            "--compile decodes rows of one prompt in lockstep over a static cache, and batch requests have "
-            "their own prompts; leave it out (batch decodes eagerly)"
+            "--draft with --compile: speculation verifies ragged drafts and rolls rows back one by one, "
+            "which the static cache's fixed waves cannot; leave one of them out"
         )
     # bad flags, an unknown preset and a bad constraint fail before anything runs
     constraint = resolve_sampling(options)[1].constraint

@@ -3,11 +3,13 @@ cache of a changing set of rows and hands back float32 logits on ``sample_device
 (:mod:`llmsample.engine.decode`) owns everything else (sampling, records, stops, drafting).
 
 A row is addressed by its index in the backend's current order: :meth:`Backend.admit` appends
-rows, :meth:`Backend.keep` drops and reorders them. Two implementations ship:
+rows, :meth:`Backend.keep` drops and reorders them. Three implementations ship:
 :class:`llmsample.engine.padded.PaddedBatch` (transformers, one left-padded cache with a mask:
-rows join and leave at any step, ragged verification, per-row rollback) and
+rows join and leave at any step, ragged verification, per-row rollback),
 :class:`llmsample.engine.lockstep.LockstepBatch` (transformers, rows of one prompt advancing
-together: the compiled static cache and tensor parallelism). A llama.cpp backend maps the same
+together: the compiled static cache and tensor parallelism) and
+:class:`llmsample.engine.static.StaticBatch` (the compiled step over a left-padded static cache:
+requests with their own prompts, in waves). A llama.cpp backend maps the same
 calls onto sequence ids: ``admit`` decodes each prompt under a new id, ``verify`` carries the
 ragged tokens with their ids in one ``llama_batch``, ``rollback`` is ``seq_rm``, ``replicate`` is
 ``seq_cp``, ``keep`` removes the ids that left."""
@@ -27,7 +29,7 @@ class Backend(Protocol):
     """What the loop needs of a model with its cache."""
 
     sample_device: torch.device
-    can_join: bool  # rows may be admitted while others are decoding
+    can_join: bool  # rows may be admitted while others are decoding (else: once none is)
     ragged: bool  # rows may verify different numbers of tokens and roll back on their own
     compile_s: float  # what building a compiled step cost this run (0: none, or reused)
 
@@ -68,20 +70,22 @@ class Backend(Protocol):
 def open_backend(
     lm: LoadedModel, rows: int, positions: int, one_prompt: bool, on_forward: Callable[[float], None] | None = None
 ) -> Backend:
-    """The backend a run decodes through. A compiled model (``--compile``) or one split over
-    processes (``--tp``) needs rows that advance in lockstep over one prompt; everything else
-    runs on the padded batch, where rows join, leave and verify drafts on their own.
+    """The backend a run decodes through. A model split over processes (``--tp``) needs rows that
+    advance in lockstep over one prompt; a compiled one (``--compile``) runs one prompt's rows in
+    lockstep and requests with their own prompts in waves over a padded static cache; everything
+    else runs on the padded batch, where rows join, leave and verify drafts on their own.
     ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks)."""
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
+    from llmsample.engine.static import StaticBatch
     from llmsample.errors import UserError
 
-    if lm.compiled is not None or lm.tensor_parallel:
+    if lm.tensor_parallel:
         if not one_prompt:
-            flag = "--compile" if lm.compiled is not None else "--tp"
             raise UserError(
-                f"{flag} decodes rows of one prompt in lockstep (a static cache); "
-                f"requests with their own prompts run without {flag}"
+                "--tp decodes rows of one prompt in lockstep; requests with their own prompts run without --tp"
             )
         return LockstepBatch(lm, rows, positions)
+    if lm.compiled is not None:
+        return LockstepBatch(lm, rows, positions) if one_prompt else StaticBatch(lm, rows, positions)
     return PaddedBatch(lm.model, lm.sample_device, on_forward)

@@ -1,6 +1,8 @@
 """Many requests decoded together (continuous batching): up to ``batch_size`` rows advance one
 token per forward pass; a row that finishes leaves at once and the next request takes its place
-(its prompt prefilled and merged in), so the batch stays full while the queue lasts.
+(its prompt prefilled and merged in), so the batch stays full while the queue lasts. A model
+loaded with ``--compile`` decodes in waves instead (:mod:`llmsample.engine.static`): a static
+cache cannot take a row mid-run.
 
 Every row keeps its own settings, seed, stop strings and length, and yields the same per-token
 records as :func:`llmsample.engine.loop.generate`: each row draws from its own generator with

@@ -55,7 +55,10 @@ def decode(
     first = feed.take(max_rows, wait=True)  # type: ignore[union-attr]
     if not first:
         return
-    positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in first) + DraftLength.max_k + 1
+    # A static cache is sized once for the run: for every request when they are all known (a
+    # later wave of a backend that cannot join reuses it), else for the first ones.
+    known = items if isinstance(items, Sequence) else first
+    positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in known) + DraftLength.max_k + 1
     with contextlib.ExitStack() as stack:
         backend = stack.enter_context(
             contextlib.closing(open_backend(lm, max_rows, positions, one_prompt, options.on_forward))
@@ -128,11 +131,17 @@ def run_rows(
                 for b in backends:
                     b.keep(staying)
             rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
-        joining = feed.take(max_rows - len(rows), wait=not rows) if backend.can_join and len(rows) < max_rows else []
+        # A backend that cannot join takes the next wave once every row of the last one has left.
+        joining = feed.take(max_rows - len(rows), wait=not rows) if _room(backend, rows, max_rows) else []
         if not rows:
             step = None
             continue
         step = _forward(backends, rows, newest)
+
+
+def _room(backend: Backend, rows: list[Row], max_rows: int) -> bool:
+    """Whether requests may be admitted now."""
+    return len(rows) < max_rows and (backend.can_join or not rows)
 
 
 def _joined(step: StepInput | None, rows: list[Row], admitted: list[torch.Tensor]) -> StepInput:

@@ -33,13 +33,16 @@ def cache_arg(model: Any) -> str:
 @dataclass
 class CompiledStep:
     """A static cache for ``batch`` rows of up to ``bucket`` positions and the compiled step that
-    decodes one token per row into it."""
+    decodes one token per row into it. A ``padded`` step also takes the attention mask over the
+    whole cache (``[batch, bucket]``) and each row's position (``[batch, 1]``): rows of different
+    prompts, left-padded (``batch --compile``); the others advance rows of one prompt."""
 
     batch: int
     bucket: int
     cache: Any
-    step: Callable[[Tensor], Tensor]
+    step: Callable[..., Tensor]
     compile_s: float  # what building it cost; 0 once it is reused
+    padded: bool = False
 
 
 class CompiledSteps:
@@ -51,24 +54,24 @@ class CompiledSteps:
     def __init__(self, model: Any, cache_dir: str) -> None:
         self.model = model
         self.cache_dir = cache_dir
-        self._free: dict[tuple[int, int], list[CompiledStep]] = {}
+        self._free: dict[tuple[int, int, bool], list[CompiledStep]] = {}
 
-    def lease(self, batch: int, max_length: int) -> CompiledStep:
+    def lease(self, batch: int, max_length: int, padded: bool = False) -> CompiledStep:
         """A step nobody else holds: a free one of this shape, or a newly built one."""
         bucket = -(-max_length // LENGTH_BUCKET) * LENGTH_BUCKET
-        free = self._free.get((batch, bucket))
+        free = self._free.get((batch, bucket, padded))
         if free:
             step = free.pop()
             step.compile_s = 0.0
             with torch.inference_mode():  # the cache's tensors were made there
                 step.cache.reset()
             return step
-        return self._build(batch, bucket)
+        return self._build(batch, bucket, padded)
 
     def release(self, step: CompiledStep) -> None:
-        self._free.setdefault((step.batch, step.bucket), []).append(step)
+        self._free.setdefault((step.batch, step.bucket, step.padded), []).append(step)
 
-    def _build(self, batch: int, bucket: int) -> CompiledStep:
+    def _build(self, batch: int, bucket: int, padded: bool) -> CompiledStep:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", self.cache_dir)
         from transformers import StaticCache
 
@@ -83,8 +86,11 @@ class CompiledSteps:
         cache = StaticCache(config=model.config, max_cache_len=bucket)
         name = cache_arg(model)
 
-        def decode(tokens: Tensor) -> Tensor:
-            return model(input_ids=tokens, use_cache=True, **{name: cache}).logits[:, -1]
+        def decode(tokens: Tensor, *padding: Tensor) -> Tensor:
+            # The static cache knows the column it writes; padded rows say what they attend to and
+            # where each one stands (tensors of fixed shapes: new values, not a new graph).
+            rows = dict(zip(("attention_mask", "position_ids"), padding, strict=False))
+            return model(input_ids=tokens, use_cache=True, **rows, **{name: cache}).logits[:, -1]
 
         graphs = uses_cuda_graphs(model.device)
         step = torch.compile(decode, dynamic=False, **({"mode": "reduce-overhead"} if graphs else {}))
@@ -93,13 +99,14 @@ class CompiledSteps:
         start = time.perf_counter()
         # An ordinary tensor, like the loop's tokens: an inference-mode one would compile a second graph.
         dummy = torch.zeros(batch, 1, dtype=torch.long, device=model.device)
+        padding = warmup_padding(batch, bucket, model.device) if padded else ()
         try:
             with torch.inference_mode():
-                decode(dummy)  # eagerly first: the cache allocates its tensors lazily, which would recompile
+                decode(dummy, *padding)  # eagerly first: the cache allocates its tensors lazily, which would recompile
                 # Compile now, so the first real token is not the slow one; CUDA graphs are recorded
                 # at the second and run from the third call.
                 for _ in range(3 if graphs else 1):
-                    step(dummy)
+                    step(dummy, *padding)
                 cache.reset()
         except Exception as exc:  # inductor needs a working C++ toolchain; say so instead of a traceback
             if out_of_memory(exc):
@@ -108,7 +115,15 @@ class CompiledSteps:
                     "run without --compile, or try --dtype bfloat16 or a smaller model"
                 ) from exc
             raise UserError(f"--compile failed ({first_line(exc)}); run without --compile") from exc
-        return CompiledStep(batch, bucket, cache, step, time.perf_counter() - start)
+        return CompiledStep(batch, bucket, cache, step, time.perf_counter() - start, padded)
+
+
+def warmup_padding(batch: int, bucket: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """A padded step's mask and positions for compiling it: ordinary tensors of the run's shapes
+    and dtypes (an inference-mode one, or another dtype, would compile a second graph)."""
+    mask = torch.zeros(batch, bucket, dtype=torch.long, device=device)
+    mask[:, :4] = 1  # the columns the warm-up calls write
+    return mask, torch.zeros(batch, 1, dtype=torch.long, device=device)
 
 
 def uses_cuda_graphs(device: torch.device) -> bool:
@@ -118,14 +133,14 @@ def uses_cuda_graphs(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def replayed(graph: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+def replayed(graph: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """A CUDA-graph step as the loops use it: each call is a new step (its inputs copied into the
     graph's own), and its logits are copied out, since the next replay overwrites the graph's
     output buffer while the loop (or a speculative rollback) may still hold the last one."""
 
-    def step(tokens: Tensor) -> Tensor:
+    def step(tokens: Tensor, *padding: Tensor) -> Tensor:
         torch.compiler.cudagraph_mark_step_begin()
-        return graph(tokens).clone()
+        return graph(tokens, *padding).clone()
 
     return step
 

@@ -74,6 +74,23 @@ def test_a_request_equals_generate_alone(tiny_model_dir: Path) -> None:
     assert ids[2] == generate_alone(tiny_model_dir, "w20 w3", "-n", "6", "--seed", "1")
 
 
+def test_compile_gives_the_eager_records(tiny_model_dir: Path) -> None:
+    """``batch --compile`` (waves of --batch-size over one static cache, really compiled) writes
+    the eager run's tokens in float32, request for request, with compile_s in each summary."""
+    lines = ["w4 w5 w6 w7 w8", json.dumps({"prompt": "w12", "seed": 9, "presence_penalty": 1.5, "top_k": 9}),
+             json.dumps({"prompt": "w20 w3", "temperature": 0, "max_tokens": 3}), "w9 w10",
+             json.dumps({"prompt": "w14 w15 w16", "seed": 4, "top_p": 0.8, "max_tokens": 8})]  # fmt: skip
+    args = ("-n", "6", "--seed", "1", "--batch-size", "2", "--dtype", "float32", "--tokens", "ids")
+    compiled = batch(*args, "--compile", stdin="\n".join(lines), model=tiny_model_dir, timeout=300)
+    eager = batch(*args, stdin="\n".join(lines), model=tiny_model_dir)
+    assert compiled.returncode == 0 and eager.returncode == 0, compiled.stderr + eager.stderr
+    mine, theirs = records(compiled.stdout), records(eager.stdout)
+    assert [r["custom_id"] for r in mine] == [r["custom_id"] for r in theirs] and len(mine) == len(lines)
+    for a, b in zip(mine, theirs, strict=True):
+        assert [t["token_id"] for t in a["per_token"]] == [t["token_id"] for t in b["per_token"]], a["custom_id"]
+        assert a["text"] == b["text"] and a["compile_s"] > 0 and b.get("compile_s") is None
+
+
 def test_openai_output_format(tiny_model_dir: Path) -> None:
     line = {"custom_id": "c1", "method": "POST", "url": "/v1/completions",
             "body": {"prompt": "w3 w4", "max_tokens": 3, "logprobs": 2, "seed": 4}}  # fmt: skip
@@ -129,7 +146,7 @@ def test_interrupt_keeps_finished_records_and_exits_130(tiny_model_dir: Path, tm
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--compile",), "--compile decodes rows of one prompt in lockstep"),
+        (("--compile", "--draft", "ngram"), "--draft with --compile"),
         (("--temperature", "-1"), "--temperature"),
         (("--preset", "nope"), "unknown preset"),
         (("/nonexistent/requests.jsonl",), "cannot read /nonexistent/requests.jsonl"),
