@@ -11,6 +11,7 @@ import click
 
 from llmsample.commands.options import (
     check_utf8_option,
+    constraint_options,
     draft_options,
     load_model_with_progress,
     model_options,
@@ -35,6 +36,7 @@ from llmsample.errors import UserError
 @model_options
 @placement_options
 @sampling_options
+@constraint_options
 @output_options
 @draft_options
 def chat(**options: Any) -> None:

@@ -51,3 +51,28 @@ def test_user_errors_are_one_line_and_exit_2(chat_model_dir, tmp_path) -> None:
         done = run(plain if not args else chat_model_dir, *args)
         assert done.returncode == 2 and done.stdout == ""
         assert done.stderr.strip().splitlines()[-1].startswith("Error: ") and message in done.stderr
+
+
+def test_every_reply_keeps_to_the_constraint(tmp_path) -> None:
+    """The constraint flags apply to each reply afresh: every turn's reply is one of the choices
+    (or matches the pattern), whatever the turns before it wrote."""
+    import re
+
+    from transformers import AutoTokenizer
+
+    from tests.chat.conftest import TEMPLATE
+    from tests.constraints.conftest import make_byte_model
+
+    model = make_byte_model(tmp_path / "bytes")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(model)
+    turns = "hi\nand again\none more\n"
+    chosen = run(model, "--choice", "yes", "--choice", "no way", "-n", "12", "--seed", "1", stdin=turns)
+    assert chosen.returncode == 0, chosen.stderr
+    assert chosen.stdout.splitlines() and set(chosen.stdout.splitlines()) <= {"yes", "no way"}
+    assert len(chosen.stdout.splitlines()) == 3
+    matched = run(model, "--regex", "[0-9]{2}-[a-c]+", "-n", "8", "--seed", "2", "-t", "1.3", stdin=turns)
+    assert matched.returncode == 0, matched.stderr
+    lines = matched.stdout.splitlines()
+    assert len(lines) == 3 and all(re.fullmatch("[0-9]{2}-[a-c]+", line) for line in lines), lines
