@@ -10,7 +10,18 @@ from typing import Any
 import click
 
 from llmsample import __version__
-from llmsample.commands import batch, bench, compare, compare_models, explain, generate, models, presets, speculate
+from llmsample.commands import (
+    batch,
+    bench,
+    compare,
+    compare_models,
+    explain,
+    generate,
+    models,
+    presets,
+    serve,
+    speculate,
+)
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -97,3 +108,4 @@ main.add_command(compare_models.compare_models)
 main.add_command(presets.presets)
 main.add_command(models.models)
 main.add_command(bench.bench)
+main.add_command(serve.serve)
