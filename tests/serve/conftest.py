@@ -54,7 +54,9 @@ def start_server(model_dir: Path, log: Path, *args: str, env: dict[str, str] | N
     command = [sys.executable, "-m", "llmsample", "serve", "-m", str(model_dir), "--host", "127.0.0.1",
                "--port", "0", "--device", "cpu", "--dtype", "float32", *args]  # fmt: skip
     with open(log, "wb") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=environment)
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=environment
+        )
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", log.read_text(errors="replace"))

@@ -55,7 +55,9 @@ def test_completions_whole_and_streamed(server: Server, model_id: str) -> None:
 
 
 def test_chat_logprobs_are_the_raw_models(server: Server, model_id: str) -> None:
-    answer = chat(server, model_id, max_tokens=5, seed=2, logprobs=True, top_logprobs=3, extra_body={"logit_bias": NO_EOS})
+    answer = chat(
+        server, model_id, max_tokens=5, seed=2, logprobs=True, top_logprobs=3, extra_body={"logit_bias": NO_EOS}
+    )
     content = answer.choices[0].logprobs.content
     assert len(content) == 5
     assert "".join(entry.token for entry in content) == answer.choices[0].message.content
@@ -126,7 +128,9 @@ def test_llmsample_keys_and_per_token_records(server: Server, model_id: str) -> 
         ({"extra_body": {"preset": "no-such-preset"}}, "preset"),
     ],
 )
-def test_bad_requests_are_the_clients_bad_request_error(server: Server, model_id: str, kwargs: dict, param: str) -> None:
+def test_bad_requests_are_the_clients_bad_request_error(
+    server: Server, model_id: str, kwargs: dict, param: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         chat(server, model_id, **kwargs)
     assert caught.value.status_code == 400
