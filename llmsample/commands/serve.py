@@ -58,7 +58,7 @@ def serve(**options: Any) -> None:
     from llmsample.sampling import presets as preset_store
     from llmsample.serve.app import ServeState, create_app
     from llmsample.serve.engine import Engine
-    from llmsample.serve.server import bind, serve_forever
+    from llmsample.serve.server import bind, exposure_warning, serve_forever
 
     if options["compile_model"]:
         raise UserError(
@@ -67,12 +67,9 @@ def serve(**options: Any) -> None:
     if options["compare"]:
         raise UserError("--compare runs a second decode per request, which a server does not do; leave it out")
     resolve_sampling(options)  # bad flags and an unknown preset fail before the model loads
-    if options["host"] in ("0.0.0.0", "::", "") and not options["api_key"]:
-        click.echo(
-            f"Warning: listening on every interface ({options['host'] or '*'}) without an API key: anyone who can reach "
-            "this machine can use the model; pass --api-key KEY (or LLMSAMPLE_API_KEY)",
-            err=True,
-        )
+    warning = exposure_warning(options["host"], options["api_key"])
+    if warning:
+        click.echo(warning, err=True)
     sock = bind(options["host"], options["port"])
     overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
     settings = BatchSettings(preset=options["preset"], preset_file=options["preset_file"], overrides=overrides,

@@ -12,6 +12,18 @@ from types import FrameType
 
 from llmsample.errors import UserError
 
+EVERY_INTERFACE = ("0.0.0.0", "::", "")
+
+
+def exposure_warning(host: str, api_key: str | None) -> str | None:
+    """A server on every interface without a key serves anyone who can reach the machine."""
+    if host not in EVERY_INTERFACE or api_key:
+        return None
+    return (
+        f"Warning: listening on every interface ({host or '*'}) without an API key: anyone who can reach this "
+        "machine can use the model; pass --api-key KEY (or set LLMSAMPLE_API_KEY)"
+    )
+
 
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket; a port in use or a host that is not ours is one line, exit 2."""

@@ -69,6 +69,16 @@ def start_server(model_dir: Path, log: Path, *args: str, env: dict[str, str] | N
     pytest.fail("the server did not start in time")
 
 
+def wait_in_flight(server: Server, count: int) -> None:
+    """Until the server holds ``count`` requests (running or queued)."""
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while httpx.get(server.url + "/health").json()["in_flight"] != count:
+        assert time.monotonic() < deadline, "in_flight never reached the count"
+        time.sleep(0.05)
+
+
 @pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import AutoTokenizer

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from tests.serve.conftest import NO_EOS, Server, start_server
+from tests.serve.conftest import NO_EOS, Server, start_server, wait_in_flight
 
 KEY = "sekret-key"
 
@@ -101,13 +100,6 @@ def test_a_key_is_required_401(strict: Server) -> None:
     with pytest.raises(openai.AuthenticationError):
         strict.client(api_key="wrong").models.list()
     assert strict.client(api_key=KEY).models.list().data
-
-
-def wait_in_flight(server: Server, count: int) -> None:
-    deadline = time.monotonic() + 30
-    while httpx.get(server.url + "/health").json()["in_flight"] != count:
-        assert time.monotonic() < deadline, "in_flight never reached the count"
-        time.sleep(0.05)
 
 
 def test_a_full_queue_is_503_with_retry_after_and_a_disconnect_frees_the_row(strict: Server) -> None:
