@@ -82,7 +82,14 @@ def test_only_the_commands_import_click() -> None:
 
 
 LOWER = ("llmsample.sampling", "llmsample.engine", "llmsample.models")
-UPPER = ("llmsample.commands", "llmsample.cli", "llmsample.analysis", "llmsample.render", "llmsample.bench")
+UPPER = (
+    "llmsample.commands",
+    "llmsample.cli",
+    "llmsample.analysis",
+    "llmsample.render",
+    "llmsample.bench",
+    "llmsample.serve",
+)
 
 
 @pytest.mark.parametrize("layer", LOWER)
@@ -90,8 +97,9 @@ def test_the_core_does_not_import_the_layers_above(layer: str) -> None:
     assert offenders((layer,), UPPER) == {}
 
 
-def test_analysis_and_bench_do_not_import_the_commands() -> None:
-    assert offenders(("llmsample.analysis", "llmsample.bench"), ("llmsample.commands", "llmsample.cli")) == {}
+def test_analysis_bench_and_serve_do_not_import_the_commands() -> None:
+    upper = ("llmsample.analysis", "llmsample.bench", "llmsample.serve")
+    assert offenders(upper, ("llmsample.commands", "llmsample.cli")) == {}
 
 
 # --- the benchmarks: one package, behind `llmsample bench` ---------------------------------------
