@@ -254,7 +254,7 @@ async def models(state: ServeState, request: HttpRequest) -> Response:
 async def health(state: ServeState, request: HttpRequest) -> Response:
     if state.engine.closing:
         return JSONResponse({"status": "shutting down"}, status_code=503)
-    return JSONResponse({"status": "ok", "model": state.lm.name, "in_flight": state.engine.in_flight()})
+    return JSONResponse({"status": "ok", "model": state.lm.name, **state.engine.figures()})
 
 
 async def tokenize(state: ServeState, request: HttpRequest) -> Response:

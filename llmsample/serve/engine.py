@@ -56,6 +56,7 @@ class Engine:
         self.routes: dict[Any, Deliver] = {}
         self.started: set[Any] = set()
         self.closing = False
+        self.counts = {"finished": 0, "cancelled": 0, "failed": 0}  # rows, since the start
         self.keys = itertools.count()
         self.thread = threading.Thread(target=self._run, name="llmsample-engine", daemon=True)
 
@@ -88,12 +89,9 @@ class Engine:
             # A queued row that never starts has no summary from the loop: end it here.
             with self.lock:
                 never = [(key, self.routes.pop(key)) for key in live if key not in self.started]
+                self.counts["cancelled"] += len(never)
             for key, deliver in never:
                 deliver(key, RowFailed(key, "cancelled"))
-
-    def in_flight(self) -> int:
-        with self.lock:
-            return len(self.routes)
 
     def shutdown(self) -> None:
         """No new requests; every row in flight ends now (its stream gets a final chunk)."""
@@ -126,12 +124,25 @@ class Engine:
             deliver = self.routes.pop(key, None) if ends else self.routes.get(key)
             if ends:
                 self.started.discard(key)
+                self._count(record)
         if deliver is not None:
             deliver(key, record)
+
+    def _count(self, record: Any) -> None:
+        if isinstance(record, RowFailed):
+            self.counts["failed"] += 1
+        else:
+            self.counts["cancelled" if record.stop_reason == "cancelled" else "finished"] += 1
+
+    def figures(self) -> dict[str, int]:
+        """What ``/health`` reports: rows in flight (running or queued), queued, and totals."""
+        with self.lock:
+            return {"in_flight": len(self.routes), "queued": len(self.feed), **self.counts}
 
     def _fail_started(self, message: str) -> None:
         with self.lock:
             failed = [(key, self.routes.pop(key)) for key in self.started if key in self.routes]
+            self.counts["failed"] += len(failed)
             self.started.clear()
         for key, deliver in failed:
             deliver(key, RowFailed(key, message))

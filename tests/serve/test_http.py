@@ -105,6 +105,7 @@ def test_a_key_is_required_401(strict: Server) -> None:
 def test_a_full_queue_is_503_with_retry_after_and_a_disconnect_frees_the_row(strict: Server) -> None:
     headers = {"Authorization": f"Bearer {KEY}"}
     body = {"prompt": "w3", "max_tokens": 1000, "logit_bias": NO_EOS, "stream": True}
+    cancelled = httpx.get(strict.url + "/health").json()["cancelled"]
     with (
         httpx.Client(base_url=strict.url, headers=headers, timeout=60) as first,
         httpx.Client(base_url=strict.url, headers=headers, timeout=60) as second,
@@ -120,4 +121,5 @@ def test_a_full_queue_is_503_with_retry_after_and_a_disconnect_frees_the_row(str
                 waiting.close()
         # both clients went away: their rows are cancelled, nothing stays in flight
         wait_in_flight(strict, 0)
+    assert httpx.get(strict.url + "/health").json()["cancelled"] == cancelled + 2  # not decoded to the end
     assert post(strict, "/v1/completions", json={"prompt": "w3", "max_tokens": 2}, headers=headers).status_code == 200

@@ -64,6 +64,7 @@ def test_32_clients_one_killed(server: Server) -> None:
     results: dict[int, list[int]] = {}
     errors: list[BaseException] = []
     before = rss_kib(server.proc.pid)
+    cancelled = httpx.get(server.url + "/health").json()["cancelled"]
 
     def client(i: int) -> None:
         try:
@@ -83,6 +84,7 @@ def test_32_clients_one_killed(server: Server) -> None:
     assert not errors, errors
     assert sorted(results) == [i for i in range(CLIENTS) if i != killed]
     wait_in_flight(server, 0)
+    assert httpx.get(server.url + "/health").json()["cancelled"] == cancelled + 1  # the one that went away
     with httpx.Client(base_url=server.url, timeout=120) as http:
         for i, got in results.items():  # the same request alone: the same tokens
             assert got == whole(http, bodies[i]), i
