@@ -1,0 +1,148 @@
+"""The server under load against ``llmsample batch`` on the same prompts at the same batch size.
+
+``batch``: the batch command's own path (``run_batch``) over the prompts, timed around the decode
+(the model already loaded). ``serve``: ``llmsample serve`` in a subprocess, ``--clients``
+concurrent streaming clients pulling the same prompts from one queue; aggregate tokens/s over the
+wall time from the first request to the last answer, time to first token (the first chunk
+carrying text) and per-request latency, p50 and p95. Both sides decode greedily with
+``min_tokens`` = ``max_tokens``, so every request generates exactly that many tokens.
+
+    PYTHONPATH=. python bench/serve_load.py --batch-size 16 --clients 16 --requests 32 --max-tokens 64
+
+Prints one JSON document (``--out FILE`` also writes it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def bodies(count: int, tokens: int) -> list[dict[str, Any]]:
+    from llmsample.bench.prompts import batch_prompts
+
+    prompts = batch_prompts(count)
+    return [{"prompt": prompts[i % len(prompts)], "max_tokens": tokens, "min_tokens": tokens, "temperature": 0,
+             "seed": 0} for i in range(count)]  # fmt: skip
+
+
+def through_batch(args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, float]:
+    from llmsample.batch.requests import read_requests
+    from llmsample.batch.run import BatchSettings, run_batch
+    from llmsample.models.loading import load_model
+
+    lm = load_model(args.model, args.device, args.dtype)
+    parsed = list(read_requests([json.dumps(body) for body in work]))
+    settings = BatchSettings(batch_size=args.batch_size, tokens="none")
+    started = time.perf_counter()
+    outcome = run_batch(lm, parsed, frozenset(), settings, lambda record: None)
+    wall = time.perf_counter() - started
+    return {"tokens": outcome.tokens, "wall_s": wall, "tok_s": outcome.tokens / wall}
+
+
+def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "llmsample", "serve", "--port", "0", "--device", args.device, "--dtype",
+               args.dtype, "--batch-size", str(args.batch_size), *(["-m", args.model] if args.model else [])]  # fmt: skip
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    while True:
+        found = re.search(r"on (http://[^ ]+)/v1", log.read_text(errors="replace"))
+        if found:
+            return proc, found.group(1)
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited {proc.returncode}: {log.read_text(errors='replace')}")
+        time.sleep(0.2)
+
+
+def one_stream(client: Any, body: dict[str, Any]) -> tuple[float, float, int]:
+    """Seconds to the first text chunk, to the end, and the tokens (from the usage chunk)."""
+    sent = time.perf_counter()
+    first, tokens = None, 0
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=stream_body) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                first = time.perf_counter() - sent
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first or 0.0, time.perf_counter() - sent, tokens
+
+
+def through_server(args: argparse.Namespace, work: list[dict[str, Any]], log: Path) -> dict[str, Any]:
+    import httpx
+
+    proc, url = start_server(args, log)
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:  # a warm-up request, not counted
+            one_stream(client, {**work[0], "max_tokens": 4, "min_tokens": 4})
+        todo: queue.Queue[dict[str, Any]] = queue.Queue()
+        for body in work:
+            todo.put(body)
+        results: list[tuple[float, float, int]] = []
+
+        def client_loop() -> None:
+            with httpx.Client(base_url=url, timeout=600) as client:
+                while True:
+                    try:
+                        body = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    results.append(one_stream(client, body))
+
+        threads = [threading.Thread(target=client_loop) for _ in range(args.clients)]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        wall = time.perf_counter() - started
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    tokens = sum(r[2] for r in results)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "requests": len(results),
+            "ttft_s": percentiles([r[0] for r in results]), "latency_s": percentiles([r[1] for r in results])}  # fmt: skip
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=20, method="inclusive")
+    return {"p50": statistics.median(values), "p95": cuts[18]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", "-m", default=None, help="[default: the default model]")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    work = bodies(args.requests, args.max_tokens)
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{os.getpid()}.log"
+    batch = through_batch(args, work)
+    served = through_server(args, work, log)
+    document = {"settings": vars(args) | {"out": str(args.out) if args.out else None}, "batch": batch,
+                "serve": served, "ratio": served["tok_s"] / batch["tok_s"]}  # fmt: skip
+    text = json.dumps(document, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
