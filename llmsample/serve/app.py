@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
+from llmsample.batch.responses import dumps
 from llmsample.batch.run import BatchSettings, prompt_ids, request_config
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.errors import UserError
@@ -26,6 +27,7 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import ConfigError
 from llmsample.serve.engine import Busy, Closing, Engine
 from llmsample.serve.errors import ApiError, bad_request
+from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest, load_json, parse_body
 from llmsample.serve.responses import DONE, Answer, fingerprint
 
@@ -150,14 +152,9 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
             "model_not_found",
         )
     items = build_items(state, serve, chat)
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[tuple[Any, Any]] = asyncio.Queue()
-
-    def deliver(key: Any, record: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (key, record))
-
+    queue = Mailbox(asyncio.get_running_loop())
     try:
-        state.engine.submit(items, deliver)
+        state.engine.submit(items, queue.put)
     except Busy:
         raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
                        {"Retry-After": str(RETRY_AFTER_S)}) from None  # fmt: skip
@@ -180,22 +177,25 @@ async def _watch_disconnect(request: HttpRequest) -> None:
 
 
 async def _records(
-    state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: asyncio.Queue
-) -> AsyncIterator[tuple[int, Any]]:
-    """``(choice index, record)`` until every row has ended; a client that goes away cancels its rows."""
+    state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
+) -> AsyncIterator[list[tuple[int, Any]]]:
+    """``(choice index, record)`` lists until every row has ended; a client that goes away
+    cancels its rows."""
     watch = asyncio.ensure_future(_watch_disconnect(request))
     open_rows = set(keys)
     try:
         while open_rows:
-            get = asyncio.ensure_future(queue.get())
+            get = asyncio.ensure_future(queue.take())
             done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
             if get not in done:
                 get.cancel()
                 return
-            key, record = get.result()
-            if not isinstance(record, TokenEvent):
-                open_rows.discard(key)
-            yield keys[key], record
+            batch = []
+            for key, record in get.result():
+                if not isinstance(record, TokenEvent):
+                    open_rows.discard(key)
+                batch.append((keys[key], record))
+            yield batch
     finally:
         watch.cancel()
         if open_rows:
@@ -203,45 +203,54 @@ async def _records(
 
 
 async def _whole(
-    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: asyncio.Queue
+    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
 ) -> Response:
     events: list[list[TokenEvent]] = [[] for _ in keys]
     summaries: list[Summary | None] = [None] * len(keys)
-    async for index, record in _records(state, request, keys, queue):
-        if isinstance(record, TokenEvent):
-            events[index].append(record)
-        elif isinstance(record, RowFailed):
-            if record.message == "cancelled":
-                return Response(status_code=499)
-            raise ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
-        else:
-            summaries[index] = record
+    async for batch in _records(state, request, keys, queue):
+        for index, record in batch:
+            _collect(index, record, events, summaries)
     if any(summary is None for summary in summaries):
         return Response(status_code=499)  # the client went away; nobody reads this
     return JSONResponse(answer.body(summaries, events))  # type: ignore[arg-type]
 
 
+def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries: list[Summary | None]) -> None:
+    if isinstance(record, TokenEvent):
+        events[index].append(record)
+    elif isinstance(record, RowFailed):
+        if record.message != "cancelled":  # cancelled: the client went away (or the server stops)
+            raise ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
+    else:
+        summaries[index] = record
+
+
 async def _stream(
-    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: asyncio.Queue
+    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
 ) -> AsyncIterator[str]:
-    chat, logprobs = answer.chat, answer.serve.request.logprobs
-    if chat:
-        for index in range(len(keys)):
-            yield answer.chunk(index)
-    prompt_tokens, completion_tokens = 0, 0
-    async for index, record in _records(state, request, keys, queue):
-        if isinstance(record, TokenEvent):
-            if record.text or logprobs or answer.serve.tokens != "none":
-                yield answer.chunk(index, event=record)
-        elif isinstance(record, RowFailed):
-            error = ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
-            yield f"data: {JSONResponse(error.body()).body.decode()}\n\n"
-        else:
-            prompt_tokens, completion_tokens = record.prompt_tokens, completion_tokens + record.tokens
-            yield answer.chunk(index, summary=record)
-    if answer.serve.include_usage:
-        yield answer.usage_chunk(prompt_tokens, completion_tokens)
-    yield DONE
+    """Server-sent events: the chunks of every record that has arrived go out in one write."""
+    if answer.chat:
+        yield "".join(answer.chunk(index) for index in range(len(keys)))
+    usage = [0, 0]  # prompt tokens, completion tokens
+    async for batch in _records(state, request, keys, queue):
+        chunks = [_chunk(answer, index, record, usage) for index, record in batch]
+        yield "".join(chunk for chunk in chunks if chunk)
+    tail = answer.usage_chunk(*usage) if answer.serve.include_usage else ""
+    yield tail + DONE
+
+
+def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
+    if isinstance(record, TokenEvent):
+        if record.text or answer.serve.request.logprobs or answer.serve.tokens != "none":
+            return answer.chunk(index, event=record)
+        return ""
+    if isinstance(record, RowFailed):
+        if record.message == "cancelled":
+            return ""
+        error = ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
+        return f"data: {dumps(error.body())}\n\n"
+    usage[0], usage[1] = record.prompt_tokens, usage[1] + record.tokens
+    return answer.chunk(index, summary=record)
 
 
 async def models(state: ServeState, request: HttpRequest) -> Response:
