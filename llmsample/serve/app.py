@@ -211,6 +211,8 @@ async def _whole(
         for index, record in batch:
             _collect(index, record, events, summaries)
     if any(summary is None for summary in summaries):
+        if state.engine.closing:  # still waiting for a row when the server began to stop
+            raise ApiError(503, "the server is shutting down", None, "shutting_down")
         return Response(status_code=499)  # the client went away; nobody reads this
     return JSONResponse(answer.body(summaries, events))  # type: ignore[arg-type]
 
