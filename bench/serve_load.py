@@ -35,13 +35,12 @@ def bodies(count: int, tokens: int) -> list[dict[str, Any]]:
              "seed": 0} for i in range(count)]  # fmt: skip
 
 
-def through_batch(args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, float]:
+def through_batch(lm: Any, args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, float]:
+    """The completions bodies as batch lines: raw prompts, as /v1/completions sends them."""
     from llmsample.batch.requests import read_requests
     from llmsample.batch.run import BatchSettings, run_batch
-    from llmsample.models.loading import load_model
 
-    lm = load_model(args.model, args.device, args.dtype)
-    parsed = list(read_requests([json.dumps(body) for body in work]))
+    parsed = list(read_requests([json.dumps({**body, "raw": True}) for body in work]))
     settings = BatchSettings(batch_size=args.batch_size, tokens="none")
     started = time.perf_counter()
     outcome = run_batch(lm, parsed, frozenset(), settings, lambda record: None)
@@ -80,37 +79,30 @@ def one_stream(client: Any, body: dict[str, Any]) -> tuple[float, float, int]:
     return first or 0.0, time.perf_counter() - sent, tokens
 
 
-def through_server(args: argparse.Namespace, work: list[dict[str, Any]], log: Path) -> dict[str, Any]:
+def through_server(url: str, args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, Any]:
     import httpx
 
-    proc, url = start_server(args, log)
-    try:
-        with httpx.Client(base_url=url, timeout=600) as client:  # a warm-up request, not counted
-            one_stream(client, {**work[0], "max_tokens": 4, "min_tokens": 4})
-        todo: queue.Queue[dict[str, Any]] = queue.Queue()
-        for body in work:
-            todo.put(body)
-        results: list[tuple[float, float, int]] = []
+    todo: queue.Queue[dict[str, Any]] = queue.Queue()
+    for body in work:
+        todo.put(body)
+    results: list[tuple[float, float, int]] = []
 
-        def client_loop() -> None:
-            with httpx.Client(base_url=url, timeout=600) as client:
-                while True:
-                    try:
-                        body = todo.get_nowait()
-                    except queue.Empty:
-                        return
-                    results.append(one_stream(client, body))
+    def client_loop() -> None:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            while True:
+                try:
+                    body = todo.get_nowait()
+                except queue.Empty:
+                    return
+                results.append(one_stream(client, body))
 
-        threads = [threading.Thread(target=client_loop) for _ in range(args.clients)]
-        started = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        wall = time.perf_counter() - started
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    threads = [threading.Thread(target=client_loop) for _ in range(args.clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
     tokens = sum(r[2] for r in results)
     return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "requests": len(results),
             "ttft_s": percentiles([r[0] for r in results]), "latency_s": percentiles([r[1] for r in results])}  # fmt: skip
@@ -130,14 +122,30 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = bodies(args.requests, args.max_tokens)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{os.getpid()}.log"
-    batch = through_batch(args, work)
-    served = through_server(args, work, log)
-    document = {"settings": vars(args) | {"out": str(args.out) if args.out else None}, "batch": batch,
-                "serve": served, "ratio": served["tok_s"] / batch["tok_s"]}  # fmt: skip
+    import httpx
+
+    from llmsample.models.loading import load_model
+
+    lm = load_model(args.model, args.device, args.dtype)
+    proc, url = start_server(args, log)
+    runs = []
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:  # warm-ups, not counted
+            one_stream(client, {**work[0], "max_tokens": 4, "min_tokens": 4})
+        through_batch(lm, args, work[:2])
+        for _ in range(args.runs):  # interleaved, so a busy machine slows both sides alike
+            runs.append({"batch": through_batch(lm, args, work), "serve": through_server(url, args, work)})
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    ratios = [run["serve"]["tok_s"] / run["batch"]["tok_s"] for run in runs]
+    document = {"settings": vars(args) | {"out": str(args.out) if args.out else None}, "runs": runs,
+                "ratio_median": statistics.median(ratios), "ratios": ratios}  # fmt: skip
     text = json.dumps(document, indent=2)
     print(text)
     if args.out:
