@@ -1,7 +1,7 @@
 """The server under load against ``llmsample batch`` on the same prompts at the same batch size.
 
-``batch``: the batch command's own path (``run_batch``) over the prompts, timed around the decode
-(the model already loaded). ``serve``: ``llmsample serve`` in a subprocess, ``--clients``
+``batch``: ``llmsample batch`` over the same prompts in its own process, timed by its records
+(the model's loading left out). ``serve``: ``llmsample serve`` in a subprocess, ``--clients``
 concurrent streaming clients pulling the same prompts from one queue; aggregate tokens/s over the
 wall time from the first request to the last answer, time to first token (the first chunk
 carrying text) and per-request latency, p50 and p95. Both sides decode greedily with
@@ -35,17 +35,20 @@ def bodies(count: int, tokens: int) -> list[dict[str, Any]]:
              "seed": 0} for i in range(count)]  # fmt: skip
 
 
-def through_batch(lm: Any, args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, float]:
-    """The completions bodies as batch lines: raw prompts, as /v1/completions sends them."""
-    from llmsample.batch.requests import read_requests
-    from llmsample.batch.run import BatchSettings, run_batch
-
-    parsed = list(read_requests([json.dumps({**body, "raw": True}) for body in work]))
-    settings = BatchSettings(batch_size=args.batch_size, tokens="none")
-    started = time.perf_counter()
-    outcome = run_batch(lm, parsed, frozenset(), settings, lambda record: None)
-    wall = time.perf_counter() - started
-    return {"tokens": outcome.tokens, "wall_s": wall, "tok_s": outcome.tokens / wall}
+def through_batch(args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, float]:
+    """``llmsample batch`` on the completions bodies as its lines (raw prompts, as /v1/completions
+    sends them), in its own process like the server. Its decode time is the longest request's
+    ``elapsed_s`` (with --requests at most --batch-size every request starts at once), so the
+    model's loading is not counted on either side."""
+    lines = "\n".join(json.dumps({**body, "raw": True}) for body in work)
+    command = [sys.executable, "-m", "llmsample", "batch", "--device", args.device, "--dtype", args.dtype,
+               "--batch-size", str(args.batch_size), "--tokens", "none", "-q",
+               *(["-m", args.model] if args.model else [])]  # fmt: skip
+    done = subprocess.run(command, input=lines, capture_output=True, text=True, check=True)
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    tokens = sum(record["tokens"] for record in records)
+    wall = max(record["elapsed_s"] for record in records)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
 
 
 def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
@@ -129,17 +132,13 @@ def main() -> None:
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{os.getpid()}.log"
     import httpx
 
-    from llmsample.models.loading import load_model
-
-    lm = load_model(args.model, args.device, args.dtype)
     proc, url = start_server(args, log)
     runs = []
     try:
         with httpx.Client(base_url=url, timeout=600) as client:  # warm-ups, not counted
             one_stream(client, {**work[0], "max_tokens": 4, "min_tokens": 4})
-        through_batch(lm, args, work[:2])
         for _ in range(args.runs):  # interleaved, so a busy machine slows both sides alike
-            runs.append({"batch": through_batch(lm, args, work), "serve": through_server(url, args, work)})
+            runs.append({"batch": through_batch(args, work), "serve": through_server(url, args, work)})
     finally:
         proc.terminate()
         proc.wait(60)
