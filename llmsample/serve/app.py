@@ -1,6 +1,7 @@
 """The HTTP side: a Starlette app whose completion endpoints turn each request into rows of the
 engine's one batch (:mod:`llmsample.serve.engine`) and answer in OpenAI's shapes, whole or as
-server-sent events; plus ``/v1/models``, ``/health``, ``/tokenize`` and ``/detokenize``."""
+server-sent events; plus ``/v1/models``, ``/health``, ``/tokenize``, ``/detokenize`` and the
+page at ``/`` (:mod:`llmsample.serve.page`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
@@ -268,6 +269,18 @@ async def health(state: ServeState, request: HttpRequest) -> Response:
     return JSONResponse({"status": "ok", "model": state.lm.name, **state.engine.figures()})
 
 
+async def home(state: ServeState, request: HttpRequest) -> Response:
+    """The page (no key needed to load it: its requests send the key the user types)."""
+    import secrets
+
+    from llmsample.serve import page
+
+    nonce = secrets.token_urlsafe(16)
+    config = page.page_config(state.lm.name, state.settings, state.presets)
+    headers = {"Content-Security-Policy": page.security_policy(nonce), "Cache-Control": "no-store"}
+    return HTMLResponse(page.render(config, nonce), headers=headers)
+
+
 async def tokenize(state: ServeState, request: HttpRequest) -> Response:
     """vLLM's ``/tokenize``: ``prompt`` (plain text) or ``messages`` (through the chat template)."""
     from llmsample.serve.tokens import tokenize_body
@@ -293,6 +306,7 @@ def create_app(state: ServeState) -> Starlette:
         Route(COMPLETIONS_URL, _endpoint(state, complete), methods=["POST"]),
         Route("/v1/models", _endpoint(state, models), methods=["GET"]),
         Route("/health", _endpoint(state, health, auth=False), methods=["GET"]),
+        Route("/", _endpoint(state, home, auth=False), methods=["GET"]),
         Route("/tokenize", _endpoint(state, tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(state, detokenize), methods=["POST"]),
     ]
