@@ -155,7 +155,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
     items = build_items(state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:
-        state.engine.submit(items, queue.put)
+        state.engine.submit(items, queue)
     except Busy:
         raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
                        {"Retry-After": str(RETRY_AFTER_S)}) from None  # fmt: skip
@@ -180,19 +180,18 @@ async def _watch_disconnect(request: HttpRequest) -> None:
 async def _records(
     state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
 ) -> AsyncIterator[list[tuple[int, Any]]]:
-    """``(choice index, record)`` lists until every row has ended; a client that goes away
-    cancels its rows."""
+    """``(choice index, record)`` lists (a step's at a time) until every row has ended; a client
+    that goes away closes the mailbox and cancels its rows."""
     watch = asyncio.ensure_future(_watch_disconnect(request))
+    watch.add_done_callback(lambda _: queue.close())
     open_rows = set(keys)
     try:
         while open_rows:
-            get = asyncio.ensure_future(queue.take())
-            done, _ = await asyncio.wait({get, watch}, return_when=asyncio.FIRST_COMPLETED)
-            if get not in done:
-                get.cancel()
+            records = await queue.take()
+            if records is None:
                 return
             batch = []
-            for key, record in get.result():
+            for key, record in records:
                 if not isinstance(record, TokenEvent):
                     open_rows.discard(key)
                 batch.append((keys[key], record))

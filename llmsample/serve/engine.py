@@ -1,7 +1,9 @@
 """The server's one decoding loop: a background thread runs :func:`llmsample.engine.decode.decode`
 over a :class:`QueueFeed` for as long as the server lives, so every in-flight HTTP request is a
 row of one continuous batch (requests that arrive join at the next step). Each row's records
-go back to the request that owns its key, on that request's event loop."""
+go back to the request that owns its key, on that request's event loop, a step at a time: the
+loop's thread gathers a step's records and hands them over in one call when the step ends (when
+the loop looks at its feed), so the HTTP side wakes once per step, whatever the rows."""
 
 from __future__ import annotations
 
@@ -16,8 +18,7 @@ from llmsample.engine.feed import QueueFeed
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.errors import first_line
 from llmsample.models.loading import LoadedModel
-
-Deliver = Callable[[Any, Any], None]  # (key, record); called on the engine thread
+from llmsample.serve.mailbox import Mailbox, post
 
 
 class Busy(Exception):
@@ -34,12 +35,15 @@ sent together start together (one prefill) instead of one per step."""
 
 
 class _TrackedFeed:
-    """The queue, remembering which requests the loop has taken (they have rows)."""
+    """The queue, remembering which requests the loop has taken (they have rows). The loop
+    looks at it once a step's records are out (``cancelled`` every step, ``take`` when a row is
+    free or nothing runs): that is where the step's records are handed over."""
 
-    def __init__(self, feed: QueueFeed, started: set[Any], lock: threading.Lock) -> None:
-        self.feed, self.started, self.lock = feed, started, lock
+    def __init__(self, feed: QueueFeed, started: set[Any], lock: threading.Lock, flush: Callable[[], None]) -> None:
+        self.feed, self.started, self.lock, self.flush = feed, started, lock, flush
 
     def take(self, n: int, wait: bool) -> list[BatchItem]:
+        self.flush()
         items = self.feed.take(n, wait)
         if wait and 0 < len(items) < n:
             time.sleep(GATHER_S)
@@ -49,6 +53,7 @@ class _TrackedFeed:
         return items
 
     def cancelled(self) -> frozenset[Any]:
+        self.flush()
         return self.feed.cancelled()
 
 
@@ -62,7 +67,8 @@ class Engine:
         self.options = DecodeOptions(top_n=top_n)
         self.feed = QueueFeed()
         self.lock = threading.Lock()
-        self.routes: dict[Any, Deliver] = {}
+        self.routes: dict[Any, Mailbox] = {}
+        self.pending: dict[Mailbox, list[tuple[Any, Any]]] = {}  # this step's records (the loop's thread only)
         self.started: set[Any] = set()
         self.closing = False
         self.counts = {"finished": 0, "cancelled": 0, "failed": 0}  # rows, since the start
@@ -76,7 +82,7 @@ class Engine:
         with self.lock:
             return next(self.keys)
 
-    def submit(self, items: list[BatchItem], deliver: Deliver) -> None:
+    def submit(self, items: list[BatchItem], mailbox: Mailbox) -> None:
         """Queue the rows of one request (all or none); raises :class:`Busy` or :class:`Closing`."""
         with self.lock:
             if self.closing:
@@ -84,7 +90,7 @@ class Engine:
             if len(self.feed) + len(items) > self.max_queue:
                 raise Busy
             for item in items:
-                self.routes[item.key] = deliver
+                self.routes[item.key] = mailbox
         for item in items:
             self.feed.put(item)
 
@@ -99,8 +105,7 @@ class Engine:
             with self.lock:
                 never = [(key, self.routes.pop(key)) for key in live if key not in self.started]
                 self.counts["cancelled"] += len(never)
-            for key, deliver in never:
-                deliver(key, RowFailed(key, "cancelled"))
+            post((box, [(key, RowFailed(key, "cancelled"))]) for key, box in never)
 
     def shutdown(self) -> None:
         """No new requests; every row in flight ends now (its stream gets a final chunk)."""
@@ -114,14 +119,15 @@ class Engine:
         self.thread.join(timeout)
 
     def _run(self) -> None:
+        feed = _TrackedFeed(self.feed, self.started, self.lock, self._flush)
         while True:
             try:
-                for key, record in decode(
-                    self.lm, _TrackedFeed(self.feed, self.started, self.lock), self.batch_size, self.options
-                ):
+                for key, record in decode(self.lm, feed, self.batch_size, self.options):
                     self._route(key, record)
+                self._flush()
                 return  # the feed was closed
             except Exception as exc:  # a failed step fails the rows in it, not the server
+                self._flush()
                 self._fail_started(first_line(exc))
                 with self.lock:
                     if self.closing:
@@ -130,12 +136,18 @@ class Engine:
     def _route(self, key: Any, record: Any) -> None:
         ends = not hasattr(record, "token_id")
         with self.lock:
-            deliver = self.routes.pop(key, None) if ends else self.routes.get(key)
+            box = self.routes.pop(key, None) if ends else self.routes.get(key)
             if ends:
                 self.started.discard(key)
                 self._count(record)
-        if deliver is not None:
-            deliver(key, record)
+        if box is not None:
+            self.pending.setdefault(box, []).append((key, record))
+
+    def _flush(self) -> None:
+        """The step's records to their requests, one hand-over for all of them."""
+        if self.pending:
+            batches, self.pending = self.pending, {}
+            post(batches.items())
 
     def _count(self, record: Any) -> None:
         if isinstance(record, RowFailed):
@@ -153,5 +165,4 @@ class Engine:
             failed = [(key, self.routes.pop(key)) for key in self.started if key in self.routes]
             self.counts["failed"] += len(failed)
             self.started.clear()
-        for key, deliver in failed:
-            deliver(key, RowFailed(key, message))
+        post((box, [(key, RowFailed(key, message))]) for key, box in failed)

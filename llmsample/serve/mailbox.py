@@ -1,44 +1,62 @@
-"""Records from the engine's thread to one request's event loop, many at a time: the engine
-appends, and wakes the loop only when it is not already due to look (one wake-up per batch of
-records, not per token), so a busy step costs the HTTP side one task switch per request."""
+"""Records from the engine's thread to the requests' event loop, a whole step at a time: the
+engine gathers a step's records and hands them over in one call (:func:`post`: one wake-up of
+the loop per step, not one per request or per token); on the loop each request's mailbox gets
+its share and wakes its one waiting task."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections import deque
+import contextlib
+from collections.abc import Iterable
 from typing import Any
 
 
 class Mailbox:
+    """One request's records. Everything but :func:`post` runs on the request's event loop."""
+
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.items: deque[tuple[Any, Any]] = deque()
-        self.lock = threading.Lock()
-        self.ready = asyncio.Event()
-        self.due = False  # a wake-up is scheduled and has not run yet
+        self.items: list[tuple[Any, Any]] = []
+        self.waiter: asyncio.Future[None] | None = None
+        self.gone = False
 
-    def put(self, key: Any, record: Any) -> None:
-        """From the engine's thread."""
-        with self.lock:
-            self.items.append((key, record))
-            if self.due:
-                return
-            self.due = True
-        self.loop.call_soon_threadsafe(self._wake)
+    def extend(self, records: list[tuple[Any, Any]]) -> None:
+        self.items += records
+        self._wake()
+
+    def close(self) -> None:
+        """The client went away: :meth:`take` returns None from now on."""
+        self.gone = True
+        self._wake()
 
     def _wake(self) -> None:
-        with self.lock:
-            self.due = False
-        self.ready.set()
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
-    async def take(self) -> list[tuple[Any, Any]]:
-        """Everything that has arrived (waits for at least one)."""
-        while True:
-            await self.ready.wait()
-            self.ready.clear()
-            with self.lock:
-                items = list(self.items)
-                self.items.clear()
-            if items:
-                return items
+    async def take(self) -> list[tuple[Any, Any]] | None:
+        """Everything that has arrived (waits for at least one); None once the client has gone."""
+        while not self.items and not self.gone:
+            self.waiter = self.loop.create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        if self.gone:
+            return None
+        items, self.items = self.items, []
+        return items
+
+
+def post(batches: Iterable[tuple[Mailbox, list[tuple[Any, Any]]]]) -> None:
+    """From any thread: each mailbox's records, one call per event loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Mailbox, list[tuple[Any, Any]]]]] = {}
+    for box, records in batches:
+        by_loop.setdefault(box.loop, []).append((box, records))
+    for loop, pairs in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these any more
+            loop.call_soon_threadsafe(_deliver, pairs)
+
+
+def _deliver(pairs: list[tuple[Mailbox, list[tuple[Any, Any]]]]) -> None:
+    for box, records in pairs:
+        box.extend(records)

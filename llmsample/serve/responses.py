@@ -7,6 +7,7 @@ figures go under the key ``llmsample`` of each choice when the request asked for
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,12 @@ class Answer:
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset per choice
+    templates: dict[int, tuple[str, str]] = field(default_factory=dict)  # plain token chunks per choice
+
+    @property
+    def plain(self) -> bool:
+        """Token chunks carry nothing but the text (no logprobs, no records of ours)."""
+        return not self.serve.request.logprobs and self.serve.tokens == "none"
 
     @property
     def object_id(self) -> str:
@@ -109,6 +116,8 @@ class Answer:
 
     def chunk(self, index: int, event: TokenEvent | None = None, summary: Summary | None = None) -> str:
         """One server-sent event: a choice's opening (chat: the role), a token, or its end."""
+        if event is not None and self.plain:
+            return self.text_chunk(index, event.text)
         choice: dict[str, Any] = {"index": index}
         text = event.text if event is not None else ""
         if self.chat:
@@ -125,6 +134,17 @@ class Answer:
             choice["llmsample"] = _extension(summary)
         return self._sse({"choices": [choice]})
 
+    def text_chunk(self, index: int, text: str) -> str:
+        """A plain token's chunk, the text put into the choice's chunk made once (every token's
+        event differs only there): what :meth:`chunk` builds, without a dict and a dump per token."""
+        template = self.templates.get(index)
+        if template is None:
+            delta_or_text = {"delta": {"content": _MARK}} if self.chat else {"text": _MARK}
+            choice = {"index": index, **delta_or_text, "logprobs": None, "finish_reason": None}
+            before, after = self._sse({"choices": [choice]}).split(_encode(_MARK))
+            template = self.templates[index] = (before, after)
+        return template[0] + _encode(text) + template[1]
+
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
         """``stream_options.include_usage``: the last chunk, no choices, the request's usage."""
         return self._sse({"choices": [], "usage": self.usage(prompt_tokens, completion_tokens)})
@@ -138,3 +158,5 @@ class Answer:
 
 
 DONE = "data: [DONE]\n\n"
+_MARK = "\x00text\x00"  # where a token's text goes: no text of a chunk's head is this
+_encode = json.encoder.encode_basestring  # a string as JSON, as dumps writes it (ensure_ascii=False)

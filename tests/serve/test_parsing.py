@@ -38,7 +38,7 @@ def test_null_means_not_given() -> None:
     ("body", "param"),
     [
         ({**CHAT, "top_kk": 3}, "top_kk"),
-        ({**CHAT, "response_format": {"type": "json_object"}}, "response_format"),
+        ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
         ({**CHAT, "n": 17}, "n"),
         ({**CHAT, "n": True}, "n"),
         ({**CHAT, "stream": "yes"}, "stream"),
@@ -74,3 +74,26 @@ def test_exposure_warning() -> None:
     warning = exposure_warning("0.0.0.0", None)
     assert warning is not None and "--api-key" in warning
     assert exposure_warning("::", None) is not None
+
+
+@pytest.mark.parametrize("url", [CHAT_URL, COMPLETIONS_URL])
+@pytest.mark.parametrize("usage", [False, True])
+def test_a_plain_token_chunk_is_the_dumped_chunk(url: str, usage: bool) -> None:
+    """Plain token chunks are made from a template per choice: the same bytes as dumping the chunk."""
+    from llmsample.batch.responses import dumps
+    from llmsample.serve.responses import Answer
+
+    chat = url == CHAT_URL
+    body = CHAT if chat else {"prompt": "hi"}
+    serve = parse_body({**body, "stream": True, "stream_options": {"include_usage": usage}}, url, PRESETS)
+    answer = Answer(serve, 'a "model"\n', "fp_0", chat)
+    assert answer.plain
+    for index in (0, 3):
+        for text in ("", "a", ' "quoted" \\ back\nslash\t', "é漢😀", "\u2028\x00\x1f", "\ud800"):
+            choice = {"index": index, **({"delta": {"content": text}} if chat else {"text": text})}
+            head = {"id": answer.object_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": answer.created, "model": 'a "model"\n', "system_fingerprint": "fp_0"}  # fmt: skip
+            record = {**head, "choices": [{**choice, "logprobs": None, "finish_reason": None}]}
+            if usage:
+                record["usage"] = None
+            assert answer.text_chunk(index, text) == f"data: {dumps(record)}\n\n"
