@@ -123,8 +123,20 @@ def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[Batc
     for i in range(serve.n):
         row_cfg = dataclasses.replace(cfg, seed=((cfg.seed or 0) + i) % 2**63) if i else cfg
         stats = RunStats(lm.name, preset, row_cfg.seed)
-        items.append(BatchItem(state.engine.new_key(), ids, row_cfg, stats, state.drafter, state.settings.draft_tokens))
+        key = state.engine.new_key()
+        items.append(
+            BatchItem(key, ids, row_cfg, stats, state.drafter, state.settings.draft_tokens, _top_n(state, serve))
+        )
     return items
+
+
+def _top_n(state: ServeState, serve: ServeRequest) -> int:
+    """The alternatives a request's records show: the engine's all for ``tokens: full``, the
+    asked-for top log probabilities, else none (no candidate list built for every token)."""
+    if serve.tokens == "full":
+        return state.engine.options.top_n
+    request = serve.request
+    return request.top_logprobs if request.logprobs else 0
 
 
 def _check_vocabulary(lm: LoadedModel, ids: list[int], cfg: Any) -> None:
