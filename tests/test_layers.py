@@ -89,6 +89,7 @@ UPPER = (
     "llmsample.render",
     "llmsample.bench",
     "llmsample.chat",
+    "llmsample.serve",
 )
 
 
@@ -97,8 +98,9 @@ def test_the_core_does_not_import_the_layers_above(layer: str) -> None:
     assert offenders((layer,), UPPER) == {}
 
 
-def test_analysis_and_bench_do_not_import_the_commands() -> None:
-    assert offenders(("llmsample.analysis", "llmsample.bench"), ("llmsample.commands", "llmsample.cli")) == {}
+def test_analysis_bench_and_serve_do_not_import_the_commands() -> None:
+    upper = ("llmsample.analysis", "llmsample.bench", "llmsample.serve")
+    assert offenders(upper, ("llmsample.commands", "llmsample.cli")) == {}
 
 
 def test_the_chat_does_not_import_the_commands() -> None:

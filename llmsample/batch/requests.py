@@ -39,6 +39,7 @@ keeps it).
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from collections.abc import Collection, Iterable, Iterator
@@ -421,3 +422,20 @@ def _content(value: Any, at: str) -> str:
             raise _LineError(f'{at}[{i}]: only {{"type": "text", "text": STRING}} parts are supported, got {part!r}')
         texts.append(part["text"])
     return "\n".join(texts)
+
+
+class BodyError(ValueError):
+    """A request body that cannot run; the message starts with the key it names (``body.KEY:``)."""
+
+
+def openai_body(body: dict[str, Any], url: str, custom_id: str, own: dict[str, Any] | None = None) -> Request:
+    """One OpenAI request body as a server receives it, checked exactly as a batch line's body
+    (``n`` left out: the server makes the choices); ``own``: llmsample's sampling keys sent
+    beside OpenAI's (``top_k``, ``min_p``, ...), checked with the same ranges."""
+    try:
+        _check_unicode(body)
+        request = _openai_body(body, url, 0, custom_id)
+        extra = _overrides(_given(own or {}), "body.")
+    except _LineError as exc:
+        raise BodyError(str(exc)) from None
+    return dataclasses.replace(request, overrides={**request.overrides, **extra})

@@ -112,7 +112,8 @@ def run_rows(
         if not rows:
             return ended
         assert step is not None
-        result = yield from sample_step(rows, step, options.top_n, watched, backend.agree)
+        top_n = max(options.top_n if row.item.top_n is None else row.item.top_n for row in rows)
+        result = yield from sample_step(rows, step, top_n, watched, backend.agree)
         cancelled = feed.cancelled()
         for i, row in enumerate(rows):
             if not result.finished[i] and row.key in cancelled:

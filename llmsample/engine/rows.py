@@ -24,7 +24,9 @@ from llmsample.sampling.pipeline import make_generator
 class BatchItem:
     """One request as the engine sees it: ``key`` is the caller's, handed back with each record.
     ``drafter``: makes this row's drafter when it starts (speculation; ``draft_tokens`` a fixed K,
-    None adaptive), so a draft model's per-row cache lives only as long as the row."""
+    None adaptive), so a draft model's per-row cache lives only as long as the row. ``top_n``: a
+    step lists as many alternatives as its rows need at most (a server's request that shows
+    none costs no alternatives when no row in the step asks for them)."""
 
     key: Any
     prompt_ids: list[int]
@@ -32,6 +34,7 @@ class BatchItem:
     stats: RunStats
     drafter: Callable[[], Drafter] | None = None
     draft_tokens: int | None = None
+    top_n: int | None = None  # alternatives its records need; None: the run's (DecodeOptions.top_n)
 
 
 @dataclass(frozen=True)

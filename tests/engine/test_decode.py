@@ -285,3 +285,24 @@ def test_the_draft_command_line_runs_in_batch(tiny_model_dir: Path, tmp_path: Pa
     plain_records = [json.loads(line) for line in plain.stdout.splitlines()]
     spec_records = [json.loads(line) for line in spec.stdout.splitlines()]
     assert [r["text"] for r in plain_records] == [r["text"] for r in spec_records]
+
+
+def test_a_step_lists_the_alternatives_its_rows_need(tiny_lm) -> None:
+    """Rows may ask for fewer alternatives than the run's top_n: a step lists what its rows need
+    at most, and the tokens are the same whatever the list's length."""
+
+    def run(tops: list[int | None]) -> dict[int, list[TokenEvent]]:
+        cfg = SamplingConfig(temperature=0.9, seed=4, max_tokens=6)
+        ids = encode_prompt(tiny_lm, "w5 w6", raw=True)[0].tolist()
+        batch = [BatchItem(i, ids, cfg, RunStats("tiny", "test", 4), top_n=top) for i, top in enumerate(tops)]
+        events: dict[int, list[TokenEvent]] = {i: [] for i in range(len(tops))}
+        for key, record in decode_batch(tiny_lm, batch, len(batch), top_n=5):
+            if isinstance(record, TokenEvent):
+                events[key].append(record)
+        return events
+
+    none = run([0, 0])
+    assert all(event.top == () for row in none.values() for event in row)
+    mixed = run([0, None])  # one row wants the run's 5: the step lists 5 for both
+    assert all(len(event.top) == 5 for row in mixed.values() for event in row)
+    assert [e.token_id for e in none[0]] == [e.token_id for e in mixed[0]]

@@ -1,0 +1,165 @@
+"""The server under load against ``llmsample batch`` on the same prompts at the same batch size.
+
+``batch``: ``llmsample batch`` over the same prompts in its own process, timed by its records
+(the model's loading left out). ``serve``: ``llmsample serve`` in a subprocess, ``--clients``
+concurrent streaming clients pulling the same prompts from one queue; aggregate tokens/s over the
+wall time from the first request to the last answer, time to first token (the first chunk
+carrying text) and per-request latency, p50 and p95. Both sides decode greedily with
+``min_tokens`` = ``max_tokens``, so every request generates exactly that many tokens.
+
+    PYTHONPATH=. python bench/serve_load.py --batch-size 16 --clients 16 --requests 32 --max-tokens 64
+
+Prints one JSON document (``--out FILE`` also writes it)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import re
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+
+def bodies(count: int, tokens: int) -> list[dict[str, Any]]:
+    from llmsample.bench.prompts import batch_prompts
+
+    prompts = batch_prompts(count)
+    return [{"prompt": prompts[i % len(prompts)], "max_tokens": tokens, "min_tokens": tokens, "temperature": 0,
+             "seed": 0} for i in range(count)]  # fmt: skip
+
+
+def through_batch(args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, float]:
+    """``llmsample batch`` on the completions bodies as its lines (raw prompts, as /v1/completions
+    sends them), in its own process like the server. Its decode time is the longest request's
+    ``elapsed_s`` (with --requests at most --batch-size every request starts at once), so the
+    model's loading is not counted on either side."""
+    lines = "\n".join(json.dumps({**body, "raw": True}) for body in work)
+    command = [sys.executable, "-m", "llmsample", "batch", "--device", args.device, "--dtype", args.dtype,
+               "--batch-size", str(args.batch_size), "--tokens", "none", "-q",
+               *(["-m", args.model] if args.model else [])]  # fmt: skip
+    done = subprocess.run(command, input=lines, capture_output=True, text=True, check=True)
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    tokens = sum(record["tokens"] for record in records)
+    wall = max(record["elapsed_s"] for record in records)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+
+
+def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+    command = [sys.executable, "-m", "llmsample", "serve", "--port", "0", "--device", args.device, "--dtype",
+               args.dtype, "--batch-size", str(args.batch_size), *(["-m", args.model] if args.model else [])]  # fmt: skip
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    while True:
+        found = re.search(r"on (http://[^ ]+)/v1", log.read_text(errors="replace"))
+        if found:
+            return proc, found.group(1)
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited {proc.returncode}: {log.read_text(errors='replace')}")
+        time.sleep(0.2)
+
+
+def one_stream(client: Any, body: dict[str, Any]) -> tuple[float, float, int]:
+    """Seconds to the first text chunk, to the end, and the tokens (from the usage chunk)."""
+    sent = time.perf_counter()
+    first, tokens = None, 0
+    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/completions", json=stream_body) as response:
+        for line in response.iter_lines():
+            # Parsed only until the first text and for the usage: the clients share the machine
+            # (and one interpreter) with the server, and should take as little of it as they can.
+            if not line.startswith("data: {") or (first is not None and '"usage": {' not in line):
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+                first = time.perf_counter() - sent
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return first or 0.0, time.perf_counter() - sent, tokens
+
+
+def through_server(url: str, args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, Any]:
+    """The clients are made before the clock starts and set off together: making an httpx client
+    takes milliseconds of CPU (its TLS context), which would otherwise spread the requests'
+    arrival over the run and count the clients' start-up as the server's time."""
+    import httpx
+
+    todo: queue.Queue[dict[str, Any]] = queue.Queue()
+    for body in work:
+        todo.put(body)
+    results: list[tuple[float, float, int]] = []
+    clients = [httpx.Client(base_url=url, timeout=600) for _ in range(args.clients)]
+    ready = threading.Barrier(args.clients + 1)
+
+    def client_loop(client: Any) -> None:
+        ready.wait()
+        while True:
+            try:
+                body = todo.get_nowait()
+            except queue.Empty:
+                return
+            results.append(one_stream(client, body))
+
+    threads = [threading.Thread(target=client_loop, args=(client,)) for client in clients]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    for client in clients:
+        client.close()
+    tokens = sum(r[2] for r in results)
+    return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "requests": len(results),
+            "ttft_s": percentiles([r[0] for r in results]), "latency_s": percentiles([r[1] for r in results])}  # fmt: skip
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=20, method="inclusive")
+    return {"p50": statistics.median(values), "p95": cuts[18]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", "-m", default=None, help="[default: the default model]")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    work = bodies(args.requests, args.max_tokens)
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{os.getpid()}.log"
+    import httpx
+
+    proc, url = start_server(args, log)
+    runs = []
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:  # warm-ups, not counted
+            one_stream(client, {**work[0], "max_tokens": 4, "min_tokens": 4})
+        for _ in range(args.runs):  # interleaved, so a busy machine slows both sides alike
+            runs.append({"batch": through_batch(args, work), "serve": through_server(url, args, work)})
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    ratios = [run["serve"]["tok_s"] / run["batch"]["tok_s"] for run in runs]
+    document = {"settings": vars(args) | {"out": str(args.out) if args.out else None}, "runs": runs,
+                "ratio_median": statistics.median(ratios), "ratios": ratios}  # fmt: skip
+    text = json.dumps(document, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

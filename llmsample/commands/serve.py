@@ -1,0 +1,100 @@
+"""``llmsample serve``: an OpenAI-compatible HTTP server on the one decoding loop."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from llmsample.commands.options import (
+    draft_options,
+    load_model_with_progress,
+    model_options,
+    quiet_option,
+    resolve_sampling,
+    sampling_options,
+    sampling_overrides,
+)
+from llmsample.errors import UserError
+
+
+@click.command()
+@model_options
+@sampling_options
+@draft_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
+@click.option(
+    "--api-key",
+    metavar="KEY",
+    envvar="LLMSAMPLE_API_KEY",
+    help="Require Authorization: Bearer KEY [env: LLMSAMPLE_API_KEY].",
+)
+@click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
+@click.option(
+    "--max-queue",
+    type=click.IntRange(0, 100000),
+    default=256,
+    show_default=True,
+    help="Requests waiting for a row beyond which new ones get 503.",
+)
+@click.option("--system", metavar="TEXT", help="System message for prompts without one.")
+@quiet_option("startup line")
+def serve(**options: Any) -> None:
+    """Serve the model over the OpenAI API (chat and completions, streamed or whole).
+
+    Every request in flight is a row of one continuous batch; each request may carry any
+    llmsample sampling key beside OpenAI's (top_k, min_p, dry_multiplier, preset, ...). The
+    sampling flags here are the server's defaults.
+
+    \b
+    llmsample serve --port 8000
+    llmsample serve -m HuggingFaceTB/SmolLM2-360M-Instruct --preset creative --batch-size 16
+    LLMSAMPLE_API_KEY=secret llmsample serve --host 0.0.0.0
+    """
+    from llmsample.batch.run import BatchSettings
+    from llmsample.engine.batch import default_batch_size
+    from llmsample.sampling import presets as preset_store
+    from llmsample.serve.app import ServeState, create_app
+    from llmsample.serve.engine import Engine
+    from llmsample.serve.server import bind, exposure_warning, serve_forever
+
+    if options["compile_model"]:
+        raise UserError(
+            "--compile decodes rows of one prompt in lockstep; a server's requests have their own prompts: leave it out"
+        )
+    if options["compare"]:
+        raise UserError("--compare runs a second decode per request, which a server does not do; leave it out")
+    resolve_sampling(options)  # bad flags and an unknown preset fail before the model loads
+    warning = exposure_warning(options["host"], options["api_key"])
+    if warning:
+        click.echo(warning, err=True)
+    sock = bind(options["host"], options["port"])
+    overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
+    settings = BatchSettings(preset=options["preset"], preset_file=options["preset_file"], overrides=overrides,
+                             system=options["system"], draft_tokens=options["draft_tokens"])  # fmt: skip
+    lm = load_model_with_progress(options)
+    if lm.tensor_parallel:
+        raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
+    drafter = None
+    if options["draft"]:
+        from llmsample.commands.generate import build_drafter
+
+        drafter = build_drafter(options, lm)
+    batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
+    engine = Engine(lm, batch_size, options["max_queue"])
+    state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
+                       drafter=drafter)  # fmt: skip
+    engine.start()
+    host, port = sock.getsockname()[:2]
+    if not options["quiet"]:
+        shown = f"[{host}]" if ":" in host else host
+        click.echo(f"llmsample serve: {lm.name} on http://{shown}:{port}/v1 (batch size {batch_size})", err=True)
+    sys.stderr.flush()
+    try:
+        serve_forever(create_app(state), sock, engine.shutdown)
+    finally:
+        engine.shutdown()
+        engine.join(timeout=30)
+        sock.close()

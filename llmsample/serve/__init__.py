@@ -1,0 +1,1 @@
+"""``llmsample serve``: the OpenAI API over the one decoding loop."""

@@ -1,0 +1,332 @@
+"""The HTTP side: a Starlette app whose completion endpoints turn each request into rows of the
+engine's one batch (:mod:`llmsample.serve.engine`) and answer in OpenAI's shapes, whole or as
+server-sent events; plus ``/v1/models``, ``/health``, ``/tokenize``, ``/detokenize`` and the
+page at ``/`` (:mod:`llmsample.serve.page`)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
+from llmsample.batch.responses import dumps
+from llmsample.batch.run import BatchSettings, prompt_ids, request_config
+from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.errors import UserError
+from llmsample.events import RunStats, Summary, TokenEvent
+from llmsample.models.device import dtype_name
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import ConfigError
+from llmsample.serve.engine import Busy, Closing, Engine
+from llmsample.serve.errors import ApiError, bad_request
+from llmsample.serve.mailbox import Mailbox
+from llmsample.serve.parsing import ServeRequest, load_json, parse_body
+from llmsample.serve.responses import DONE, Answer, fingerprint
+
+MAX_BODY_BYTES = 4 * 2**20
+RETRY_AFTER_S = 1
+
+
+@dataclass
+class ServeState:
+    """What every request reads: the model, the engine, the server's defaults and its limits."""
+
+    lm: LoadedModel
+    engine: Engine
+    settings: BatchSettings = field(default_factory=BatchSettings)
+    api_key: str | None = None
+    max_body: int = MAX_BODY_BYTES
+    presets: frozenset[str] = frozenset()
+    drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.lm.name, dtype_name(self.lm.dtype), str(self.lm.device))
+
+
+Handler = Callable[[HttpRequest], Awaitable[Response]]
+
+
+def _endpoint(
+    state: ServeState, handler: Callable[[ServeState, HttpRequest], Awaitable[Response]], auth: bool = True
+) -> Handler:
+    """Every failure a client caused is an OpenAI error object; the key is checked first."""
+
+    async def run(request: HttpRequest) -> Response:
+        try:
+            if auth and state.api_key is not None:
+                _check_key(request, state.api_key)
+            return await handler(state, request)
+        except ApiError as exc:
+            return exc.response()
+
+    return run
+
+
+def _check_key(request: HttpRequest, key: str) -> None:
+    given = request.headers.get("authorization", "")
+    scheme, _, token = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        message = "missing API key: send Authorization: Bearer KEY" if not given else "incorrect API key"
+        raise ApiError(401, message, None, "invalid_api_key")
+
+
+async def read_json(request: HttpRequest, limit: int) -> Any:
+    """The body as JSON, refused (413) as soon as it is over ``limit`` bytes, declared or sent."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}", None, "body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+        chunks.append(chunk)
+    return load_json(b"".join(chunks))
+
+
+def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[BatchItem]:
+    """The request's rows: its settings over the server's defaults, ``n`` rows of one prompt with
+    seeds ``seed, seed+1, ...``; a bad setting or a prompt that does not fit is a 400."""
+    lm, request = state.lm, serve.request
+    try:
+        preset, cfg = request_config(request, state.settings)
+        ids = prompt_ids(lm, request, state.settings, cfg.max_tokens)
+    except UserError as exc:
+        text = str(exc)
+        if text.startswith("the prompt is") or "chat template" in text:
+            raise ApiError(400, text, "messages" if chat else "prompt") from None
+        raise bad_request(text) from None
+    context = lm.context_length
+    if context and len(ids) + cfg.max_tokens > context:
+        room = context - len(ids)
+        if serve.max_tokens_key is not None:
+            name = serve.max_tokens_key
+            raise ApiError(
+                400,
+                f"{name}: {cfg.max_tokens} with a prompt of {len(ids)} tokens is beyond the context of "
+                f"{context}; ask for at most {room}",
+                name,
+            )
+        cfg = dataclasses.replace(cfg, max_tokens=room)
+    _check_vocabulary(lm, ids, cfg)
+    items = []
+    for i in range(serve.n):
+        row_cfg = dataclasses.replace(cfg, seed=((cfg.seed or 0) + i) % 2**63) if i else cfg
+        stats = RunStats(lm.name, preset, row_cfg.seed)
+        key = state.engine.new_key()
+        items.append(
+            BatchItem(key, ids, row_cfg, stats, state.drafter, state.settings.draft_tokens, _top_n(state, serve))
+        )
+    return items
+
+
+def _top_n(state: ServeState, serve: ServeRequest) -> int:
+    """The alternatives a request's records show: the engine's all for ``tokens: full``, the
+    asked-for top log probabilities, else none (no candidate list built for every token)."""
+    if serve.tokens == "full":
+        return state.engine.options.top_n
+    request = serve.request
+    return request.top_logprobs if request.logprobs else 0
+
+
+def _check_vocabulary(lm: LoadedModel, ids: list[int], cfg: Any) -> None:
+    """Texts in ``logit_bias`` must be one token each: checked here, so a bad one is this
+    request's 400 and never a failure in the loop that every other request shares."""
+    if not cfg.needs_vocabulary:
+        return
+    import torch
+
+    from llmsample.sampling.history import TokenHistory
+
+    try:
+        TokenHistory.for_config(torch.tensor([ids]), lm.model.config.vocab_size, cfg, lm.tokenizer, lm.eos_ids)
+    except (UserError, ConfigError) as exc:
+        raise ApiError(400, str(exc).replace(" (--logit-bias or the preset)", ""), "logit_bias") from None
+
+
+async def completions(state: ServeState, request: HttpRequest, url: str) -> Response:
+    chat = url == CHAT_URL
+    serve = parse_body(await read_json(request, state.max_body), url, state.presets)
+    if serve.model is not None and serve.model != state.lm.name:
+        raise ApiError(
+            404,
+            f"model: {serve.model!r} is not served here; this server runs {state.lm.name!r}",
+            "model",
+            "model_not_found",
+        )
+    items = build_items(state, serve, chat)
+    queue = Mailbox(asyncio.get_running_loop())
+    try:
+        state.engine.submit(items, queue)
+    except Busy:
+        raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
+                       {"Retry-After": str(RETRY_AFTER_S)}) from None  # fmt: skip
+    except Closing:
+        raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
+    answer = Answer(serve, state.lm.name, state.fingerprint, chat)
+    keys = {item.key: i for i, item in enumerate(items)}
+    if serve.stream:
+        stream = _stream(state, request, answer, keys, queue)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return await _whole(state, request, answer, keys, queue)
+
+
+async def _watch_disconnect(request: HttpRequest) -> None:
+    """Returns when the client has gone away."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _records(
+    state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
+) -> AsyncIterator[list[tuple[int, Any]]]:
+    """``(choice index, record)`` lists (a step's at a time) until every row has ended; a client
+    that goes away closes the mailbox and cancels its rows."""
+    watch = asyncio.ensure_future(_watch_disconnect(request))
+    watch.add_done_callback(lambda _: queue.close())
+    open_rows = set(keys)
+    try:
+        while open_rows:
+            records = await queue.take()
+            if records is None:
+                return
+            batch = []
+            for key, record in records:
+                if not isinstance(record, TokenEvent):
+                    open_rows.discard(key)
+                batch.append((keys[key], record))
+            yield batch
+    finally:
+        watch.cancel()
+        if open_rows:
+            state.engine.cancel(list(open_rows))
+
+
+async def _whole(
+    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
+) -> Response:
+    events: list[list[TokenEvent]] = [[] for _ in keys]
+    summaries: list[Summary | None] = [None] * len(keys)
+    async for batch in _records(state, request, keys, queue):
+        for index, record in batch:
+            _collect(index, record, events, summaries)
+    if any(summary is None for summary in summaries):
+        if state.engine.closing:  # still waiting for a row when the server began to stop
+            raise ApiError(503, "the server is shutting down", None, "shutting_down")
+        return Response(status_code=499)  # the client went away; nobody reads this
+    return JSONResponse(answer.body(summaries, events))  # type: ignore[arg-type]
+
+
+def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries: list[Summary | None]) -> None:
+    if isinstance(record, TokenEvent):
+        events[index].append(record)
+    elif isinstance(record, RowFailed):
+        if record.message != "cancelled":  # cancelled: the client went away (or the server stops)
+            raise ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
+    else:
+        summaries[index] = record
+
+
+async def _stream(
+    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
+) -> AsyncIterator[str]:
+    """Server-sent events: the chunks of every record that has arrived go out in one write."""
+    if answer.chat:
+        yield "".join(answer.chunk(index) for index in range(len(keys)))
+    usage = [0, 0]  # prompt tokens, completion tokens
+    async for batch in _records(state, request, keys, queue):
+        chunks = [_chunk(answer, index, record, usage) for index, record in batch]
+        yield "".join(chunk for chunk in chunks if chunk)
+    tail = answer.usage_chunk(*usage) if answer.serve.include_usage else ""
+    yield tail + DONE
+
+
+def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
+    if isinstance(record, TokenEvent):
+        if record.text or answer.serve.request.logprobs or answer.serve.tokens != "none":
+            return answer.chunk(index, event=record)
+        return ""
+    if isinstance(record, RowFailed):
+        if record.message == "cancelled":
+            return ""
+        error = ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
+        return f"data: {dumps(error.body())}\n\n"
+    usage[0], usage[1] = record.prompt_tokens, usage[1] + record.tokens
+    return answer.chunk(index, summary=record)
+
+
+async def models(state: ServeState, request: HttpRequest) -> Response:
+    model = {"id": state.lm.name, "object": "model", "created": 0, "owned_by": "llmsample"}
+    if state.lm.context_length:
+        model["max_model_len"] = state.lm.context_length
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def health(state: ServeState, request: HttpRequest) -> Response:
+    if state.engine.closing:
+        return JSONResponse({"status": "shutting down"}, status_code=503)
+    return JSONResponse({"status": "ok", "model": state.lm.name, **state.engine.figures()})
+
+
+async def home(state: ServeState, request: HttpRequest) -> Response:
+    """The page (no key needed to load it: its requests send the key the user types)."""
+    import secrets
+
+    from llmsample.serve import page
+
+    nonce = secrets.token_urlsafe(16)
+    config = page.page_config(state.lm.name, state.settings, state.presets)
+    headers = {"Content-Security-Policy": page.security_policy(nonce), "Cache-Control": "no-store"}
+    return HTMLResponse(page.render(config, nonce), headers=headers)
+
+
+async def tokenize(state: ServeState, request: HttpRequest) -> Response:
+    """vLLM's ``/tokenize``: ``prompt`` (plain text) or ``messages`` (through the chat template)."""
+    from llmsample.serve.tokens import tokenize_body
+
+    return JSONResponse(tokenize_body(state.lm, await read_json(request, state.max_body)))
+
+
+async def detokenize(state: ServeState, request: HttpRequest) -> Response:
+    from llmsample.serve.tokens import detokenize_body
+
+    return JSONResponse(detokenize_body(state.lm, await read_json(request, state.max_body)))
+
+
+def create_app(state: ServeState) -> Starlette:
+    async def chat(state: ServeState, request: HttpRequest) -> Response:
+        return await completions(state, request, CHAT_URL)
+
+    async def complete(state: ServeState, request: HttpRequest) -> Response:
+        return await completions(state, request, COMPLETIONS_URL)
+
+    routes = [
+        Route(CHAT_URL, _endpoint(state, chat), methods=["POST"]),
+        Route(COMPLETIONS_URL, _endpoint(state, complete), methods=["POST"]),
+        Route("/v1/models", _endpoint(state, models), methods=["GET"]),
+        Route("/health", _endpoint(state, health, auth=False), methods=["GET"]),
+        Route("/", _endpoint(state, home, auth=False), methods=["GET"]),
+        Route("/tokenize", _endpoint(state, tokenize), methods=["POST"]),
+        Route("/detokenize", _endpoint(state, detokenize), methods=["POST"]),
+    ]
+    app = Starlette(routes=routes)
+
+    async def not_found(request: HttpRequest, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        return ApiError(status, f"{request.method} {request.url.path}: no such endpoint", None, "not_found").response()
+
+    app.add_exception_handler(404, not_found)
+    app.add_exception_handler(405, not_found)
+    return app

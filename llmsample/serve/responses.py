@@ -1,0 +1,162 @@
+"""Answers in OpenAI's shapes: ``chat.completion`` and ``text_completion`` bodies, their stream
+chunks (``chat.completion.chunk``; completions stream ``text_completion`` objects), ``usage``,
+``finish_reason`` and ``system_fingerprint``. Log probabilities are the batch command's
+(:mod:`llmsample.batch.responses`: the raw model's, as OpenAI and vLLM report them). Our own
+figures go under the key ``llmsample`` of each choice when the request asked for them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmsample import __version__
+from llmsample.batch.responses import (
+    FINISH_REASONS,
+    TokenLevel,
+    _chat_logprobs,
+    _completion_logprobs,
+    _full,
+    dumps,
+)
+from llmsample.events import Summary, TokenEvent
+from llmsample.serve.parsing import ServeRequest
+
+
+def fingerprint(model: str, dtype: str, device: str) -> str:
+    """What produced the answers: a different version, model, dtype or device, another fingerprint."""
+    digest = hashlib.sha256(f"{__version__}|{model}|{dtype}|{device}".encode()).hexdigest()[:12]
+    return f"fp_{digest}"
+
+
+def finish_reason(summary: Summary) -> str:
+    """OpenAI's reasons; a row cut short (shutdown) reports ``length``, as a truncated answer."""
+    return FINISH_REASONS.get(summary.stop_reason, "length")
+
+
+def token_records(events: list[TokenEvent], level: TokenLevel) -> list[dict[str, Any]]:
+    if level == "ids":
+        return [{"token_id": event.token_id, "prob": event.prob} for event in events]
+    return [_full(event) for event in events]
+
+
+def _extension(summary: Summary) -> dict[str, Any]:
+    skip = ("type", "text", "tokens", "prompt_tokens", "model")
+    return {key: value for key, value in summary.to_dict().items() if key not in skip}
+
+
+@dataclass
+class Answer:
+    """One HTTP request's answer being built: ids, the model and what each choice has so far."""
+
+    serve: ServeRequest
+    model: str
+    system_fingerprint: str
+    chat: bool
+    id: str = field(default_factory=lambda: secrets.token_hex(12))
+    created: int = field(default_factory=lambda: int(time.time()))
+    offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset per choice
+    templates: dict[int, tuple[str, str]] = field(default_factory=dict)  # plain token chunks per choice
+
+    @property
+    def plain(self) -> bool:
+        """Token chunks carry nothing but the text (no logprobs, no records of ours)."""
+        return not self.serve.request.logprobs and self.serve.tokens == "none"
+
+    @property
+    def object_id(self) -> str:
+        return ("chatcmpl-" if self.chat else "cmpl-") + self.id
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {
+            "id": self.object_id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.system_fingerprint,
+        }
+
+    def _logprobs(self, events: list[TokenEvent], index: int) -> Any:
+        request = self.serve.request
+        if not request.logprobs:
+            return None
+        if self.chat:
+            return {"content": _chat_logprobs(events, request.top_logprobs)}
+        offset = self.offsets.get(index, len(request.prompt or ""))
+        self.offsets[index] = offset + sum(len(event.text) for event in events)
+        return _completion_logprobs(events, request.top_logprobs, offset)
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+
+    def body(self, summaries: list[Summary], events: list[list[TokenEvent]]) -> dict[str, Any]:
+        """The whole answer (``stream: false``), choices in index order."""
+        choices = []
+        for index, (summary, tokens) in enumerate(zip(summaries, events, strict=True)):
+            choice: dict[str, Any] = {"index": index}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": summary.text}
+            else:
+                choice["text"] = summary.text
+            choice["logprobs"] = self._logprobs(tokens, index)
+            choice["finish_reason"] = finish_reason(summary)
+            if self.serve.tokens != "none":
+                choice["llmsample"] = {**_extension(summary), "tokens": token_records(tokens, self.serve.tokens)}
+            choices.append(choice)
+        completion = sum(summary.tokens for summary in summaries)
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._head(obj), "choices": choices, "usage": self.usage(summaries[0].prompt_tokens, completion)}
+
+    def chunk(self, index: int, event: TokenEvent | None = None, summary: Summary | None = None) -> str:
+        """One server-sent event: a choice's opening (chat: the role), a token, or its end."""
+        if event is not None and self.plain:
+            return self.text_chunk(index, event.text)
+        choice: dict[str, Any] = {"index": index}
+        text = event.text if event is not None else ""
+        if self.chat:
+            choice["delta"] = (
+                {"content": text} if event is not None else ({} if summary else {"role": "assistant", "content": ""})
+            )
+        else:
+            choice["text"] = text
+        choice["logprobs"] = self._logprobs([event], index) if event is not None else None
+        choice["finish_reason"] = finish_reason(summary) if summary is not None else None
+        if self.serve.tokens != "none" and event is not None:
+            choice["llmsample"] = {"tokens": token_records([event], self.serve.tokens)}
+        elif self.serve.tokens != "none" and summary is not None:
+            choice["llmsample"] = _extension(summary)
+        return self._sse({"choices": [choice]})
+
+    def text_chunk(self, index: int, text: str) -> str:
+        """A plain token's chunk, the text put into the choice's chunk made once (every token's
+        event differs only there): what :meth:`chunk` builds, without a dict and a dump per token."""
+        template = self.templates.get(index)
+        if template is None:
+            delta_or_text = {"delta": {"content": _MARK}} if self.chat else {"text": _MARK}
+            choice = {"index": index, **delta_or_text, "logprobs": None, "finish_reason": None}
+            before, after = self._sse({"choices": [choice]}).split(_encode(_MARK))
+            template = self.templates[index] = (before, after)
+        return template[0] + _encode(text) + template[1]
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+        """``stream_options.include_usage``: the last chunk, no choices, the request's usage."""
+        return self._sse({"choices": [], "usage": self.usage(prompt_tokens, completion_tokens)})
+
+    def _sse(self, payload: dict[str, Any]) -> str:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        record = {**self._head(obj), **payload}
+        if self.serve.include_usage and "usage" not in payload:
+            record["usage"] = None
+        return f"data: {dumps(record)}\n\n"
+
+
+DONE = "data: [DONE]\n\n"
+_MARK = "\x00text\x00"  # where a token's text goes: no text of a chunk's head is this
+_encode = json.encoder.encode_basestring  # a string as JSON, as dumps writes it (ensure_ascii=False)

@@ -1,0 +1,103 @@
+"""A real server in a subprocess on a free loopback port, on a tiny random model with a chat
+template, talked to as its clients do (the ``openai`` package, plain HTTP)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_HOME, make_tiny_model
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+NO_EOS = {"1": -100}  # logit_bias: the tiny model's <eos> never comes (long answers on demand)
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return self.url + "/v1"
+
+    def client(self, api_key: str = "none", **kwargs: object):
+        import openai
+
+        return openai.OpenAI(base_url=self.base, api_key=api_key, max_retries=0, timeout=60, **kwargs)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def start_server(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    """``llmsample serve`` on port 0 (the kernel picks a free one), ready once it says where it listens."""
+    environment = {**os.environ, "LLMSAMPLE_HOME": str(TEST_HOME), "HF_HUB_OFFLINE": "1"}
+    environment.pop("LLMSAMPLE_API_KEY", None)
+    environment.update(env or {})
+    command = [sys.executable, "-m", "llmsample", "serve", "-m", str(model_dir), "--host", "127.0.0.1",
+               "--port", "0", "--device", "cpu", "--dtype", "float32", *args]  # fmt: skip
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=environment
+        )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", log.read_text(errors="replace"))
+        if found:
+            return Server(found.group(1), proc, log)
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited {proc.returncode}: {log.read_text(errors='replace')}")
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("the server did not start in time")
+
+
+def wait_in_flight(server: Server, count: int) -> None:
+    """Until the server holds ``count`` requests (running or queued)."""
+    import httpx
+
+    deadline = time.monotonic() + 30
+    while httpx.get(server.url + "/health").json()["in_flight"] != count:
+        assert time.monotonic() < deadline, "in_flight never reached the count"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from transformers import AutoTokenizer
+
+    path = make_tiny_model(tmp_path_factory.mktemp("tiny-chat"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server(chat_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The shared server: four rows, the default preset."""
+    running = start_server(chat_model_dir, tmp_path_factory.mktemp("serve") / "stderr", "--batch-size", "4")
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="session")
+def model_id(chat_model_dir: Path) -> str:
+    return str(chat_model_dir)

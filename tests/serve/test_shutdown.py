@@ -1,0 +1,35 @@
+"""SIGTERM: the server stops taking connections, ends every in-flight stream with a final chunk
+and ``[DONE]``, and exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.serve.conftest import NO_EOS, start_server
+
+
+def test_sigterm_ends_streams_with_a_final_chunk_and_exits_0(chat_model_dir: Path, tmp_path: Path) -> None:
+    server = start_server(chat_model_dir, tmp_path / "stderr", "--batch-size", "2")
+    try:
+        body = {"prompt": "w3", "max_tokens": 1000, "logit_bias": NO_EOS, "stream": True, "n": 2}
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data: {"))
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        finals = [json.loads(line[6:])["choices"][0] for line in rest[:-1]]
+        finals = [choice for choice in finals if choice["finish_reason"] is not None]
+        assert sorted(choice["index"] for choice in finals) == [0, 1]
+        assert {choice["finish_reason"] for choice in finals} == {"length"}
+        assert server.proc.wait(30) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(server.url + "/health", timeout=5)
+        assert "Traceback" not in server.log.read_text()
+    finally:
+        server.stop()
