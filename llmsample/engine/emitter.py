@@ -72,10 +72,11 @@ class Emitter:
         position = self.stats.prompt_tokens + index
         if not figures.finite_logits:
             raise_broken_logits(position)
-        if figures.candidates == 0:
+        constrained = self.cfg.constraint is not None
+        if figures.candidates == 0 and not constrained:
             raise_nothing_left(figures.removed, index, position)
-        if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
-            if self.cfg.constraint is not None:
+        if figures.candidates == 0 or not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
+            if constrained:
                 raise RuntimeFailure(nothing_left(self.cfg, figures.removed, position))
             raise RuntimeFailure(
                 f"the sampling distribution at position {position} is not finite "
