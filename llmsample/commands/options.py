@@ -137,6 +137,13 @@ model_options = _stack(
         is_flag=True,
         help="Static KV cache + torch.compile'd decode step: faster tokens after a slow first start (cached on disk).",
     ),
+    click.option(
+        "--backend",
+        type=click.Choice(["auto", "transformers", "llama.cpp"]),
+        default="auto",
+        show_default=True,
+        help="llama.cpp runs GGUF models (the default one too) on the CPU; needs llmsample[llamacpp]. auto: llama.cpp for a GGUF on a CPU.",
+    ),
 )
 
 
@@ -387,6 +394,7 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
         "placement": placement_from_options(options),
         "quantize": options.get("quantize"),
         "tensor_parallel": options.get("tp", False),
+        "backend": options.get("backend", "auto"),
     }
     if options.get("quiet"):
         return load_model(*spec, compile=compile_model, **scaling)

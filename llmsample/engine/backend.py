@@ -76,6 +76,10 @@ def open_backend(
     from llmsample.engine.padded import PaddedBatch
     from llmsample.errors import UserError
 
+    if lm.backend == "llama.cpp":
+        from llmsample.engine.llamacpp_batch import LlamaCppBatch
+
+        return LlamaCppBatch(lm.model, rows, positions, on_forward)
     if lm.compiled is not None or lm.tensor_parallel:
         if not one_prompt:
             flag = "--compile" if lm.compiled is not None else "--tp"

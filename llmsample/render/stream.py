@@ -95,6 +95,8 @@ def summary_line(summary: Summary) -> str:
         parts.append(f"vs {reference.dtype}: mean KL {reference.mean_kl:.4f} nats, same top {reference.same_top:.1%}")
     if (comparison := facts.comparison) is not None and comparison.speedup is not None:
         parts.append(f"plain loop {comparison.plain_tokens_per_s:.1f} tok/s: {comparison.speedup:.2f}x speedup")
-    if facts.device is not None:
+    if facts.backend == "llama.cpp":
+        parts.append(f"{facts.device} llama.cpp {facts.quantization or ''}".rstrip())
+    elif facts.device is not None:
         parts.append(f"{facts.device} {facts.dtype}")
     return " · ".join(parts)

@@ -1,0 +1,40 @@
+"""``--backend`` where llama-cpp-python is missing: one line naming the extra, and ``auto`` keeps
+to transformers (these run with or without the extra installed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from llmsample.cli import main
+from llmsample.models import llamacpp
+
+
+def test_llama_cpp_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    result = CliRunner().invoke(main, ["generate", "-p", "hi", "-m", str(model), "--backend", "llama.cpp"])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.count("\n") == 1 and "pip install 'llmsample[llamacpp]'" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("spec", "device", "plain", "installed", "expected"),
+    [
+        ("m.gguf", "cpu", True, True, "llama.cpp"),
+        ("m.gguf", "cpu", True, False, "transformers"),  # without the extra: today's conversion path
+        ("m.gguf", "cuda", True, True, "transformers"),
+        ("m.gguf", "cpu", False, True, "transformers"),  # --dtype, --compile, --quantize... asked for
+        ("some/hub-id", "cpu", True, True, "transformers"),
+    ],
+)
+def test_auto_picks_llama_cpp_for_a_gguf_on_a_cpu(
+    spec: str, device: str, plain: bool, installed: bool, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llamacpp, "installed", lambda: installed)
+    assert llamacpp.choose_backend("auto", spec, torch.device(device), plain) == expected
+    assert llamacpp.choose_backend("transformers", spec, torch.device(device), plain) == "transformers"
