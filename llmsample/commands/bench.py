@@ -75,6 +75,11 @@ def bench(**options: Any) -> None:
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
     err = stderr_console()
+    if options["backend"] == "llama.cpp":
+        from llmsample.commands.bench_llamacpp import bench_llamacpp
+
+        bench_llamacpp(options, err)
+        return
     if options["workloads"]:
         bench_workloads(options, err)
         return
