@@ -255,3 +255,32 @@ def test_reference_on_llama_cpp_scores_against_transformers_float32(gguf_file: P
     reference = json.loads(result.stdout.splitlines()[-1])["reference"]
     assert reference["dtype"] == "float32" and reference["tokens"] == 4
     assert reference["mean_kl"] < 1e-3 and math.isfinite(reference["max_kl"])  # F32 weights: only the f16 cache
+
+
+def test_compare_models_measures_llama_cpp_against_transformers(
+    llama_lm, gguf_file: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    model = str(gguf_file)
+    result = cli("compare-models", "-m", model, "-m", model, "--backend-b", "llama.cpp", "--raw", "-p", "Hello",
+                 "--continuation", " world, how are you today?", "--format", "jsonl", "-q")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    tokens, summary = lines[:-1], lines[-1]
+    assert summary["backend_a"] == "transformers" and summary["backend_b"] == "llama.cpp"
+    assert len(tokens) == len(ids(llama_lm, " world, how are you today?")) and summary["mean_kl"] < 1e-3
+    assert summary["same_top_rate"] == 1.0  # the same F32 weights: only llama.cpp's f16 cache differs
+
+
+@pytest.mark.model
+def test_the_default_model_on_llama_cpp_knows_the_capital_of_france() -> None:
+    lm = load_model(None, "cpu", "auto", backend="llama.cpp")
+    assert lm.backend == "llama.cpp" and lm.quantization == "Q4_1"
+    prompt = encode_prompt(lm, "What is the capital of France?")
+    events, summary = run_to_end(
+        generate(lm, prompt, SamplingConfig(temperature=0, max_tokens=12), RunStats("d", "t", 0))
+    )
+    assert "Paris" in summary.text, summary.text
+    assert (
+        lm.model.tokenize(lm.tokenizer.decode(prompt[0])) == prompt[0].tolist()
+    )  # the chat prompt, special tokens too
