@@ -90,12 +90,14 @@ class LlamaCppBatch:
         ]
         flat = self._decode(entries)
         width = max(len(row) for row in tokens)
+        self.lengths = [n + len(row) for n, row in zip(self.lengths, tokens, strict=True)]
+        if all(len(row) == width for row in tokens):
+            return flat.view(len(tokens), width, -1)  # no padding: the same memory
         out = flat.new_zeros(len(tokens), width, flat.shape[-1])
         at = 0
         for r, row in enumerate(tokens):
             out[r, : len(row)] = flat[at : at + len(row)]
             at += len(row)
-        self.lengths = [n + len(row) for n, row in zip(self.lengths, tokens, strict=True)]
         return out
 
     def rollback(self, row: int, length: int) -> None:

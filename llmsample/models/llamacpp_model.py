@@ -14,6 +14,7 @@ from llmsample.errors import RuntimeFailure, UserError
 from llmsample.models.llamacpp import silence_llama_cpp
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
+CACHE_TYPE = 1  # the KV cache's ggml type: GGML_TYPE_F16, llama.cpp's default (0, F32: the tests' exact one)
 
 
 class LlamaCppModel:
@@ -50,7 +51,7 @@ class LlamaCppModel:
         if self.lib.llama_model_meta_val_str(self.handle, b"general.file_type", buffer, 64) < 0:
             return None
         try:
-            return gguf.LlamaFileType(int(buffer.value)).name.removeprefix("MOSTLY_")
+            return gguf.LlamaFileType(int(buffer.value)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
         except ValueError:
             return None
 
@@ -71,6 +72,9 @@ class LlamaCppModel:
         params.n_batch = params.n_ubatch = batch
         params.n_seq_max = sequences
         params.kv_unified = True
+        params.type_k = params.type_v = CACHE_TYPE
+        params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as llama-cpp-python's Llama; on a CPU
+        # its flash attention rounds queries to float16
         params.n_threads = params.n_threads_batch = self.threads
         params.no_perf = True
         context = lib.llama_init_from_model(self.handle, params)

@@ -42,6 +42,13 @@ TEXTS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 KV cache: llama.cpp's logits then match transformers' to float32 rounding (its
+    float16 default costs a few thousandths on a logit, enough to swap two near-tied tokens)."""
+    monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 0)
+
+
 @pytest.fixture(scope="module")
 def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path())
@@ -77,9 +84,8 @@ def full(hf_lm, seq: list[int]) -> torch.Tensor:
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
-    # llama.cpp keeps the KV cache in float16: a few thousandths on logits of this size
     assert got.dtype == torch.float32 and got.shape == want.shape
-    assert (got - want).abs().max().item() < 2e-2 * max(1.0, want.abs().max().item())
+    assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
     assert got.argmax().item() == want.argmax().item()
 
 
@@ -118,14 +124,14 @@ def test_every_seam_operation_gives_the_logits_of_a_full_recomputation(llama_lm,
             assert_close(out[r, j], full(hf_lm, seqs[r] + tokens[: j + 1]))
     seqs[0] += [5]  # row 0 keeps one of its three; row 1 its one
     seqs[1] += [8]
-    backend.rollback(0, len(seqs[0]))
-    check(backend.step(torch.tensor([9, 10])))
+    backend.rollback(0, len(seqs[0]))  # rollback: row 0 forgets 6 and 7
     seqs[0].append(9)
     seqs[1].append(10)
-    backend.keep([1])  # row 0 leaves; row 1 goes on alone
+    check(backend.step(torch.tensor([9, 10])))
+    backend.keep([1])  # keep: row 0 leaves; row 1 goes on alone
     seqs = [seqs[1]]
-    check(backend.step(torch.tensor([12])))
     seqs[0].append(12)
+    check(backend.step(torch.tensor([12])))
     prompt = ids(llama_lm, "Once upon a time")
     copies = backend.admit_copies(prompt, 3)  # replicate: one prefill, three rows
     assert copies.shape[0] == 3
@@ -254,7 +260,7 @@ def test_reference_on_llama_cpp_scores_against_transformers_float32(gguf_file: P
     assert result.exit_code == 0, result.output
     reference = json.loads(result.stdout.splitlines()[-1])["reference"]
     assert reference["dtype"] == "float32" and reference["tokens"] == 4
-    assert reference["mean_kl"] < 1e-3 and math.isfinite(reference["max_kl"])  # F32 weights: only the f16 cache
+    assert reference["mean_kl"] < 1e-4 and math.isfinite(reference["max_kl"])  # the same F32 weights
 
 
 def test_compare_models_measures_llama_cpp_against_transformers(
@@ -269,7 +275,7 @@ def test_compare_models_measures_llama_cpp_against_transformers(
     tokens, summary = lines[:-1], lines[-1]
     assert summary["backend_a"] == "transformers" and summary["backend_b"] == "llama.cpp"
     assert len(tokens) == len(ids(llama_lm, " world, how are you today?")) and summary["mean_kl"] < 1e-3
-    assert summary["same_top_rate"] == 1.0  # the same F32 weights: only llama.cpp's f16 cache differs
+    assert summary["same_top_rate"] == 1.0  # the same F32 weights, two implementations
 
 
 @pytest.mark.model
