@@ -38,3 +38,11 @@ def test_auto_picks_llama_cpp_for_a_gguf_on_a_cpu(
     monkeypatch.setattr(llamacpp, "installed", lambda: installed)
     assert llamacpp.choose_backend("auto", spec, torch.device(device), plain) == expected
     assert llamacpp.choose_backend("transformers", spec, torch.device(device), plain) == "transformers"
+
+
+def test_llama_cpp_on_another_device_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmsample.errors import UserError
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    with pytest.raises(UserError, match="runs on the CPU here, not cuda"):
+        llamacpp.choose_backend("llama.cpp", "m.gguf", torch.device("cuda"), True)
