@@ -76,9 +76,21 @@ def ours_batch(lm: LoadedModel, prompts: list[list[int]], tokens: int) -> int:
 
 def llama_cpp_python(lm: LoadedModel, threads: int) -> Callable[[list[int], int], int]:
     """llama-cpp-python's high-level ``Llama`` on the same file: its own sampler and loop."""
+    import llama_cpp.llama_cpp as lib
     from llama_cpp import Llama
 
-    llm = Llama(model_path=str(lm.model.path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    defaults = lib.llama_model_default_params
+
+    def plain_buffers() -> Any:  # as our backend loads it (see LlamaCppModel)
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain_buffers
+    try:
+        llm = Llama(model_path=str(lm.model.path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    finally:
+        lib.llama_model_default_params = defaults
 
     def run(prompt: list[int], tokens: int) -> int:
         llm.reset()

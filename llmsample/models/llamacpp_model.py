@@ -30,6 +30,9 @@ class LlamaCppModel:
         lib.llama_backend_init()
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        # No repacked weight buffers: their AMX kernels die of SIGILL where the OS does not grant
+        # AMX to the process (the development machine's sandbox), and llama.cpp cannot tell.
+        params.use_extra_bufts = False
         handle = lib.llama_model_load_from_file(str(path).encode(), params)
         if not handle:
             raise UserError(f"llama.cpp cannot load {path} (not a GGUF model it knows); use --backend transformers")
