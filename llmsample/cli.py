@@ -18,6 +18,7 @@ from llmsample.errors import (
     RuntimeFailure,
     UserError,
     ignore_further_interrupts,
+    raise_interrupted,
 )
 from llmsample.terminal import prepare_streams, silence
 
@@ -25,10 +26,6 @@ from llmsample.terminal import prepare_streams, silence
 # extra) log import-time warnings about kernels for other hardware; diagnostics stay ours.
 for _noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_noisy).setLevel(logging.ERROR)
-
-
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(signum)
 
 
 class LlmsampleGroup(click.Group):
@@ -40,7 +37,7 @@ class LlmsampleGroup(click.Group):
         stdout_open = prepare_streams()
         for signum in ENDING_SIGNALS:
             if signum != signal.SIGINT:  # SIGINT stays Python's KeyboardInterrupt
-                signal.signal(signum, _raise_interrupted)
+                signal.signal(signum, raise_interrupted)
         if stdout_open:
             message, code = self._outcome(args, *rest, **kwargs)
         else:

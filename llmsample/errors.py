@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+import threading
+from collections.abc import Iterator
 
 
 class UserError(Exception):
@@ -44,6 +47,42 @@ def ignore_further_interrupts() -> None:
     (or print a traceback): from here on they are ignored."""
     for signum in ENDING_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
+
+
+_deferred: list[int] | None = None  # signals that arrived while a token was being printed
+
+
+def raise_interrupted(signum: int, frame: object = None) -> None:
+    """The handler of SIGTERM and SIGHUP (and SIGINT while deferred): raise, or keep it for later."""
+    if _deferred is not None:
+        _deferred.append(signum)
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold the ending signals for a moment (printing one token and counting it), so an
+    interrupt lands between tokens and the summary counts exactly what was printed. Python-level,
+    since a signal may reach any of torch's threads: a thread mask would not hold it."""
+    global _deferred
+    if threading.current_thread() is not threading.main_thread() or _deferred is not None:
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.default_int_handler:
+        signal.signal(signal.SIGINT, raise_interrupted)
+    _deferred = []
+    try:
+        yield
+    finally:
+        pending, _deferred = _deferred, None
+        if previous is signal.default_int_handler:
+            signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise_interrupted(pending[0])
 
 
 def first_line(exc: BaseException) -> str:

@@ -123,6 +123,23 @@ class PlainComparison:
 
 
 @dataclass(frozen=True)
+class CacheReuse:
+    """A turn of a session: prompt tokens found in the cache, and prompt tokens prefilled."""
+
+    reused: int
+    prefilled: int
+
+
+@dataclass(frozen=True)
+class ConstraintOutcome:
+    """A constrained run: which constraint (its flag) and whether the output is complete under it
+    (``False``: the length limit or a stop string cut the text before the grammar accepted)."""
+
+    constraint: str
+    complete: bool
+
+
+@dataclass(frozen=True)
 class RunFacts:
     """What a run used and measured beyond the counts, in typed optional sections; a section
     that does not apply is None and leaves its keys out of the summary record."""
@@ -136,6 +153,8 @@ class RunFacts:
     speculation: Speculation | None = None
     reference: ReferenceSummary | None = None
     comparison: PlainComparison | None = None
+    cache: CacheReuse | None = None
+    constraint: ConstraintOutcome | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
@@ -151,6 +170,10 @@ class RunFacts:
             data["reference"] = asdict(self.reference)
         if self.comparison is not None:
             data.update(self.comparison.to_dict())
+        if self.cache is not None:
+            data["cache"] = asdict(self.cache)
+        if self.constraint is not None:
+            data.update(asdict(self.constraint))
         return data
 
 
@@ -234,4 +257,6 @@ class StepFigures:
     removed: dict[str, int]
     mass: float  # total of the sampling distribution: 1 unless something overflowed
     finite_logits: bool  # the model's logits had no NaN/+inf and something finite
+    candidates: int = 1  # tokens the chain's last stage kept: 0 when bans/min-tokens removed every one
     watch: tuple[Watched, ...] = ()  # the watched ids, in the order step_figures was given them
+    accepted: int = 0  # speculation: how many of its row's drafts this step accepted

@@ -3,8 +3,10 @@ real default model (converted once into a cache kept between test runs)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +22,15 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"
 
 
+def quant_library(name: str) -> Any:
+    """``pytest.importorskip`` for the quant extra's libraries (torchao, bitsandbytes), except
+    under ``make test``, which installs the extra and sets ``LLMSAMPLE_REQUIRE_QUANT=1``: there a
+    missing library fails the test, so the quantization paths cannot silently go untested."""
+    if os.environ.get("LLMSAMPLE_REQUIRE_QUANT") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
 def make_tiny_model(
     path: Path, vocab_size: int = 32, seed: int = 0, init: float = 0.5, layers: int = 2, hidden: int = 32
 ) -> Path:
@@ -28,7 +39,7 @@ def make_tiny_model(
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import Whitespace
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     vocab = {"<bos>": 0, "<eos>": 1, "<unk>": 2} | {f"w{i}": i for i in range(3, vocab_size)}
     backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
@@ -36,6 +47,15 @@ def make_tiny_model(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
+    return save_tiny_llama(path, tokenizer, vocab_size, seed, init, layers, hidden)
+
+
+def save_tiny_llama(
+    path: Path, tokenizer, vocab_size: int, seed: int, init: float, layers: int, hidden: int, positions: int = 1024
+) -> Path:
+    """A random LlamaForCausalLM (ids 0/1 are BOS/EOS) saved with ``tokenizer``: any tiny model's body."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -43,7 +63,7 @@ def make_tiny_model(
         num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        max_position_embeddings=1024,
+        max_position_embeddings=positions,
         bos_token_id=0,
         eos_token_id=1,
         initializer_range=init,  # large weights: peaked, tie-free distributions

@@ -82,8 +82,7 @@ def test_only_the_commands_import_click() -> None:
 
 
 LOWER = ("llmsample.sampling", "llmsample.engine", "llmsample.models")
-UPPER = ("llmsample.commands", "llmsample.cli", "llmsample.analysis", "llmsample.render", "llmsample.bench",
-         "llmsample.bench_results", "llmsample.bench_quant")  # fmt: skip
+UPPER = ("llmsample.commands", "llmsample.cli", "llmsample.analysis", "llmsample.render", "llmsample.bench")
 
 
 @pytest.mark.parametrize("layer", LOWER)
@@ -92,5 +91,49 @@ def test_the_core_does_not_import_the_layers_above(layer: str) -> None:
 
 
 def test_analysis_and_bench_do_not_import_the_commands() -> None:
-    users = ("llmsample.analysis", "llmsample.bench", "llmsample.bench_results", "llmsample.bench_quant")
-    assert offenders(users, ("llmsample.commands", "llmsample.cli")) == {}
+    assert offenders(("llmsample.analysis", "llmsample.bench"), ("llmsample.commands", "llmsample.cli")) == {}
+
+
+# --- the benchmarks: one package, behind `llmsample bench` ---------------------------------------
+
+BENCH = ("single", "batch", "workloads", "quant", "results")
+
+
+def test_the_benchmarks_are_one_package() -> None:
+    assert {f"llmsample.bench.{name}" for name in BENCH} <= set(MODULES)
+    assert [m for m in MODULES if m.startswith("llmsample.bench_")] == []  # no stragglers beside it
+    assert "llmsample.engine.batch" in MODULES["llmsample.bench.batch"]  # the bench drives the engine
+    # The command reads and writes results without the model stack.
+    assert offenders(("llmsample.bench.results",), LOWER) == {}
+
+
+def test_no_python_m_side_entry() -> None:
+    """Every benchmark runs as `llmsample bench ...`: `python -m llmsample` is the only entry."""
+    entries = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Compare) and ast.unparse(node) == "__name__ == '__main__'":
+                entries.append(module_name(path))
+    assert entries == [] or entries == ["llmsample.__main__"]
+
+
+def patches(path: Path) -> list[str]:
+    """Assignments to attributes (``obj.name = ...``) and ``setattr`` calls in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            found += [f"{path.name}:{node.lineno}" for t in targets if isinstance(t, ast.Attribute)]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            found.append(f"{path.name}:{node.lineno}")
+    return found
+
+
+def test_no_benchmark_patches_the_engine() -> None:
+    """Timings come through hooks (``on_forward``), never by replacing a method of what is measured."""
+    assert [p for path in sorted((PACKAGE / "bench").rglob("*.py")) for p in patches(path)] == []
+
+
+def test_a_patch_is_seen(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("runner._forward = timed\nsetattr(runner, 'step', timed)\nx = 1\n")
+    assert patches(tmp_path / "x.py") == ["x.py:1", "x.py:2"]

@@ -100,7 +100,8 @@ def compare(
     run that the divergence index is measured against. On Ctrl-C, SIGTERM or SIGHUP the presets
     that finished are kept, the interrupted one with what it had (its summaries say
     ``interrupted``), and the rest are skipped."""
-    greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens)
+    constraint = next(iter(configs.values())).constraint if configs else None  # the presets share it
+    greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens, constraint=constraint)
     try:
         greedy_run = loop.generate(lm, prompt_ids, greedy_cfg, RunStats(lm.name, "greedy", None))
         greedy = [e.token_id for e in loop.run_to_end(greedy_run)[0]]

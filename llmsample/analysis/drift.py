@@ -100,14 +100,16 @@ def divergence(logits_a: Tensor, logits_b: Tensor, tokens: Tensor | None = None)
 
 def teacher_forced_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Sequence[int]) -> Tensor:
     """Raw logits ``[len(continuation), vocab]``: row i is the model's next-token logits after the
-    prompt and the continuation's first i tokens. One forward pass over prompt + continuation."""
+    prompt and the continuation's first i tokens. One forward pass over the prompt and all but
+    the continuation's last token (which no row conditions on, and which the model is not fed)."""
     if lm.backend == "llama.cpp":
         return backend_logits(lm, prompt_ids, continuation)
-    ids = torch.cat([prompt_ids[0].to(lm.device), torch.tensor(list(continuation), device=lm.device)])
+    fed = torch.tensor(list(continuation[:-1]), dtype=torch.long, device=lm.device)
+    ids = torch.cat([prompt_ids[0].to(lm.device), fed])
     runner = ModelRunner(lm.model)
     runner.reset()
     logits = runner.extend(ids[None])[0]
-    rows = logits[prompt_ids.shape[1] - 1 : -1]
+    rows = logits[prompt_ids.shape[1] - 1 :]
     check_finite(rows, prompt_ids.shape[1])
     return rows.clone()  # a copy: the slice would keep the whole prompt's logits alive
 
@@ -130,6 +132,46 @@ def backend_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Sequence[i
     return logits
 
 
+def input_vocab(lm: LoadedModel) -> int:
+    """How many token ids the model can be fed: its embedding's rows (``config.vocab_size`` for a
+    model without the usual embedding)."""
+    try:
+        embedding = lm.model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        embedding = None
+    rows = getattr(embedding, "num_embeddings", None)
+    return int(rows) if rows else int(lm.model.config.vocab_size)
+
+
+def scorable(
+    lm_a: LoadedModel, lm_b: LoadedModel, prompt_ids: Tensor, continuation: Sequence[int]
+) -> tuple[Sequence[int], str | None]:
+    """The part of ``continuation`` both models can score, and a note when that is not all of it.
+
+    Models whose embeddings differ in size (a padded vocabulary) share only the smaller one's ids.
+    A continuation token outside it (A sampled a padding id B lacks) is still scored at its own
+    position, whose distributions need only the tokens before it, but nothing after it is: no
+    model can be fed an id its embedding does not have. A prompt token outside it is one line."""
+    sizes = {lm.name: input_vocab(lm) for lm in (lm_a, lm_b)}
+    smaller = min(sizes, key=lambda name: sizes[name])
+    limit = sizes[smaller]
+    prompt = prompt_ids[0].tolist()
+    outside = next((t for t in prompt if t >= limit), None)
+    if outside is not None:
+        raise UserError(
+            f"the prompt holds token id {outside}, which {smaller!r} lacks (its vocabulary has {limit} ids); "
+            "compare-models needs a prompt both models can read"
+        )
+    cut = next((i for i, t in enumerate(continuation) if t >= limit), None)
+    if cut is None or cut == len(continuation) - 1:
+        return continuation, None
+    note = (
+        f"token {cut} of the continuation is id {continuation[cut]}, outside {smaller!r}'s vocabulary of {limit} "
+        f"ids; scored over the shared ids up to it: the first {cut + 1} of {len(continuation)} tokens"
+    )
+    return continuation[: cut + 1], note
+
+
 def check_fits(lms: Sequence[LoadedModel], total: int) -> None:
     for lm in lms:
         if lm.context_length and total > lm.context_length:
@@ -149,9 +191,15 @@ def model_drift(
     extra: dict[str, Any] | None = None,
 ) -> tuple[list[DriftToken], DriftSummary]:
     """Score ``continuation`` after ``prompt_ids`` under both models (teacher forcing) and compare
-    them at every position. The models must share a tokenizer (checked by the caller)."""
+    them at every position. The models must share a tokenizer (checked by the caller). Tokens
+    past one that a model's vocabulary lacks are left out (see :func:`scorable`): the summary's
+    ``unscored_tokens`` counts them."""
     if not continuation:
         raise UserError("nothing to compare: the continuation has no tokens")
+    scored, note = scorable(lm_a, lm_b, prompt_ids, continuation)
+    if note is not None:
+        extra = {**(extra or {}), "unscored_tokens": len(continuation) - len(scored)}
+        continuation = scored
     check_fits((lm_a, lm_b), prompt_ids.shape[1] + len(continuation))
     logits_a = teacher_forced_logits(lm_a, prompt_ids, continuation)
     logits_b = logits_a if lm_b is lm_a else teacher_forced_logits(lm_b, prompt_ids, continuation)

@@ -3,6 +3,7 @@ of a given continuation. Both run the pipeline's own functions, never a copy of 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmsample.engine.emitter import raise_nothing_left
 from llmsample.engine.runner import ModelRunner
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
@@ -51,6 +53,16 @@ class ScoredToken:
         return {"type": "scored", **asdict(self)}
 
 
+def check_candidates(chain: Chain, first_index: int, first_position: int) -> None:
+    """Every row must keep a candidate: bans (with min-tokens) that remove them all are one line
+    (exit 1), as in generation, never a distribution of NaNs."""
+    kept = torch.stack([(stage.logits != -torch.inf).sum(-1) for stage in chain.stages], -1).tolist()
+    for row, counts in enumerate(kept):
+        if counts[-1] == 0:
+            removed = {name: counts[i - 1] - counts[i] for i, name in enumerate(chain.names) if i}
+            raise_nothing_left(removed, first_index + row, first_position + row)
+
+
 def _removed_by(chain: Chain, row: int, token: int) -> str | None:
     for stage in chain.stages:
         if not torch.isfinite(stage.logits[row, token]):
@@ -69,6 +81,7 @@ def chain_report(
     """``logits``: raw next-token logits ``[1, vocab]``; ``watch``: token ids shown after the top
     candidates when they are not among them (``--watch``)."""
     chain = sampler_chain(logits, history, cfg)
+    check_candidates(chain, 0, history.prompt_lengths[0] if history.prompt_lengths else 0)
     probs = {stage.name: stage.logits[0].softmax(-1) for stage in chain.stages}
     if "xtc" in probs:  # XTC fires at random: what is sampled after it is the mixture
         probs["xtc"] = chain.probs[0]
@@ -89,11 +102,28 @@ def chain_report(
     return ChainReport(list(chain.names), candidates, kept, float(entropy_bits(chain.probs[0])))
 
 
+def _constrained(
+    lm: LoadedModel, cfg: SamplingConfig, history: TokenHistory, vocab: int, tokens: Sequence[int] = ()
+) -> TokenHistory:
+    """With a constraint: the grammar's allowed tokens at the start and after each of ``tokens``
+    (a token the grammar rejects leaves nothing allowed after it)."""
+    from llmsample.engine.rows import start_matcher
+
+    matcher = start_matcher(lm, cfg, vocab)
+    if matcher is None:
+        return history
+    masks = matcher.masks(tokens[: matcher.valid_prefix(tokens)])
+    rows = len(tokens) + 1 - masks.shape[0]
+    masks = torch.cat([masks, masks.new_zeros(rows, vocab)]) if rows else masks
+    return dataclasses.replace(history, allowed=masks)
+
+
 def explain_next(
     lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10, watch: Sequence[int] = ()
 ) -> ChainReport:
     logits = ModelRunner(lm.model).prefill(prompt_ids)
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
+    history = _constrained(lm, cfg, history, logits.shape[-1])
     return chain_report(logits, history, cfg, lm.tokenizer, top_n, watch)
 
 
@@ -109,7 +139,9 @@ def score_continuation(
     # row i sees the continuation before token i
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = history.prefixes(cont, continuation)
+    history = _constrained(lm, cfg, history, logits.shape[-1], continuation)
     chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
+    check_candidates(chain, 0, prompt_ids.shape[1])
     raw = chain.raw
     model_probs, preset_probs = raw.softmax(-1), chain.probs
     scored = []

@@ -45,10 +45,12 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmsample.batch.constraints import KEYS as CONSTRAINT_KEYS
+from llmsample.batch.constraints import ConstraintError, request_constraint, response_format
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
 SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key != "description")  # noqa: SIM118 (a classmethod)
-OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS)
+OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS, *CONSTRAINT_KEYS)
 OPENAI_MARKERS = frozenset({"method", "url", "body"})
 OPENAI_KEYS = ("custom_id", "method", "url", "body")
 CHAT_URL = "/v1/chat/completions"
@@ -64,6 +66,7 @@ _BODY_COMMON = (
     "presence_penalty",
     "n",
     "logprobs",
+    "response_format",
 )
 BODY_KEYS = {
     CHAT_URL: ("messages", *_BODY_COMMON, "max_completion_tokens", "top_logprobs"),
@@ -260,6 +263,7 @@ def _our_request(data: dict[str, Any], number: int) -> Request:
             if raw and system is not None:
                 raise _LineError("system: needs the chat template; drop raw or drop system")
         overrides = _overrides({key: given[key] for key in SAMPLING_KEYS if key in given})
+        overrides |= _constraint(request_constraint, given)
     except _LineError as exc:
         raise _LineError(str(exc), custom_id) from None
     return Request(
@@ -311,6 +315,8 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str) ->
     sampling = {"max_tokens": "max_completion_tokens"} if "max_completion_tokens" in body else {}
     names = {key: sampling.get(key, key) for key in SAMPLING_KEYS}  # our key -> the body's name for it
     overrides = _overrides({key: body[name] for key, name in names.items() if name in body}, "body.", names)
+    if "response_format" in body:
+        overrides |= _constraint(response_format, body["response_format"])
     logprobs, top_logprobs = _logprobs(body, url)
     if url == CHAT_URL:
         if "messages" not in body:
@@ -373,6 +379,15 @@ def _overrides(values: dict[str, Any], where: str = "", names: dict[str, str] | 
         detail = str(exc).removeprefix(f"{exc.key}: ")
         raise _LineError(f"{where}{name}: {detail}") from None
     return {key: getattr(config, key) for key in values}
+
+
+def _constraint(parse: Any, value: Any) -> dict[str, Any]:
+    """The ``constraint`` override of a line's constraint keys (none: nothing)."""
+    try:
+        constraint = parse(value)
+    except ConstraintError as exc:
+        raise _LineError(str(exc)) from None
+    return {"constraint": constraint} if constraint is not None else {}
 
 
 def _messages(value: Any, where: str = "") -> list[dict[str, str]]:

@@ -11,21 +11,27 @@ A run killed in the middle of a write leaves a **torn last line**: the bytes aft
 newline. ``prepare_resume`` cuts them off (the request is redone). Any other line that is not
 a record of the expected format is an error, and the file is left untouched: resuming into a
 file that is not this batch's output must not destroy it.
+
+``Appender`` writes each record as one ``os.write`` of a whole line; a write that fails (a full
+disk) is cut back to the last whole line, so the file never ends in a partial record.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 from llmsample.batch.responses import dumps
-from llmsample.errors import UserError
+from llmsample.errors import OutputFailed, UserError
 
 OutputFormat = Literal["jsonl", "openai"]
 
@@ -63,7 +69,7 @@ def prepare_resume(path: Path, fmt: OutputFormat) -> ResumeState:
             end += len(line)
             if not line.strip():
                 continue
-            custom_id = _result_id(_record(line, path, number), fmt, path, number)
+            custom_id = classify(line, fmt, path, number)[1]
             if custom_id is None:
                 dropped.append(number)
             elif custom_id in done:
@@ -75,6 +81,41 @@ def prepare_resume(path: Path, fmt: OutputFormat) -> ResumeState:
     elif torn:
         os.truncate(path, end)
     return ResumeState(frozenset(done), len(done) + len(duplicates), tuple(duplicates), len(dropped), torn)
+
+
+@dataclass(frozen=True)
+class Records:
+    """The complete, non-blank lines of an output file, each classified; the torn tail left out."""
+
+    lines: list[tuple[bytes, dict[str, Any], str | None]]  # line, record, custom_id of a result (None: error)
+    end: int  # offset just past the last complete line
+    torn: int  # bytes after it
+
+
+def read_records(path: Path, fmt: OutputFormat) -> Records:
+    """Every complete record of ``path`` (a missing file has none), changing nothing; raises
+    ``UserError`` when a complete line is not a record of ``fmt``."""
+    lines: list[tuple[bytes, dict[str, Any], str | None]] = []
+    end = torn = 0
+    try:
+        handle = path.open("rb")
+    except FileNotFoundError:
+        return Records(lines, 0, 0)
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.endswith(b"\n"):
+                torn = len(line)
+                break
+            end += len(line)
+            if line.strip():
+                lines.append((line, *classify(line, fmt, path, number)))
+    return Records(lines, end, torn)
+
+
+def classify(line: bytes, fmt: OutputFormat, path: Path, number: int) -> tuple[dict[str, Any], str | None]:
+    """A complete line as its record and, for a result record, its custom_id (None: an error record)."""
+    record = _record(line, path, number)
+    return record, _result_id(record, fmt, path, number)
 
 
 def _record(line: bytes, path: Path, number: int) -> dict[str, Any]:
@@ -138,30 +179,66 @@ def _rewrite_without(path: Path, skip: set[int], end: int) -> None:
 
 
 class Appender:
-    """Appends one record per finished request as one complete line, flushed at once, so that
-    a kill loses at most the line being written (which ``prepare_resume`` then cuts off).
+    """Appends one record per finished request as one complete line, written with one
+    ``os.write`` (looped only for a short write) and so on disk for readers at once: a kill loses
+    at most the line being written (which ``prepare_resume`` then cuts off), and a failed write
+    (``ENOSPC``) is truncated back to the last whole line and raises ``OutputFailed``; every
+    later write raises it again. ``path`` may be a pipe or a device (``-o /dev/stdout``): then
+    it is only written, never read or cut.
 
     ``fsync`` also survives a power cut, at the cost of a disk sync per line."""
 
     def __init__(self, path: Path, fsync: bool = False) -> None:
-        if path.exists() and path.stat().st_size:
+        self.path = path
+        try:
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except FileNotFoundError:
+            regular = True
+        if regular and path.exists() and path.stat().st_size:
             with path.open("rb") as existing:
                 existing.seek(-1, os.SEEK_END)
                 if existing.read(1) != b"\n":
                     raise UserError(f"{path} ends in a partial line (a killed run?); resume to repair it")
-        self._file: BinaryIO = path.open("ab")
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except OSError as exc:
+            raise UserError(f"cannot write {path} ({exc.strerror}); pass -o a file you can write") from exc
+        self._regular = regular
+        self._end = os.fstat(self._fd).st_size if regular else 0  # the last whole line ends here
         self._fsync = fsync
+        self._failed: OutputFailed | None = None
 
     def write(self, record: dict[str, Any]) -> None:
         """Serialise first (``ValueError`` on NaN leaves the file as it was), then write."""
         data = (dumps(record) + "\n").encode("utf-8")
-        self._file.write(data)
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        if self._failed is not None:
+            raise self._failed
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            self._failed = self._failure(exc)
+            raise self._failed from exc
+        self._end += len(data)
+
+    def _failure(self, exc: OSError) -> OutputFailed:
+        if exc.errno == errno.EPIPE:  # the reader of -o /dev/stdout went away (| head)
+            return OutputFailed(f"{self.path} was closed by its reader", quiet=True)
+        if self._regular:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._end)  # no partial line left behind
+        return OutputFailed(
+            f"cannot write {self.path} ({exc.strerror or exc}); every record in it is whole: "
+            "make room and rerun with the same -o to resume"
+        )
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> Appender:
         return self

@@ -26,6 +26,7 @@ from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling import presets as preset_store
 from llmsample.sampling.config import ConfigError, SamplingConfig
+from llmsample.sampling.constraint import incomplete_message
 
 Record = dict[str, Any]
 
@@ -145,9 +146,13 @@ def run_batch(
                 events[position].append(record)
                 continue
             request, tokens = requests[position], events.pop(position)
+            incomplete = None if isinstance(record, RowFailed) else incomplete_message(record)
             if isinstance(record, RowFailed):
                 outcome.failed += 1
                 writer.put(position, _error(settings, _as_error(request, record.message, "decoding_failed")))
+            elif incomplete is not None:
+                outcome.failed += 1
+                writer.put(position, _error(settings, _as_error(request, incomplete, "incomplete_output")))
             else:
                 outcome.succeeded += 1
                 outcome.tokens += record.tokens

@@ -10,6 +10,7 @@ import click
 
 from llmsample.commands.options import (
     check_utf8_option,
+    constraint_options,
     draft_options,
     end_rank,
     load_model_with_progress,
@@ -20,7 +21,7 @@ from llmsample.commands.options import (
     sampling_options,
     sampling_overrides,
 )
-from llmsample.errors import Interrupted, UserError
+from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 
 @click.command()
@@ -30,6 +31,7 @@ from llmsample.errors import Interrupted, UserError
 )
 @model_options
 @sampling_options
+@constraint_options
 @click.option("--system", metavar="TEXT", callback=check_utf8_option, help="System message for prompts without one.")
 @click.option("--raw", is_flag=True, help="Plain-text prompts go to the model as they are, without the chat template.")
 @click.option("--truncate", type=click.Choice(["error", "left"]), default="error", show_default=True)
@@ -60,19 +62,20 @@ def batch(**options: Any) -> None:
     llmsample batch openai-batch.jsonl --format openai -o results.jsonl
     llmsample batch rewrites.jsonl --draft ngram    # speculation per request, verified together
     """
-    from llmsample.batch.distributed import existing_parts, launched_ranks, merge_parts
-    from llmsample.batch.requests import read_requests
-    from llmsample.batch.resume import prepare_resume
+    from llmsample.batch.distributed import launched_ranks
+    from llmsample.batch.output import claim_output
     from llmsample.batch.run import BatchSettings
-    from llmsample.sampling import presets as preset_store
 
     if options["compile_model"]:
         raise UserError(
             "--compile decodes rows of one prompt in lockstep over a static cache, and batch requests have "
             "their own prompts; leave it out (batch decodes eagerly)"
         )
-    resolve_sampling(options)  # bad flags and an unknown preset fail before anything runs
+    # bad flags, an unknown preset and a bad constraint fail before anything runs
+    constraint = resolve_sampling(options)[1].constraint
     overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
+    if constraint is not None:
+        overrides["constraint"] = constraint
     settings = BatchSettings(
         preset=options["preset"],
         preset_file=options["preset_file"],
@@ -87,31 +90,73 @@ def batch(**options: Any) -> None:
         batch_size=options["batch_size"],
         draft_tokens=options["draft_tokens"],
     )
-    parsed = list(read_requests(_input_lines(options["input_path"]), known_presets=preset_store.discover().keys()))
     ranks = launched_ranks()
-    if ranks.world == 1:
-        if options["output"] and existing_parts(options["output"]):  # a run over several processes was cut short
-            merge_parts(options["output"], parsed, resume=options["fmt"])
-        done = prepare_resume(options["output"], options["fmt"]).done if options["output"] else frozenset()
-        lm = load_model_with_progress(options)
-        if _run(lm, parsed, done, settings, options).failed:
-            raise click.exceptions.Exit(1)
-    else:
-        _run_distributed(parsed, settings, options, ranks)
+    if ranks.world > 1:
+        _run_distributed(_read_input(options), settings, options, ranks)
+        return
+    # The output is checked and locked first: before the model loads, and before stdin is read.
+    claim = claim_output(options["output"]) if options["output"] else None
+    try:
+        outcome = _run_alone(_read_input(options), settings, options, claim)
+    finally:
+        if claim is not None:
+            claim.release()
+    if outcome.failed:
+        raise click.exceptions.Exit(1)
+
+
+def _read_input(options: dict[str, Any]) -> list[Any]:
+    from llmsample.batch.requests import read_requests
+    from llmsample.sampling import presets as preset_store
+
+    known = preset_store.discover().keys()
+    return list(read_requests(_input_lines(options["input_path"]), known_presets=known))
+
+
+def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any) -> Any:
+    """One process: what earlier runs left (the output, parts of a run over several processes)
+    merged in input order, the rest decoded and appended, and the file put back in input order
+    when this run filled gaps. A pipe or device (``-o /dev/stdout``) is only written."""
+    from llmsample.batch.output import consolidate
+
+    done: frozenset[str] = frozenset()
+    settled = None
+    if claim is not None and claim.regular:
+        settled = consolidate(claim.path, parsed, options["fmt"], keep_errors=False)
+        done = settled.done
+    lm = load_model_with_progress(options)
+    outcome = _run(lm, parsed, done, settings, options, claim.path if claim is not None else None)
+    if settled is not None and not settled.in_order_after(parsed):
+        consolidate(claim.path, parsed, options["fmt"], keep_errors=True)
+    return outcome
 
 
 def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], ranks: Any) -> None:
-    """Under torchrun: this rank's share into its part file; rank 0 merges when all are done."""
+    """Under torchrun: rank 0 locks the output and merges what a killed run left, every rank
+    decodes its share into its part file, and rank 0 merges the parts when all are done."""
     import os
 
     import torch
     import torch.distributed as dist
 
-    from llmsample.batch.distributed import finished_everywhere, merge_parts, my_share, part_path
+    from llmsample.batch.distributed import my_share, part_path
+    from llmsample.batch.output import claim_output, consolidate, resolve_output
 
-    output = options["output"]
-    if output is None:
-        raise UserError("a batch over several processes needs -o FILE (each rank writes its part next to it)")
+    def refuse(message: str) -> None:  # before the rendezvous: every rank decides alike, rank 0 says it
+        if ranks.main:
+            raise UserError(message)
+        raise click.exceptions.Exit(2)
+
+    if options["output"] is None:
+        refuse("a batch over several processes needs -o FILE (each rank writes its part next to it)")
+    try:
+        output, regular = resolve_output(options["output"])
+    except UserError as exc:
+        refuse(str(exc))
+    if not regular:
+        refuse(
+            f"a batch over several processes needs -o a regular file (its parts go next to it), not {options['output']}"
+        )
     # torchrun's rendezvous (one machine or many). Not accelerate's PartialState: on CPUs it does
     # not treat a torchrun launch as distributed, so its barriers would not wait.
     cuda = torch.cuda.is_available() and options["device"] in ("auto", "cuda")
@@ -121,23 +166,48 @@ def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], 
         options = {**options, "device": f"cuda:{local_rank}"}
     else:  # the ranks on one machine share its cores
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    if ranks.main:  # rank 0 repairs torn files before anyone reads them
-        finished_everywhere(output, options["fmt"])
-    dist.barrier()
-    done = finished_everywhere(output, options["fmt"])
-    dist.barrier()  # nobody writes a part before every rank has read them all
-    options = {**options, "output": part_path(output, ranks), "quiet": options["quiet"] or not ranks.main}
+    claim = None
+    status: list[Any] = [None, frozenset()]  # (message, exit code) of a failure; what is done
+    if ranks.main:  # rank 0 holds the lock for the run and merges what a killed run left
+        try:
+            claim = claim_output(options["output"])
+            status = [None, consolidate(output, parsed, options["fmt"], keep_errors=False).done]
+        except (UserError, RuntimeFailure) as exc:
+            if claim is not None:
+                claim.release()
+            status = [(str(exc), exc.exit_code), None]
+    # Also the barrier: nobody writes a part before rank 0 has merged and removed the old ones.
+    dist.broadcast_object_list(status, src=0, device=torch.device(options["device"]) if cuda else None)
+    if status[0] is not None:
+        _end_with(ranks, *status[0])
+    done = status[1]
+    options = {**options, "quiet": options["quiet"] or not ranks.main}
     lm = load_model_with_progress(options)
     failed = torch.zeros(1, device=lm.device if cuda else "cpu")
+    merge_failed = None
     try:
-        failed += _run(lm, my_share(parsed, ranks), done, settings, options).failed
+        failed += _run(lm, my_share(parsed, ranks), done, settings, options, part_path(output, ranks)).failed
     finally:
         dist.barrier()
         if ranks.main:
-            merge_parts(output, parsed)
+            try:
+                consolidate(output, parsed, options["fmt"], keep_errors=True)
+            except (UserError, RuntimeFailure) as exc:
+                merge_failed = exc
         dist.barrier()  # no rank may end (and have the launcher stop the rest) mid-merge
+        if claim is not None:
+            claim.release()
     dist.all_reduce(failed)
+    if merge_failed is not None:
+        _end_with(ranks, str(merge_failed), merge_failed.exit_code)
     end_rank(1 if ranks.main and failed.item() else 0)  # one exit status for the run, from rank 0
+
+
+def _end_with(ranks: Any, message: str, code: int) -> None:
+    """End every rank of a torchrun run with one exit status; only rank 0 says why, in one line."""
+    if ranks.main:
+        click.echo(f"Error: {message}", err=True)
+    end_rank(code)
 
 
 def _input_lines(path: str) -> list[bytes]:
@@ -152,9 +222,12 @@ def _input_lines(path: str) -> list[bytes]:
         raise UserError(f"cannot read {path} ({exc.strerror}); pass a file of requests, one per line") from exc
 
 
-def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any]) -> Any:
-    """Decode with a progress bar on stderr (a terminal only); exit 130/143 when interrupted, with
-    every finished record written. Returns the outcome (how many requests failed)."""
+def _run(
+    lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any], output: Path | None
+) -> Any:
+    """Decode into ``output`` (None: stdout) with a progress bar on stderr (a terminal only);
+    exit 130/143 when interrupted, with every finished record written. Returns the outcome (how
+    many requests failed)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from llmsample.batch.responses import dumps
@@ -166,7 +239,7 @@ def _run(lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, option
     drafter = build_drafter(options, lm) if options["draft"] else None
     reference = load_reference(options, lm) if options["reference"] else None
     todo = sum(1 for r in parsed if getattr(r, "custom_id", None) not in done)
-    appender = Appender(options["output"]) if options["output"] else None
+    appender = Appender(output) if output is not None else None
 
     def write(record: dict[str, Any]) -> None:
         if appender is not None:

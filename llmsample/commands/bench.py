@@ -1,4 +1,5 @@
-"""``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run."""
+"""``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run; or
+one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``, ``--backend llama.cpp``)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmsample.bench.quant import DEFAULT_VARIANTS
 from llmsample.commands.options import model_options
+from llmsample.errors import UserError
 from llmsample.render.numbers import format_number
 
 if TYPE_CHECKING:
-    from llmsample.bench_results import BenchResults
+    from llmsample.bench.results import BenchResults
 
 
 def _check_out_dir(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
@@ -44,6 +47,22 @@ def _check_sizes(ctx: click.Context, param: click.Parameter, value: str | None) 
     return sizes
 
 
+def _check_variants(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    from llmsample.bench.quant import VARIANTS
+
+    variants = [part.strip() for part in value.split(",") if part.strip()]
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown or not variants:
+        named = f"unknown variant {unknown[0]!r}" if unknown else f"{value!r} names no variant"
+        raise click.BadParameter(f"{named}; choose from {', '.join(VARIANTS)}")
+    return variants
+
+
+SECTIONS = ("batch_sizes", "workloads", "quant")
+
+
 @click.command()
 @model_options
 @click.option("--runs", type=click.IntRange(1, 50), default=5, show_default=True, help="Interleaved runs per side.")
@@ -69,16 +88,28 @@ def _check_sizes(ctx: click.Context, param: click.Parameter, value: str | None) 
     is_flag=True,
     help="Instead: batch workloads against their baselines (fresh seeds and mixed settings; --draft ngram).",
 )
+@click.option(
+    "--quant",
+    is_flag=False,
+    flag_value=DEFAULT_VARIANTS,
+    callback=_check_variants,
+    metavar="[VARIANTS]",
+    help=f"Instead: speed, memory and KL against float32 of these variants (fp32,bf16,int8,int4; "
+    f"alone: {DEFAULT_VARIANTS}), each in a process of its own, at most 64 tokens.",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
-    from llmsample.bench import run_benchmark, write_results
+    from llmsample.bench.results import write_results
+    from llmsample.bench.single import run_benchmark
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
+    check_sections(options)
     err = stderr_console()
     if options["backend"] == "llama.cpp":
-        from llmsample.commands.bench_llamacpp import bench_llamacpp
-
         bench_llamacpp(options, err)
+        return
+    if options["quant"]:
+        bench_quant(options, err)
         return
     if options["workloads"]:
         bench_workloads(options, err)
@@ -96,12 +127,55 @@ def bench(**options: Any) -> None:
     err.print(f"[dim]figures written to {path}[/]")
 
 
+def check_sections(options: dict[str, Any]) -> None:
+    """One section per run, and ``--quant`` sets each variant's dtype itself."""
+    chosen = [f"--{name.replace('_', '-')}" for name in SECTIONS if options[name]]
+    if len(chosen) > 1:
+        raise UserError(f"{' and '.join(chosen)} are separate benchmarks; run one at a time")
+    if options["quant"] and (options["dtype"] != "auto" or options["compile_model"]):
+        flag = "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
+        raise UserError(f"--quant sets each variant's dtype itself and runs eager; leave out {flag}")
+    if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
+        named = chosen[0] if chosen else "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
+        raise UserError(f"--backend llama.cpp is a benchmark of its own (the GGUF's own weights); leave out {named}")
+
+
+def bench_quant(options: dict[str, Any], err: Any) -> None:
+    """``--quant``: what each quantization variant buys and costs, against float32."""
+    from llmsample.bench.quant import run_quant_benchmark, table, write
+
+    run = run_quant_benchmark(
+        options["quant"], min(options["tokens"], 64), options["runs"], options["model"], options["device"],
+        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
+    )  # fmt: skip
+    path = write(run, options["out"])
+    click.echo(table(run.results))
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def bench_llamacpp(options: dict[str, Any], err: Any) -> None:
+    """``--backend llama.cpp``: our loop on llama.cpp against llama-cpp-python's own generation,
+    our batch and our transformers path, on the same GGUF."""
+    from llmsample.bench.llamacpp import run_llamacpp_benchmark, table, write
+
+    result = run_llamacpp_benchmark(
+        options["model"], options["runs"], options["tokens"], log=lambda step: err.print(f"[dim]bench: {step}…[/]")
+    )
+    path = write(result, options["out"])
+    click.echo(
+        f"llama.cpp backend, {result.model} ({result.quantization}), {result.tokens} new tokens, "
+        f"{result.threads} threads, median of {result.runs}"
+    )
+    click.echo(table(result))
+    err.print(f"[dim]figures written to {path}[/]")
+
+
 def bench_workloads(options: dict[str, Any], err: Any) -> None:
     """``--workloads``: what users' batch runs cost against their easiest form, ratios in one run."""
     from rich.table import Table
 
-    from llmsample.bench import machine_info, write_results
-    from llmsample.bench_workloads import rows_to_dict, run_workload_benchmark
+    from llmsample.bench.results import machine_info, write_results
+    from llmsample.bench.workloads import rows_to_dict, run_workload_benchmark
     from llmsample.models.loading import load_model
     from llmsample.terminal import stdout_console, use_color
 
@@ -132,8 +206,8 @@ def bench_batch(options: dict[str, Any], err: Any) -> None:
     """``--batch-sizes``: the batch section alone (it takes minutes of its own)."""
     from rich.table import Table
 
-    from llmsample.bench import machine_info, write_results
-    from llmsample.bench_batch import rows_to_dict, run_batch_benchmark
+    from llmsample.bench.batch import rows_to_dict, run_batch_benchmark
+    from llmsample.bench.results import machine_info, write_results
     from llmsample.models.loading import load_model
     from llmsample.terminal import stdout_console, use_color
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.options import (
+    constraint_options,
     format_option,
     html_option,
     load_model_with_progress,
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 @click.option("--samples", type=click.IntRange(1, 64), default=1, show_default=True, help="Samples per preset.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sample i uses seed S+i.")
 @click.option("--max-tokens", "-n", type=click.IntRange(1), default=128, show_default=True)
+@constraint_options
 @format_option
 @html_option
 @no_color_option
@@ -61,7 +63,10 @@ def compare_presets(**options: Any) -> None:
             )
     preset_store.check_names(names)  # before the model load
     check_seeds(options["seed"], options["samples"])
-    configs = dict(preset_store.load(name) for name in names)
+    from llmsample.sampling.constraint import from_options
+
+    constraint = from_options(options)  # a bad one fails before the model load
+    configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     from llmsample.engine.prompt import encode_prompt

@@ -89,7 +89,7 @@ def compare_models(**options: Any) -> None:
     llmsample compare-models -m MODEL -m QUANTIZED_COPY -p "Explain top-p" --seed 1
     llmsample compare-models -m BIG -m SMALL -p "Say hi" --continuation "Hello there!" --format jsonl
     """
-    from llmsample.analysis.drift import model_drift
+    from llmsample.analysis.drift import model_drift, scorable
     from llmsample.engine.prompt import encode_prompt
 
     specs = options["models"]
@@ -122,6 +122,9 @@ def compare_models(**options: Any) -> None:
         extra = {"preset": preset, "seed": cfg.seed, "stop_reason": stop_reason}
     if "llama.cpp" in (lm_a.backend, lm_b.backend):
         extra = {**extra, "backend_a": lm_a.backend, "backend_b": lm_b.backend}
+    _, note = scorable(lm_a, lm_b, prompt_ids, continuation)
+    if note is not None:  # a padded vocabulary: A wrote an id B lacks (or the reverse)
+        click.echo(f"Note: {note}", err=True)
     tokens, summary = model_drift(
         lm_a, lm_b, prompt_ids, continuation, source="given" if given is not None else "generated", extra=extra
     )

@@ -8,6 +8,7 @@ import click
 
 from llmsample.commands.options import (
     check_utf8_option,
+    constraint_options,
     format_option,
     load_model_with_progress,
     model_options,
@@ -29,6 +30,7 @@ from llmsample.commands.options import (
 @model_options
 @placement_options
 @sampling_options
+@constraint_options
 @click.option(
     "--continuation",
     metavar="TEXT",

@@ -19,11 +19,11 @@ from llmsample.commands.options import (
     resolve_sampling,
     resolve_watch,
 )
-from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
+from llmsample.errors import Interrupted, RuntimeFailure, UserError, ignore_further_interrupts, signals_deferred
 
 if TYPE_CHECKING:
     from llmsample.engine.speculative import Drafter
-    from llmsample.events import RunStats
+    from llmsample.events import RunStats, Summary
     from llmsample.models.loading import LoadedModel
     from llmsample.render.stream import Renderer
     from llmsample.sampling.config import SamplingConfig
@@ -85,9 +85,14 @@ def run(options: dict[str, Any]) -> None:
             lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch,
             reference=reference,
         )  # fmt: skip
-    consume(events, build_renderers(options) if not options.get("silent") else [], stats, quiet=options["quiet"])
+    summary = consume(events, build_renderers(options) if not options.get("silent") else [], stats, options["quiet"])
     if options.get("tp"):
         end_rank(0)
+    from llmsample.sampling.constraint import incomplete_message
+
+    incomplete = incomplete_message(summary)
+    if incomplete is not None:  # the text as far as it got is out; a script must not parse it
+        raise RuntimeFailure(incomplete)
 
 
 def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
@@ -203,9 +208,9 @@ def build_renderers(options: dict[str, Any]) -> list[Renderer]:
     return renderers
 
 
-def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, quiet: bool = False) -> None:
+def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, quiet: bool = False) -> Summary:
     """Feed events to the renderers; on Ctrl-C, SIGTERM or SIGHUP keep what was printed, finish
-    with an 'interrupted' summary and exit 130 (143, 129)."""
+    with an 'interrupted' summary and exit 130 (143, 129). Returns the summary."""
     from llmsample.events import Summary
     from llmsample.render.stream import summary_line
     from llmsample.terminal import stderr_console
@@ -218,9 +223,10 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
             if isinstance(item, Summary):
                 summary = item
             else:
-                for renderer in renderers:
-                    renderer.token(item)
-                shown.append(item.text)
+                with signals_deferred():
+                    for renderer in renderers:
+                        renderer.token(item)
+                    shown.append(item.text)
     except (KeyboardInterrupt, Interrupted) as exc:
         ignore_further_interrupts()
         code = exc.exit_code if isinstance(exc, Interrupted) else 130
@@ -233,3 +239,4 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
         stderr_console().print(f"[dim]{summary_line(summary)}[/]")
     if code:
         raise click.exceptions.Exit(code)
+    return summary

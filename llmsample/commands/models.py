@@ -11,6 +11,7 @@ def models() -> None:
     directories of conversions (abandoned ones are removed here, and said so)."""
     from llmsample.models import conversion as model_store
 
+    model_store.check_cache()
     removed = model_store.remove_abandoned_staging()
     converted = model_store.models_dir() / model_store.DEFAULT_MODEL
     if model_store.is_complete_conversion(converted):

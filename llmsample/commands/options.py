@@ -180,6 +180,7 @@ placement_options = _stack(
     click.option(
         "--offload-folder",
         type=click.Path(file_okay=False, path_type=Path),
+        callback=lambda ctx, param, value: None if value is None else check_offload_folder(value),
         help="Where layers offloaded to disk keep their weights (implies --device-map auto).",
     ),
     click.option(
@@ -188,6 +189,28 @@ placement_options = _stack(
         help="Quantize the weights as they load: int8 (torchao), int4 (bitsandbytes NF4); needs llmsample[quant].",
     ),
 )
+
+
+def check_offload_folder(folder: Path) -> Path:
+    """A folder that cannot be written fails deep in the load with an error about the model: try
+    it first (a file in it, or a directory beside where it would be made; nothing is left), as
+    ``--html`` does, since root ignores permission bits and a read-only mount does not."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if existing == folder:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        elif not existing.is_dir():
+            raise click.BadParameter(f"cannot make {folder}: {existing} is not a directory; choose another folder")
+        else:
+            Path(tempfile.mkdtemp(dir=existing)).rmdir()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot write the offload folder {folder} ({exc.strerror or exc}); choose another folder"
+        ) from exc
+    return folder
 
 
 def placement_from_options(options: dict[str, Any]) -> Any:
@@ -276,6 +299,32 @@ sampling_options = _stack(
     click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
 )
 
+constraint_options = _stack(
+    click.option("--json", "json", is_flag=True, help="Constrain the output to one JSON object."),
+    click.option(
+        "--json-schema",
+        metavar="FILE|JSON",
+        callback=check_utf8_option,
+        help="Constrain the output to JSON valid under this schema (a file, or the schema itself).",
+    ),
+    click.option(
+        "--regex", metavar="PATTERN", callback=check_utf8_option, help="Constrain the whole output to match PATTERN."
+    ),
+    click.option(
+        "--choice",
+        multiple=True,
+        metavar="TEXT",
+        callback=check_utf8_option,
+        help="Constrain the output to exactly one of these texts (repeatable).",
+    ),
+    click.option(
+        "--grammar",
+        metavar="FILE",
+        help="Constrain the output to a Lark grammar (llguidance's dialect); a .gbnf file is read as GBNF.",
+    ),
+)
+
+
 watch_option = click.option(
     "--watch",
     multiple=True,
@@ -356,11 +405,15 @@ def sampling_overrides(options: dict[str, Any]) -> dict[str, Any]:
 
 def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tuple[str, SamplingConfig]:
     """Preset (or ``--preset-file``) with the flags on top; bad values name the flag."""
+    from llmsample.sampling.constraint import from_options
+
     name, cfg = preset_store.load(preset or options.get("preset"), options.get("preset_file"))
     try:
-        return name, cfg.with_overrides(**sampling_overrides(options))
+        cfg = cfg.with_overrides(**sampling_overrides(options))
     except ConfigError as exc:
         raise UserError(f"--{REPEATED_FLAGS.get(exc.key, exc.key).replace('_', '-')}: {exc.reason}") from exc
+    constraint = from_options(options)  # a bad schema, regex or grammar fails here, before the model loads
+    return name, cfg.with_overrides(constraint=constraint)
 
 
 def read_prompt(prompt: str | None, raw: bool = False) -> str:
@@ -418,7 +471,10 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 
 def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
-    return _stack(prompt_options, model_options, placement_options, sampling_options, output_options, draft_options)(f)
+    return _stack(
+        prompt_options, model_options, placement_options, sampling_options, constraint_options, output_options,
+        draft_options,
+    )(f)  # fmt: skip
 
 
 def end_rank(code: int) -> NoReturn:

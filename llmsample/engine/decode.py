@@ -11,12 +11,13 @@ drafters: every record, stop rule and failure rule lives in one place."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from llmsample.engine.backend import Backend, open_backend
+from llmsample.engine.feed import Feed, IterableFeed
 from llmsample.engine.rows import BatchItem, Row, start_row
 from llmsample.engine.speculative import DraftLength
 from llmsample.engine.step import Record, StepInput, sample_step
@@ -39,18 +40,19 @@ class DecodeOptions:
 
 def decode(
     lm: LoadedModel,
-    items: Iterable[BatchItem],
+    items: Iterable[BatchItem] | Feed,
     max_rows: int,
     options: DecodeOptions = DecodeOptions(),
     *,
     one_prompt: bool = False,
 ) -> Iterator[Record]:
     """Yields ``(key, event)`` per token, then ``(key, summary)`` or ``(key, RowFailed)`` when a
-    request ends, in the order rows finish. ``one_prompt``: every item has the same prompt (all
-    admitted at once, the prompt prefilled once; the lockstep backend is allowed)."""
-    items = list(items) if one_prompt else items
-    queue = iter(items)
-    first = list(_take(queue, max_rows))
+    request ends, in the order rows finish (a cancelled request's summary says ``cancelled``).
+    ``items``: the requests, or a :class:`Feed` they arrive through while others decode.
+    ``one_prompt``: every item has the same prompt (all admitted at once, the prompt prefilled
+    once; the lockstep backend is allowed)."""
+    feed = IterableFeed(items) if not hasattr(items, "take") else items
+    first = feed.take(max_rows, wait=True)  # type: ignore[union-attr]
     if not first:
         return
     positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in first) + DraftLength.max_k + 1
@@ -58,38 +60,45 @@ def decode(
         backend = stack.enter_context(
             contextlib.closing(open_backend(lm, max_rows, positions, one_prompt, options.on_forward))
         )
-        shadow = None
+        backends = [backend]
         if options.reference is not None:
-            shadow = stack.enter_context(
-                contextlib.closing(open_backend(options.reference, max_rows, positions, one_prompt))
+            backends.append(
+                stack.enter_context(
+                    contextlib.closing(open_backend(options.reference, max_rows, positions, one_prompt))
+                )
             )
-        yield from _run(lm, backend, shadow, first, queue, max_rows, options, one_prompt)
+
+        def admit(joining: list[BatchItem]) -> list[torch.Tensor]:
+            if one_prompt:
+                return [b.admit_copies(joining[0].prompt_ids, len(joining)) for b in backends]
+            return [b.admit([item.prompt_ids for item in joining]) for b in backends]
+
+        yield from run_rows(lm, backends, feed, first, max_rows, options, admit)  # type: ignore[arg-type]
 
 
-def _take(queue: Iterator[BatchItem], n: int) -> Iterator[BatchItem]:
-    for _, item in zip(range(n), queue, strict=False):
-        yield item
-
-
-def _run(
+def run_rows(
     lm: LoadedModel,
-    backend: Backend,
-    shadow: Backend | None,
+    backends: list[Backend],
+    feed: Feed,
     joining: list[BatchItem],
-    queue: Iterator[BatchItem],
     max_rows: int,
     options: DecodeOptions,
-    one_prompt: bool,
-) -> Iterator[Record]:
-    backends = [backend] if shadow is None else [backend, shadow]
+    admit: Callable[[list[BatchItem]], list[torch.Tensor]],
+    retain: bool = False,
+) -> Generator[Record, None, list[Row]]:
+    """The loop over open backends (the model's, then the reference's): ``admit`` prefills rows
+    that join; returns the rows that ended. ``retain``: finished rows keep their cache (a
+    session's one row, continued by the next turn); the caller owns the backends."""
+    backend = backends[0]
     watched = WatchIndex.of([token for _, token in options.watch], lm.sample_device)
     names = [name for name, _ in options.watch]
     reference_dtype = dtype_name(options.reference.dtype) if options.reference is not None else None
     rows: list[Row] = []
+    ended: list[Row] = []
     step: StepInput | None = None
     while True:
         if joining:
-            admitted = [_admit(b, joining, one_prompt) for b in backends]
+            admitted = admit(joining)
             vocab = admitted[0].shape[-1]
             for item in joining:
                 if backend.compile_s:
@@ -98,28 +107,32 @@ def _run(
             step = _joined(step, rows, admitted)
             rows += new
         if not rows:
-            return
+            return ended
         assert step is not None
         result = yield from sample_step(rows, step, options.top_n, watched, backend.agree)
+        cancelled = feed.cancelled()
+        for i, row in enumerate(rows):
+            if not result.finished[i] and row.key in cancelled:
+                result.finished[i] = True
+                yield row.key, row.item.stats.summary("cancelled")
         staying = [i for i, done in enumerate(result.finished) if not done]
         for i in staying:
             rows[i].advance(result.emitted[i], result.newest[i : i + 1])
+        for i, done in enumerate(result.finished):
+            if done:  # its sequence complete, for whoever continues it (a session's next turn)
+                rows[i].seq += result.emitted[i]
+                ended.append(rows[i])
         newest = result.newest
         if len(staying) < len(rows):
-            for b in backends:
-                b.keep(staying)
+            if not (retain and not staying):
+                for b in backends:
+                    b.keep(staying)
             rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
-        joining = list(_take(queue, max_rows - len(rows))) if backend.can_join else []
+        joining = feed.take(max_rows - len(rows), wait=not rows) if backend.can_join and len(rows) < max_rows else []
         if not rows:
             step = None
             continue
         step = _forward(backends, rows, newest)
-
-
-def _admit(backend: Backend, joining: list[BatchItem], one_prompt: bool) -> torch.Tensor:
-    if one_prompt:
-        return backend.admit_copies(joining[0].prompt_ids, len(joining))
-    return backend.admit([item.prompt_ids for item in joining])
 
 
 def _joined(step: StepInput | None, rows: list[Row], admitted: list[torch.Tensor]) -> StepInput:

@@ -24,6 +24,17 @@ def check_finite(logits: Tensor, position: int) -> None:
         raise_broken_logits(position)
 
 
+def raise_nothing_left(removed: dict[str, int], index: int, position: int) -> None:
+    """The bans (with --min-tokens) removed every candidate: the run (or batch row) fails rather
+    than lifting them; only these stages can, every other filter keeps its best token."""
+    stages = [name for stage, name in (("ban", "bans"), ("min_tokens", "min_tokens")) if removed.get(stage)]
+    how = "ban fewer strings" + (" or lower min_tokens" if "min_tokens" in stages else "")
+    raise RuntimeFailure(
+        f"the {' and '.join(stages) or 'sampling settings'} leave no token to generate at token {index} "
+        f"(position {position}): every candidate is removed, and they are never lifted; {how}"
+    )
+
+
 def raise_broken_logits(position: int) -> None:
     raise RuntimeFailure(
         f"the model produced NaN/inf logits at position {position}; try --dtype float32 (half precision can overflow)"
@@ -49,6 +60,7 @@ class Emitter:
         self.max_tokens = cfg.max_tokens
         self.stats = stats
         self.eos = set() if ignore_eos else lm.eos_ids
+        self.cfg = cfg
         self.stream = TextStream(lm.tokenizer, cfg.stop, list(prompt_ids))
         self.reason: str | None = None
         stats.prompt_tokens = len(prompt_ids)
@@ -60,7 +72,11 @@ class Emitter:
         position = self.stats.prompt_tokens + index
         if not figures.finite_logits:
             raise_broken_logits(position)
+        if figures.candidates == 0:
+            raise_nothing_left(figures.removed, index, position)
         if not math.isclose(figures.mass, 1.0, abs_tol=1e-3):  # NaN fails too
+            if self.cfg.constraint is not None:
+                raise RuntimeFailure(nothing_left(self.cfg, figures.removed, position))
             raise RuntimeFailure(
                 f"the sampling distribution at position {position} is not finite "
                 "(the settings overflowed float32); use milder penalties or temperature"
@@ -79,6 +95,18 @@ class Emitter:
         )
         self.stats.record(event)
         return event
+
+
+def nothing_left(cfg: SamplingConfig, removed: dict[str, int], position: int) -> str:
+    """Why a constrained step has no candidate: the grammar allows only what another stage removed."""
+    flag = cfg.constraint.flag
+    others = [flag for name, flag in (("ban", "--ban"), ("min_tokens", "--min-tokens")) if removed.get(name)]
+    if others:
+        return (
+            f"no token is left at position {position}: {flag} allows only tokens that {' and '.join(others)} "
+            f"removed; loosen one of them"
+        )
+    return f"no token is left at position {position}: {flag} allows no token here; check the constraint"
 
 
 def make_event(

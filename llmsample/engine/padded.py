@@ -49,7 +49,8 @@ class PaddedBatch:
         self.sample_device = sample_device or device
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
         self.positions = torch.zeros(0, dtype=torch.long, device=device)
-        self._holes_at_end = False
+        self._lengths: list[int] = []  # each row's real tokens, on the host
+        self._tails: list[int] = []  # at least this many columns after each row's last real token are holes
         self.on_forward = on_forward
 
     @staticmethod
@@ -70,6 +71,7 @@ class PaddedBatch:
         next-token logits ``[len(prompts), vocab]``."""
         from transformers import DynamicCache
 
+        self._crop_holes()  # before the rows change
         device = self.device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
@@ -78,6 +80,8 @@ class PaddedBatch:
         cache = DynamicCache(config=self.model.config)
         logits = self._forward(ids, mask, positions, cache, keep_last=True)[:, -1]
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=device))
+        self._lengths += [len(p) for p in prompts]
+        self._tails += [0] * len(prompts)  # left-padding a merge keeps every row's end
         return logits
 
     @torch.inference_mode()
@@ -86,7 +90,7 @@ class PaddedBatch:
         logits = self.admit([prompt])
         if copies > 1:
             last = self.rows - 1
-            self._select(torch.tensor([*range(self.rows), *[last] * (copies - 1)], device=self.device))
+            self._select([*range(self.rows), *[last] * (copies - 1)])
         return logits.expand(copies, -1)
 
     @torch.inference_mode()
@@ -97,6 +101,8 @@ class PaddedBatch:
         tokens = tokens.view(-1, 1).to(self.device)
         logits = self._forward(tokens, self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
         self.positions = self.positions + 1
+        self._lengths = [n + 1 for n in self._lengths]
+        self._tails = [0] * self.rows
         return logits
 
     @torch.inference_mode()
@@ -110,7 +116,8 @@ class PaddedBatch:
         self.mask = torch.cat([self.mask, new], dim=1)
         logits = self._forward(ids, self.mask, positions, self.cache)
         self.positions = self.positions + new.sum(-1)
-        self._holes_at_end = True  # a shorter row's padding
+        self._lengths = [n + len(t) for n, t in zip(self._lengths, tokens, strict=True)]
+        self._tails = [width - len(t) for t in tokens]  # a shorter row's padding
         return logits
 
     def rollback(self, row: int, length: int) -> None:
@@ -120,7 +127,10 @@ class PaddedBatch:
         self.mask[row] = self.mask[row] * kept
         self.positions = self.positions.clone()
         self.positions[row] = length
-        self._holes_at_end = True
+        # Its removed tokens were its last real ones: that many more trailing holes at least
+        # (more where earlier holes sat between them), so cropping by this never cuts a real token.
+        self._tails[row] += self._lengths[row] - length
+        self._lengths[row] = length
 
     def agree(self, tokens: Tensor) -> Tensor:
         return tokens
@@ -129,16 +139,16 @@ class PaddedBatch:
         """Nothing leased: the cache goes with the object."""
 
     def _crop_holes(self) -> None:
-        """Drop trailing columns that no row uses (rolled-back drafts), before they cost attention."""
-        if not self._holes_at_end or self.rows == 0:
+        """Drop trailing columns that no row uses (rolled-back drafts) before they cost attention;
+        the host knows how many there are at least, so this never waits on the device."""
+        trim = min(self._tails, default=0)
+        if trim <= 0:
             return
-        self._holes_at_end = False
-        used = self.mask.any(0)
-        end = self.mask.shape[1] - int(used.flip(0).int().argmax())
-        if end < self.mask.shape[1]:
-            self.mask = self.mask[:, :end]
-            for layer in self._filled(self.cache):
-                layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
+        end = self.mask.shape[1] - trim
+        self._tails = [t - trim for t in self._tails]
+        self.mask = self.mask[:, :end]
+        for layer in self._filled(self.cache):
+            layer.keys, layer.values = layer.keys[:, :, :end], layer.values[:, :, :end]
 
     def keep(self, rows: list[int]) -> None:
         """Only these rows go on (finished rows leave); padding no row needs any more is trimmed."""
@@ -147,8 +157,10 @@ class PaddedBatch:
 
             self.cache = DynamicCache(config=self.model.config)
             self.mask, self.positions = self.mask[:0, :0], self.positions[:0]
+            self._lengths, self._tails = [], []
             return
-        self._select(torch.tensor(rows, dtype=torch.long, device=self.mask.device))
+        self._crop_holes()
+        self._select(rows)
         # Leading columns that are padding in every remaining row cost attention for nothing.
         used = self.mask.any(0)
         first = int(used.int().argmax()) if bool(used.any()) else self.mask.shape[1]
@@ -156,9 +168,12 @@ class PaddedBatch:
         for layer in self._filled(self.cache):
             layer.keys, layer.values = layer.keys[:, :, first:], layer.values[:, :, first:]
 
-    def _select(self, index: Tensor) -> None:
+    def _select(self, rows: list[int]) -> None:
         """These rows of mask, positions and every layer's cache, in this order (repeats replicate)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.mask.device)
         self.mask, self.positions = self.mask[index], self.positions[index]
+        self._lengths = [self._lengths[i] for i in rows]
+        self._tails = [self._tails[i] for i in rows]
         for layer in self._filled(self.cache):
             here = index.to(layer.keys.device)
             layer.keys, layer.values = layer.keys[here], layer.values[here]

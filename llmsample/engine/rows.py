@@ -15,6 +15,7 @@ from llmsample.engine.speculative import Drafter, DraftLength
 from llmsample.events import RunStats, Speculation
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.constraint import Matcher, tokenizer_table
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator
 
@@ -62,6 +63,7 @@ class Row:
     draft_ids: list[int] = field(default_factory=list)
     reference: ReferenceTotals | None = None
     ready: bool = True  # False: the last pass's logits are not this row's to sample (see start_row)
+    matcher: Matcher | None = None  # the constraint's grammar state after ``seq`` (--json-schema, ...)
     counts: dict[str, int] = field(default_factory=lambda: {"drafted": 0, "accepted": 0, "passes": 0})
 
     @property
@@ -78,11 +80,16 @@ class Row:
             return []
         cfg = self.item.cfg
         k = min(self.draft_length.k, cfg.max_tokens - self.item.stats.tokens - 1, max_k)
-        if k > 0:
+        if k > 0 and self.matcher is not None:
+            # q masked like p at every position (a model draft); a draft the grammar rejects is cut.
+            drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)
+            keep = self.matcher.valid_prefix(drafted.tolist())
+            self.drafted, self.q = drafted[:keep], q[:keep]
+        elif k > 0:
             self.drafted, self.q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator)
         else:
             self.drafted, self.q = self.drafted[:0], self.q[:0]
-        self.draft_ids = self.drafted.tolist()
+        self.draft_ids = self.drafted.tolist() if self.draft_count else []  # the drafter's transfer
         return self.draft_ids
 
     def advance(self, emitted: list[int], newest: Tensor) -> None:
@@ -94,6 +101,8 @@ class Row:
             for token in emitted:
                 self.history = self.history.advanced(torch.tensor([token], device=device), [token])
         self.seq += emitted
+        if self.matcher is not None:
+            self.matcher.advance(emitted)
 
     def record_pass(self, accepted: int) -> None:
         """Speculation counts, current at every token so an interrupted run's summary has them."""
@@ -137,4 +146,13 @@ def start_row(
         q=torch.zeros(0, vocab, device=lm.sample_device),
         reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
         ready=not speculative,
+        matcher=start_matcher(lm, item.cfg, vocab),
     )
+
+
+def start_matcher(lm: LoadedModel, cfg: SamplingConfig, vocab: int) -> Matcher | None:
+    """The row's grammar state at the start of its output (the tokenizer's table built once)."""
+    if cfg.constraint is None:
+        return None
+    table = tokenizer_table(lm.tokenizer, vocab, sorted(lm.eos_ids), cfg.constraint.flag)
+    return Matcher(cfg.constraint, table, vocab)

@@ -17,6 +17,7 @@ from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.constraint import Matcher
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import draw, sampling_probs
 
@@ -46,9 +47,17 @@ def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Genera
 
 class Drafter(Protocol):
     def propose(
-        self, seq: list[int], k: int, history: TokenHistory, cfg: SamplingConfig, generator: torch.Generator
+        self,
+        seq: list[int],
+        k: int,
+        history: TokenHistory,
+        cfg: SamplingConfig,
+        generator: torch.Generator,
+        matcher: Matcher | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """Up to k tokens after ``seq`` and their draft distributions ``[k, V]``."""
+        """Up to k tokens after ``seq`` and their draft distributions ``[k, V]``; ``matcher``: the
+        row's grammar state, whose masks a drafter that samples applies to q at every position
+        (the row cuts drafts at the first the grammar rejects)."""
         ...
 
 
@@ -69,7 +78,13 @@ class NgramDrafter:
         return []
 
     def propose(
-        self, seq: list[int], k: int, history: TokenHistory, cfg: SamplingConfig, generator: torch.Generator
+        self,
+        seq: list[int],
+        k: int,
+        history: TokenHistory,
+        cfg: SamplingConfig,
+        generator: torch.Generator,
+        matcher: Matcher | None = None,
     ) -> tuple[Tensor, Tensor]:
         drafted = torch.tensor(self.lookup(seq, k), dtype=torch.long, device=self.device)
         return drafted, torch.nn.functional.one_hot(drafted, self.vocab_size).float()
@@ -95,7 +110,13 @@ class ModelDrafter:
         return logits[..., : self.vocab_size]
 
     def propose(
-        self, seq: list[int], k: int, history: TokenHistory, cfg: SamplingConfig, generator: torch.Generator
+        self,
+        seq: list[int],
+        k: int,
+        history: TokenHistory,
+        cfg: SamplingConfig,
+        generator: torch.Generator,
+        matcher: Matcher | None = None,
     ) -> tuple[Tensor, Tensor]:
         common = 0
         for a, b in zip(self.fed, seq, strict=False):
@@ -108,14 +129,25 @@ class ModelDrafter:
         logits = self.runner.extend(torch.tensor([seq[common:]], device=device), keep_last=True)[:, -1]
         self.fed = list(seq)
         tokens, dists = [], []
+        pushed = 0
         for i in range(k):
+            if matcher is not None:  # q under the grammar state after the drafts before it, as p
+                history = dataclasses.replace(history, allowed=matcher.masks())
             q = sampling_probs(self._fit(logits), history, cfg)
             token = draw(q, generator)
             tokens.append(token)
             dists.append(q)
+            if matcher is not None:
+                if not matcher.push(int(token)):  # EOS: the draft ends
+                    break
+                pushed += 1
+                if matcher.stopped:  # nothing but EOS can follow
+                    break
             if i < k - 1:
                 history = history.advanced(token)
                 logits = self.runner.step(token)
+        if matcher is not None:
+            matcher.rollback(pushed)
         if not tokens:
             return torch.zeros(0, dtype=torch.long, device=device), torch.zeros(0, self.vocab_size, device=device)
         drafted = torch.cat(tokens)

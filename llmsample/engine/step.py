@@ -20,8 +20,9 @@ from llmsample.engine.reference import reference_figures
 from llmsample.engine.rows import Row, RowFailed
 from llmsample.engine.speculative import accept_drafts
 from llmsample.errors import RuntimeFailure
-from llmsample.events import StepFigures, Summary, TokenEvent
+from llmsample.events import ConstraintOutcome, StepFigures, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.constraint import ANY, batch_masks
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Chain, sampler_chain
@@ -52,7 +53,8 @@ class StepResult:
 
 def sampler_key(cfg: SamplingConfig) -> SamplingConfig:
     """What the chain reads of a config: rows that share it are sampled by one chain call."""
-    return dataclasses.replace(cfg, seed=None, max_tokens=1, description="")
+    constraint = ANY if cfg.constraint is not None else None  # each row's own grammar gives its mask
+    return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint)
 
 
 def sample_step(
@@ -69,8 +71,9 @@ def sample_step(
         if row.ready:
             groups.setdefault(sampler_key(row.item.cfg), []).append(i)
     for members in groups.values():
-        chain, tokens, accepted, starts = _draw_group(rows, members, step, agree)
-        figures = step_figures(chain, tokens, top_n, watched)
+        chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
+        figures = step_figures(chain, tokens, top_n, watched, counts)
+        accepted = {i: figures[start].accepted for i, start in zip(members, starts, strict=True)}
         scored = None
         if step.reference is not None:
             scored = reference_figures(chain.raw, step.reference[_positions(rows, members, step)], tokens)
@@ -100,19 +103,22 @@ def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor |
 
 def _draw_group(
     rows: list[Row], members: list[int], step: StepInput, agree: Callable[[Tensor], Tensor]
-) -> tuple[Chain, Tensor, dict[int, int], list[int]]:
-    """The group's chain, its token at every position, each row's accepted drafts, and where
-    each row's positions start within the group."""
+) -> tuple[Chain, Tensor, Tensor | None, list[int]]:
+    """The group's chain, its token at every position, at every position its row's accepted
+    drafts (None when nobody drafted), and where each row's positions start within the group."""
     group = [rows[i] for i in members]
     logits = step.logits[_positions(rows, members, step)]
     speculative = any(row.draft_count for row in group)
     history = TokenHistory.stack(
         [row.history.prefixes(row.drafted, row.draft_ids) if row.draft_count else row.history for row in group]
     )
+    if group[0].matcher is not None:  # every row's masks, after each of its drafts, in one call
+        masks = batch_masks([row.matcher for row in group if row.matcher], [row.draft_ids for row in group])
+        history = dataclasses.replace(history, allowed=masks)
     chain = sampler_chain(logits, history, group[0].item.cfg)
     if not speculative:
         tokens = agree(chain.draw([row.generator for row in group]))
-        return chain, tokens, dict.fromkeys(members, 0), list(range(len(members)))
+        return chain, tokens, None, list(range(len(members)))
     parts, counts, starts, at = [], [], [], 0
     for row in group:
         k = row.draft_count
@@ -126,11 +132,10 @@ def _draw_group(
         # Position j carries the emitted token: the draft while accepted, then the correction.
         drafts = torch.cat([row.drafted, after])
         parts.append(torch.where(torch.arange(k + 1, device=drafts.device) < count, drafts, after))
-        counts.append(count)
+        counts.append(count.expand(k + 1))
         at += k + 1
     tokens = agree(torch.cat(parts))
-    accepted = dict(zip(members, torch.stack(counts).tolist(), strict=True))
-    return chain, tokens, accepted, starts
+    return chain, tokens, torch.cat(counts), starts
 
 
 def _emit(
@@ -154,6 +159,10 @@ def _emit(
             row.item.stats.note(speculation=row.speculation())
         yield row.key, event
         if row.emitter.reason:
+            if row.matcher is not None:
+                emitted = [f.token_id for f in figures[: j + 1]]
+                complete = row.emitter.reason == "eos" or row.matcher.accepts_after(emitted)
+                row.item.stats.note(constraint=ConstraintOutcome(row.matcher.constraint.flag, complete))
             yield row.key, row.item.stats.summary(row.emitter.reason)
             return True
     return False

@@ -124,6 +124,12 @@ def read_weights(source: str, config: Any, dtype: torch.dtype, name: str, **load
             f"({first_line(exc)}); pass a text-generation model"
         ) from exc
     except OSError as exc:
+        folder = load.get("offload_folder")
+        if folder and exc.filename and str(exc.filename).startswith(str(folder)):
+            raise UserError(
+                f"cannot write the offload folder {folder} ({exc.strerror or first_line(exc)}); "
+                "choose another --offload-folder"
+            ) from exc
         raise UserError(_not_found_message(name, exc)) from exc
     except SafetensorError as exc:
         raise UserError(

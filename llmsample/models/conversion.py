@@ -70,6 +70,21 @@ def models_dir() -> Path:
     return cache_home() / "models"
 
 
+def check_cache() -> None:
+    """A cache this user cannot read (under another user's home: ``sudo -u nobody`` without
+    ``-H``) is one line naming it and ``LLMSAMPLE_HOME``; one not made yet is fine (a conversion
+    makes it, and says so in one line when it cannot)."""
+    try:
+        os.listdir(models_dir())
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError as exc:
+        raise UserError(
+            f"cannot read the model cache {cache_home()} ({exc.strerror or first_line(exc)}); "
+            "make it readable, or point LLMSAMPLE_HOME at a directory you can write"
+        ) from exc
+
+
 def gguf_path() -> Path | None:
     """The GGUF file inside the installed wheel, found without importing the package
     (its ``__init__`` imports the ``llm`` tool, which we do not need)."""
@@ -101,6 +116,7 @@ def _safetensors_whole(path: Path) -> bool:
 def default_model_path(progress: Progress | None = None) -> str:
     """The converted default model's directory, converting the shipped GGUF once; the hub id
     when the wheel is missing (the hub download then goes through its own cache)."""
+    check_cache()
     target = models_dir() / DEFAULT_MODEL
     if is_complete_conversion(target):
         return str(target)
@@ -274,7 +290,10 @@ STALE_AFTER_S = 3600
 def staging_dirs() -> list[Path]:
     """Every conversion's staging directory in the cache, running or abandoned."""
     root = models_dir()
-    return sorted(root.glob(f".*{PARTIAL}*")) if root.is_dir() else []
+    try:
+        return sorted(root.glob(f".*{PARTIAL}*")) if root.is_dir() else []
+    except OSError:  # a cache this user cannot read: nothing to clean up here (check_cache says why)
+        return []
 
 
 def is_abandoned(partial: Path) -> bool:

@@ -113,6 +113,8 @@ def load_model(
         return load_llama_cpp(spec, name, progress)
     source, local = model_source(spec, progress)
     config = read_config(source, name)
+    if placement is not None and isinstance(placement.device_map, dict):
+        check_explicit_map(config, placement.device_map, name)
     dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
     if local:
         check_tokenizer_files(Path(source))
@@ -262,6 +264,22 @@ def prepare(model: Any, device: torch.device, dtype: torch.dtype, quantize: str 
     if emulated_bf16(device, dtype) and not quantize and stored is None:
         upcast_wide_products(model)
     model.eval()
+
+
+def check_explicit_map(config: Any, device_map: dict[str, Any], name: str) -> None:
+    """An explicit ``--device-map`` against the model's module tree (built on the meta device: no
+    memory, no weights read): entries it lacks and modules it leaves out are one line each."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    from llmsample.models.placement import check_map_covers
+
+    try:
+        with init_empty_weights():
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception:  # an architecture that cannot be built so: the load itself will say why
+        return
+    check_map_covers(skeleton, device_map, name)
 
 
 def check_quantized_forward(model: Any, device: torch.device, scheme: str) -> None:

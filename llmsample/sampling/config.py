@@ -261,6 +261,9 @@ class SamplingConfig:
     logit_bias: tuple[tuple[str, float], ...] = field(default=())
     ban: tuple[str, ...] = field(default=())
     min_tokens: int = 0
+    # A compiled :class:`llmsample.sampling.constraint.Constraint` (--json-schema, --regex, ...):
+    # set by the commands, never by a preset, so it is not one of ``keys()``.
+    constraint: Any = None
 
     def __post_init__(self) -> None:
         for key, check in _CHECKS.items():
@@ -268,7 +271,8 @@ class SamplingConfig:
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
+        """The settings a preset, a request or a flag sets by name."""
+        return tuple(f.name for f in dataclasses.fields(cls) if f.name != "constraint")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any], base: SamplingConfig | None = None) -> SamplingConfig:

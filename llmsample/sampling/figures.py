@@ -29,13 +29,15 @@ class WatchIndex:
         return cls(ids, torch.tensor(ids, dtype=torch.long, device=device)) if ids else None
 
 
-def step_figures(chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | None = None) -> list[StepFigures]:
+def step_figures(
+    chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | None = None, accepted: Tensor | None = None
+) -> list[StepFigures]:
     """Everything a token event reports, for every row, with one host sync.
 
     The top list is ranked by the penalised logits: for kept tokens that is the order of the
     sampling distribution, and it still ranks the alternatives a greedy step discarded.
     ``watch``: token ids whose probabilities and raw rank ride along
-    in the same transfer."""
+    in the same transfer; so does ``accepted`` (per position, its row's accepted drafts)."""
     raw, ranked, probs = chain.raw, chain.penalised, chain.probs
     raw_logprobs = raw.log_softmax(-1)  # one fused pass: faster on a CPU than logsumexp alone
     index = tokens.view(-1, 1)
@@ -71,6 +73,8 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | N
             raw_logprobs.gather(1, watched).exp(),
             (raw.unsqueeze(1) > watched_raw.unsqueeze(-1)).sum(-1).float() + 1,
         ]
+    if accepted is not None:
+        columns.append(accepted.view(-1, 1).to(probs.dtype))
     rows = torch.cat(columns, -1).tolist()
     names = chain.names
     n_stages, n_top = len(names), top_ids.shape[-1]
@@ -100,7 +104,9 @@ def step_figures(chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | N
                 removed=removed,
                 mass=row[5],
                 finite_logits=row[6] == 1.0,
+                candidates=int(kept_counts[-1]),
                 watch=watched_rows,
+                accepted=int(row[-1]) if accepted is not None else 0,
             )
         )
     return figures

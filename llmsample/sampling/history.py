@@ -29,6 +29,7 @@ class TokenHistory:
     sequences: tuple[tuple[int, ...], ...] | None = None
     prompt_lengths: tuple[int, ...] | None = None
     vocabulary: Vocabulary | None = None
+    allowed: Tensor | None = None
 
     @classmethod
     def start(
@@ -119,9 +120,10 @@ class TokenHistory:
         """Some rows of the history (an inert one stays inert)."""
         sequences = self.sequences[index] if self.sequences is not None else None
         lengths = self.prompt_lengths[index] if self.prompt_lengths is not None else None
+        allowed = self.allowed[index] if self.allowed is not None else None
         if self.counts is None or self.seen is None:
-            return TokenHistory(None, None, sequences, lengths, self.vocabulary)
-        return TokenHistory(self.counts[index], self.seen[index], sequences, lengths, self.vocabulary)
+            return TokenHistory(None, None, sequences, lengths, self.vocabulary, allowed)
+        return TokenHistory(self.counts[index], self.seen[index], sequences, lengths, self.vocabulary, allowed)
 
     @classmethod
     def stack(cls, histories: Sequence[TokenHistory]) -> TokenHistory:

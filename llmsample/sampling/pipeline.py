@@ -2,12 +2,14 @@
 table's order, over ``[batch, vocab]`` logits, then one token per row.
 
 Order (fixed; the stages in brackets appear only when their setting is on):
-[logit bias] -> [ban] -> [min-tokens] -> penalties -> [DRY] -> temperature (or greedy argmax)
+[logit bias] -> [ban] -> [min-tokens] -> penalties -> [DRY] -> [constraint] -> temperature (or greedy argmax)
 -> [top-n-sigma] -> top-k -> top-p -> [typical-p] -> min-p -> [XTC] -> softmax -> draw.
 Everything that edits logits from the context (biases, bans, penalties) comes before the
 temperature, as in transformers' processors and llama.cpp's default chain; the truncation
 filters follow text-generation-webui's default priority (top-n-sigma, top-k, top-p, typical-p,
-min-p, XTC last). The tensor filters are in :mod:`llmsample.sampling.filters`, the stages that
+min-p, XTC last). The constraint (a grammar's allowed tokens) comes after everything that edits
+logits and before greedy and every truncation filter: the truncation then works on the allowed
+tokens, and the draw is from the renormalised constrained distribution. The tensor filters are in :mod:`llmsample.sampling.filters`, the stages that
 read texts and token sequences in :mod:`llmsample.sampling.text_stages`.
 Every command, the speculative drafter and verifier included, goes through
 :func:`sampler_chain`, so what is shown, what is drawn and what is verified agree.
@@ -38,7 +40,7 @@ from llmsample.sampling.filters import (
 )
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.stages import chain_of
-from llmsample.sampling.text_stages import apply_dry, apply_logit_bias, mask_banned, mask_early_end
+from llmsample.sampling.text_stages import apply_constraint, apply_dry, apply_logit_bias, mask_banned, mask_early_end
 
 StageFunction = Callable[[Tensor, TokenHistory, SamplingConfig], Tensor]
 
@@ -48,6 +50,7 @@ APPLY: dict[str, StageFunction] = {
     "min_tokens": mask_early_end,
     "penalties": apply_penalties,
     "dry": apply_dry,
+    "constraint": apply_constraint,
     "greedy": lambda logits, history, cfg: keep_argmax(logits),
     "temperature": lambda logits, history, cfg: apply_temperature(logits, cfg.temperature),
     "top_n_sigma": lambda logits, history, cfg: keep_top_n_sigma(logits, cfg.top_n_sigma),
@@ -108,8 +111,8 @@ class Chain:
 
 
 def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Chain:
-    """``raw, [logit_bias, ban, min_tokens,] penalties, [dry,] temperature, [top_n_sigma,] top_k,
-    top_p, [typical_p,] min_p[, xtc]`` — or ``raw, [...,] penalties, [dry,] greedy`` — over
+    """``raw, [logit_bias, ban, min_tokens,] penalties, [dry,] [constraint,] temperature, [top_n_sigma,]
+    top_k, top_p, [typical_p,] min_p[, xtc]`` — or ``raw, [...,] penalties, [dry,] [constraint,] greedy`` — over
     ``[batch, vocab]`` logits (bracketed stages only when on: :func:`chain_of`). What is sampled is
     the last stage's softmax, or with XTC the mixture of its two branches."""
     logits = logits.float()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tomllib
 from dataclasses import dataclass
 from importlib import resources
@@ -35,20 +36,51 @@ def user_dir() -> Path:
     return Path(xdg) / "llmsample" / "presets"
 
 
+_warned: set[str] = set()  # user preset directories already warned about in this process
+
+
 def _toml_files(directory: Path) -> list[Path]:
-    if not directory.exists():
-        return []
     try:
         return sorted(p for p in directory.iterdir() if p.suffix.lower() == ".toml")
+    except FileNotFoundError:
+        return []
     except OSError as exc:
         raise UserError(f"cannot read the preset directory {directory} ({exc.strerror}); fix its permissions") from exc
+
+
+def _user_toml_files(directory: Path) -> list[Path]:
+    """The user's preset files; a directory this user cannot read (under another user's home:
+    ``sudo -u nobody`` without ``-H``) leaves the built-in presets, with a one-line warning."""
+    try:
+        return _toml_files(directory)
+    except UserError as exc:
+        if str(directory) not in _warned:
+            _warned.add(str(directory))
+            cause = exc.__cause__
+            reason = getattr(cause, "strerror", None) or cause
+            _warn(
+                f"Warning: cannot read the user preset directory {printable(str(directory))} ({reason}); "
+                "using the built-in presets (set XDG_CONFIG_HOME to a directory you can read)"
+            )
+        return []
+
+
+def _warn(line: str) -> None:
+    """One line on stderr; a closed or full stderr only loses it (the run goes on)."""
+    if sys.stderr is None:
+        return
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def discover() -> dict[str, PresetFile]:
     """Every preset by name; a user preset shadows the built-in of the same name."""
     found = {p.stem: PresetFile(p.stem, "built-in", p) for p in _toml_files(builtin_dir())}
     user: dict[str, PresetFile] = {}
-    for path in _toml_files(user_dir()):
+    for path in _user_toml_files(user_dir()):
         name = path.stem
         if name in user:
             raise UserError(f"two user presets are named {name!r} ({user[name].path}, {path}); rename one")

@@ -61,6 +61,10 @@ STAGES: tuple[StageInfo, ...] = (
         "dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True,
         example=(("dry_multiplier", 0.8),),
     ),
+    StageInfo(
+        "constraint", "gramm.", lambda cfg: cfg.constraint is not None, removes=True, letter="g",
+        legend="the constraint (--json, --json-schema, --regex, --choice, --grammar)",
+    ),
     StageInfo("greedy", "greedy", lambda cfg: cfg.is_greedy),
     StageInfo("temperature", "temp.", _sampling),
     StageInfo(

@@ -36,15 +36,14 @@ def _on(device: torch.device, values: list[int] | list[float], dtype: torch.dtyp
 
 
 def mask_tokens(logits: Tensor, banned: list[set[int]] | list[frozenset[int]]) -> Tensor:
-    """``-inf`` for ``banned[row]`` in each row, unless that would leave a row with nothing (then
-    the row is left as it was: a distribution must remain)."""
+    """``-inf`` for ``banned[row]`` in each row. A row left with nothing stays so, never lifted:
+    the step's figures count no candidate and the emitter ends that row with an error."""
     rows = [r for r, tokens in enumerate(banned) for _ in tokens]
     if not rows:
         return logits
     cols = [t for tokens in banned for t in tokens]
     index = (_on(logits.device, rows, torch.long), _on(logits.device, cols, torch.long))
-    masked = logits.index_put(index, torch.tensor(-math.inf, device=logits.device))
-    return torch.where((masked > -math.inf).any(-1, keepdim=True), masked, logits)
+    return logits.index_put(index, torch.tensor(-math.inf, device=logits.device))
 
 
 def apply_logit_bias(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
@@ -117,3 +116,18 @@ def apply_dry(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Ten
     device = logits.device
     index = (_on(device, rows, torch.long), _on(device, cols, torch.long))
     return keep_finite(logits.index_put(index, _on(device, values, torch.float32), accumulate=True), logits)
+
+
+def apply_constraint(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """``--json-schema``, ``--regex``, ...: only the tokens the row's grammar state allows (EOS where
+    the grammar accepts). Before the temperature and every truncation filter, so top-k, top-p and
+    min-p choose among allowed tokens and the draw is from the renormalised constrained
+    distribution. A row left with nothing stays all ``-inf``; the emitter names the stages."""
+    if cfg.constraint is None:
+        return logits
+    if history.allowed is None:
+        raise ValueError("the constraint stage needs a history with each row's allowed tokens")
+    allowed = history.allowed
+    if allowed.device != logits.device:
+        allowed = allowed.to(logits.device, non_blocking=True)
+    return logits.masked_fill(~allowed, -math.inf)

@@ -17,6 +17,7 @@ from llmsample.analysis import drift
 from llmsample.analysis.drift import divergence, model_drift, teacher_forced_logits
 from llmsample.analysis.drift_records import DriftToken, TopToken, summarize
 from llmsample.engine.prompt import encode_prompt
+from llmsample.errors import UserError
 from llmsample.models.loading import load_model
 from tests.conftest import make_tiny_model
 
@@ -189,17 +190,46 @@ def test_a_model_against_itself(tiny_lm) -> None:
     assert summary.expected_acceptance == pytest.approx(1.0, abs=1e-12)
 
 
-def test_an_embedding_padded_to_another_size(tiny_model_dir: Path, tiny_lm, tmp_path: Path) -> None:
+def save_padded(source: Path, target: Path, rows: int = 48) -> Path:
+    """``source`` with its embeddings padded to ``rows`` (same tokenizer). The padding rows of the
+    LM head copy real tokens' rows (and a little noise: no ties, which go to the lower id), so the
+    padded model samples a padding id now and then, the same ids on every run (seeded)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    model.resize_token_embeddings(48, mean_resizing=False)  # same tokenizer, 16 padding rows
-    model.save_pretrained(tmp_path)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path)
-    padded = load_model(str(tmp_path), "cpu", "float32")
+    model = AutoModelForCausalLM.from_pretrained(source)
+    size = model.config.vocab_size
+    torch.manual_seed(0)
+    model.resize_token_embeddings(rows, mean_resizing=False)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[size:] = head[3 : 3 + rows - size] + 0.01 * torch.randn(rows - size, head.shape[1])
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(source).save_pretrained(target)
+    return target
+
+
+def test_an_embedding_padded_to_another_size(tiny_model_dir: Path, tiny_lm, tmp_path: Path) -> None:
+    padded = load_model(str(save_padded(tiny_model_dir, tmp_path)), "cpu", "float32")
     assert padded.model.config.vocab_size == 48
     ids = encode_prompt(tiny_lm, "w3 w4", raw=True)
     tokens, summary = model_drift(tiny_lm, padded, ids, [5, 6, 7], source="given")
     assert summary.vocab == 32
     # the real rows are unchanged: on the shared vocabulary the two models agree
     assert max(t.kl for t in tokens) < 1e-9 and summary.same_top_rate == 1.0
+
+
+def test_a_token_the_smaller_vocabulary_lacks_ends_the_scoring(tiny_model_dir: Path, tiny_lm, tmp_path: Path) -> None:
+    """A (48 ids) wrote id 40, which B (32 ids) cannot be fed: that position is still scored (it
+    conditions on the tokens before it), the rest is counted as unscored, either way round."""
+    padded = load_model(str(save_padded(tiny_model_dir, tmp_path)), "cpu", "float32")
+    ids = encode_prompt(tiny_lm, "w3 w4", raw=True)
+    for lm_a, lm_b in ((padded, tiny_lm), (tiny_lm, padded)):
+        tokens, summary = model_drift(lm_a, lm_b, ids, [5, 6, 40, 7, 8], source="given")
+        assert [t.token_id for t in tokens] == [5, 6, 40] and summary.tokens == 3
+        assert summary.extra["unscored_tokens"] == 2 and summary.to_dict()["unscored_tokens"] == 2
+        assert tokens[2].prob_b == 0.0 and tokens[2].kl >= 0
+    # the padding id last: every position is scored (the last token is never fed)
+    tokens, summary = model_drift(padded, tiny_lm, ids, [5, 6, 40], source="given")
+    assert summary.tokens == 3 and "unscored_tokens" not in summary.extra
+    with pytest.raises(UserError, match="the prompt holds token id 40"):
+        model_drift(padded, tiny_lm, torch.tensor([[3, 40, 4]]), [5, 6], source="given")

@@ -4,6 +4,7 @@ any number of ranks) completes it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil  # accelerate's dependency
 
 from llmsample.batch.distributed import Ranks, my_share, part_path
 from tests.conftest import cli_env
@@ -49,7 +52,7 @@ def test_two_ranks_equal_one_process(tiny_model_dir: Path, tmp_path: Path) -> No
     assert first.returncode == 0 and second.returncode == 0, second.stderr[-2000:]
     assert outcome(together) == outcome(alone)
     assert [r[0] for r in outcome(together)][:6] == ["line-1", "line-2", "line-3", "line-4", "x", "line-6"]
-    assert not list(tmp_path.glob("together.jsonl.part-*"))
+    assert not list(tmp_path.glob("together.jsonl.part-*")) and not (tmp_path / "together.jsonl.lock").exists()
 
 
 def test_a_killed_run_is_completed_by_a_rerun(tiny_model_dir: Path, tmp_path: Path) -> None:
@@ -67,8 +70,15 @@ def test_a_killed_run_is_completed_by_a_rerun(tiny_model_dir: Path, tmp_path: Pa
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and sum(p.stat().st_size for p in tmp_path.glob("out.jsonl.part-*")) < 2000:
         time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)  # the launcher and both ranks, mid-run
+    # torchrun starts each rank in a session of its own: killing the launcher's group leaves them
+    # running, so each rank is killed too, as a machine going down would.
+    ranks = psutil.Process(process.pid).children(recursive=True)
+    os.killpg(process.pid, signal.SIGKILL)
+    for rank in ranks:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            rank.kill()
     process.wait(timeout=60)
+    psutil.wait_procs(ranks, timeout=60)
     parts = list(tmp_path.glob("out.jsonl.part-*"))
     assert parts and not out.exists()
     kept = sum(len(p.read_text().splitlines()) for p in parts)
@@ -77,4 +87,5 @@ def test_a_killed_run_is_completed_by_a_rerun(tiny_model_dir: Path, tmp_path: Pa
     rerun = subprocess.run(batch_command(tiny_model_dir, source, out, 1, *args), env=cli_env(), timeout=600)
     assert rerun.returncode == 0
     assert subprocess.run(batch_command(tiny_model_dir, source, reference, 1, *args), env=cli_env()).returncode == 0
-    assert sorted(outcome(out)) == sorted(outcome(reference))
+    assert outcome(out) == outcome(reference)  # every request once, in input order (not parts first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.jsonl", "reference.jsonl"]

@@ -21,7 +21,7 @@ from llmsample.batch.responses import (
     request_digest,
     result_record,
 )
-from llmsample.events import Candidate, Summary, TokenEvent
+from llmsample.events import Candidate, RunFacts, Summary, TokenEvent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def summary(stop_reason: str = "eos", **changes: object) -> Summary:
         "preset": "balanced",
         "seed": 5,
         "elapsed_s": 0.5,
-        "extra": {"drafted": 2},
+        "facts": RunFacts(compile_s=2.0),  # the run's facts ride along
     }
     return Summary(**{**values, **changes})
 
@@ -96,7 +96,7 @@ def test_our_record_ids_level() -> None:
         "preset": "balanced",
         "seed": 5,
         "elapsed_s": 0.5,
-        "drafted": 2,
+        "compile_s": 2.0,
         "per_token": [
             {"token_id": 10, "prob": 0.75},
             {"token_id": 12, "prob": 1.0},
@@ -191,7 +191,7 @@ def test_openai_chat_record() -> None:
                     "preset": "balanced",
                     "seed": 5,
                     "elapsed_s": 0.5,
-                    "drafted": 2,
+                    "compile_s": 2.0,
                 },
             },
         },

@@ -139,3 +139,128 @@ def test_run_level_errors_are_one_line_exit_2(tiny_model_dir: Path, args: tuple[
     result = batch(*args, stdin="w3\n", model=tiny_model_dir)
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and fragment in result.stderr
+
+
+# Reliability: the -o file. Real processes; the kill cases over several ranks are in
+# tests/batch/test_distributed.py, the property over every interleaving in tests/batch/test_integrity.py.
+
+
+def ids_and_tokens(path: Path) -> list[tuple]:
+    return [(r["custom_id"], r["line"], r.get("text"), [t["token_id"] for t in r.get("per_token", [])])
+            for r in records(path.read_text())]  # fmt: skip
+
+
+def requests_file(tmp_path: Path, count: int = 12) -> Path:
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"w{3 + i % 25} w{5 + i % 20}\n" for i in range(count)))
+    return source
+
+
+def test_a_rerun_after_a_merge_cut_short_has_every_request_once_in_input_order(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """What an earlier version's merge left when it was killed: OUT holds the first 5 of the 8
+    records of the two rank parts, which are still beside it; line 2's record is in part 1."""
+    source = requests_file(tmp_path)
+    reference = tmp_path / "reference.jsonl"
+    args = ("-n", "4", "--seed", "3", "--tokens", "ids")
+    assert batch(str(source), "-o", str(reference), *args, model=tiny_model_dir).returncode == 0
+    lines = reference.read_text().splitlines(keepends=True)
+    out = tmp_path / "out.jsonl"
+    (tmp_path / "out.jsonl.part-0-of-2").write_text("".join(lines[i] for i in (0, 2, 4, 8)))  # a killed rank: gaps
+    (tmp_path / "out.jsonl.part-1-of-2").write_text("".join(lines[i] for i in (1, 3, 7, 9)) + lines[11][:30])
+    out.write_text("".join(lines[:5]))  # the merged 1, 2, 3, 4, 5 of 1, 2, 3, 4, 5, 8, 9, 10
+    rerun = batch(str(source), "-o", str(out), *args, model=tiny_model_dir)
+    assert rerun.returncode == 0, rerun.stderr
+    assert ids_and_tokens(out) == ids_and_tokens(reference)  # 12 records, each once, in input order
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.jsonl", "reference.jsonl"]
+
+
+def test_a_second_run_on_the_same_output_is_refused_naming_the_first(tiny_model_dir: Path, tmp_path: Path) -> None:
+    source = requests_file(tmp_path)
+    out = tmp_path / "same.jsonl"
+    command = [sys.executable, "-m", "llmsample", "batch", "-", "-o", str(out), "-m", str(tiny_model_dir),
+               "--device", "cpu", "--raw", "-q", "-n", "4", "--seed", "3", "--tokens", "ids"]  # fmt: skip
+    # The first holds the output while it waits for its input on stdin.
+    first = subprocess.Popen(command, stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())
+    lock = tmp_path / "same.jsonl.lock"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (lock.exists() and lock.read_text().startswith("pid")):
+        time.sleep(0.05)
+    second = batch(str(source), "-o", str(out), "-n", "4", "--seed", "3", model=tiny_model_dir)
+    assert second.returncode == 2 and second.stdout == ""
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert f"is being written by another llmsample batch (pid {first.pid} on " in second.stderr
+    first.kill()  # SIGKILL: its lock file stays, but nothing holds it
+    first.communicate(timeout=60)
+    assert lock.exists()
+    third = batch(str(source), "-o", str(out), "-n", "4", "--seed", "3", "--tokens", "ids", model=tiny_model_dir)
+    assert third.returncode == 0, third.stderr
+    assert [r[0] for r in ids_and_tokens(out)] == [f"line-{n}" for n in range(1, 13)]
+    assert not lock.exists()
+
+
+def test_two_runs_started_together_leave_every_request_once(tiny_model_dir: Path, tmp_path: Path) -> None:
+    source = requests_file(tmp_path)
+    out = tmp_path / "same.jsonl"
+    command = [sys.executable, "-m", "llmsample", "batch", str(source), "-o", str(out), "-m", str(tiny_model_dir),
+               "--device", "cpu", "--raw", "-q", "-n", "4", "--seed", "3", "--tokens", "ids"]  # fmt: skip
+    runs = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=cli_env()) for _ in range(2)]
+    ends = [(run.wait(timeout=120), run.communicate()[1]) for run in runs]
+    assert sorted(code for code, _ in ends) in ([0, 0], [0, 2]), ends
+    for code, stderr in ends:
+        assert code == 0 or (len(stderr.strip().splitlines()) == 1 and "another llmsample batch (pid" in stderr)
+    assert [r[0] for r in ids_and_tokens(out)] == [f"line-{n}" for n in range(1, 13)]
+
+
+def test_output_to_dev_stdout_through_a_pipe_is_written_without_resuming(tiny_model_dir: Path, tmp_path: Path) -> None:
+    source = requests_file(tmp_path, 3)
+    line = (f"{sys.executable} -m llmsample batch {source} -o /dev/stdout -m {tiny_model_dir} --device cpu --raw -q "
+            "-n 3 --seed 3 | cat")  # fmt: skip
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", line], capture_output=True, text=True, env=cli_env(),
+                            timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [r["custom_id"] for r in records(result.stdout)] == ["line-1", "line-2", "line-3"]
+    assert not Path("/dev/stdout.lock").exists() and not list(Path("/dev").glob(".stdout.*"))
+
+
+def test_a_read_only_output_folder_is_one_line_before_the_model_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.batch.tmpfs import tmpfs
+
+    source = requests_file(tmp_path, 2)
+    with tmpfs(tmp_path / "ro", "ro", "size=64k") as folder:
+        # A model that does not exist: the output is what it reports, so it was checked first.
+        result = batch(str(source), "-o", str(folder / "out.jsonl"), "-m", "/nonexistent/model", model=tiny_model_dir)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert f"cannot write in {folder} (Read-only file system)" in result.stderr
+
+
+def test_a_full_disk_mid_run_is_one_line_exit_1_and_whole_lines(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from tests.batch.tmpfs import fill, tmpfs
+
+    source = requests_file(tmp_path, 40)
+    with tmpfs(tmp_path / "small", "size=1m") as folder:
+        filler = fill(folder, 32 * 1024)  # about 5 records of -n 8 --tokens full
+        out = folder / "out.jsonl"
+        args = (str(source), "-o", str(out), "-n", "8", "--seed", "3", "--batch-size", "4")
+        full = batch(*args, model=tiny_model_dir)
+        assert full.returncode == 1, full.stderr
+        assert len(full.stderr.strip().splitlines()) == 1 and "No space left on device" in full.stderr
+        kept = out.read_text()
+        assert kept.endswith("\n") and 0 < len(records(kept)) < 40  # only whole lines
+        filler.unlink()
+        rerun = batch(*args, model=tiny_model_dir)
+        assert rerun.returncode == 0, rerun.stderr
+        assert [r["custom_id"] for r in records(out.read_text())] == [f"line-{n}" for n in range(1, 41)]
+        assert sorted(p.name for p in folder.iterdir()) == ["out.jsonl"]
+
+
+def test_world_size_without_torchrun_is_one_line(tiny_model_dir: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in cli_env(WORLD_SIZE="2", RANK="0").items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    command = [sys.executable, "-m", "llmsample", "batch", str(requests_file(tmp_path, 2)), "-o",
+               str(tmp_path / "out.jsonl"), "-m", str(tiny_model_dir), "--device", "cpu", "-q"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "not launched by torchrun" in result.stderr and "torchrun --nproc-per-node 2" in result.stderr

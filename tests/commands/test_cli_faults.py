@@ -23,7 +23,7 @@ from llmsample.cli import main
 from llmsample.commands.options import read_prompt
 from llmsample.errors import RuntimeFailure
 from llmsample.render.jsonout import strict_json
-from tests.conftest import cli_env, make_tiny_model
+from tests.conftest import TEST_HOME, cli_env, make_tiny_model
 
 LLMSAMPLE = [sys.executable, "-m", "llmsample"]
 
@@ -355,7 +355,7 @@ def test_sighup_ends_like_sigterm_with_a_summary(tiny_model_dir: Path) -> None:
 
 
 # Interrupt compare-presets with a real signal once the second preset has produced one token
-# (the first run is the greedy reference).
+# (the greedy reference before them decodes through generate, not generate_rows).
 INTERRUPT_SECOND_PRESET = """
 import llmsample.engine.loop as generation
 rows = generation.generate_rows
@@ -363,7 +363,7 @@ started = []
 def interrupted_rows(*args, **kwargs):
     started.append(1)
     for n, item in enumerate(rows(*args, **kwargs)):
-        if len(started) == 3 and n == 1:
+        if len(started) == 2 and n == 1:
             os.kill(os.getpid(), {sig})
             time.sleep(0.2)
         yield item
@@ -388,3 +388,77 @@ def test_interrupted_compare_presets_prints_what_finished(tiny_model_dir: Path, 
     else:
         assert "deterministic" in out and "balanced" in out and "creative" not in out
         assert out.count("[interrupted]") == 1
+
+
+# --- issue 25, item 10: a home this user cannot read -----------------------------------------------
+
+# root reads every directory (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH); without those two
+# capabilities it obeys permission bits like any other user, while still running this venv's
+# python (under root's own home, which `nobody` could not run).
+NO_ROOT_POWERS = [
+    "setpriv",
+    "--inh-caps=-dac_override,-dac_read_search",
+    "--bounding-set=-dac_override,-dac_read_search",
+]
+
+
+@pytest.fixture
+def unreadable_home(tmp_path: Path) -> Iterator[tuple[Path, list[str]]]:
+    """A home directory with mode 000 and the command prefix that makes this run obey it."""
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        try:
+            done = subprocess.run([*NO_ROOT_POWERS, "true"], capture_output=True, text=True)
+        except FileNotFoundError:
+            pytest.skip("root ignores permission bits, and setpriv (util-linux) is not installed to drop that")
+        if done.returncode:
+            pytest.skip(f"root ignores permission bits, and cannot drop that here: {done.stderr.strip()}")
+        prefix = NO_ROOT_POWERS
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    home.chmod(0)
+    try:
+        yield home, prefix
+    finally:
+        home.chmod(0o755)
+
+
+def as_user_of(home: Path, prefix: list[str], args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """``llmsample ARGS`` for a user whose $HOME is ``home`` and who has no XDG or llmsample
+    directories set (``sudo -u nobody`` without ``-H``)."""
+    base = {k: v for k, v in cli_env().items() if k not in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "LLMSAMPLE_HOME")}
+    return subprocess.run([*prefix, *LLMSAMPLE, *args], capture_output=True, text=True, timeout=180,
+                          env={**base, "HOME": str(home), **env})  # fmt: skip
+
+
+def test_an_unreadable_home_leaves_the_built_in_presets(tiny_model_dir: Path, unreadable_home) -> None:
+    home, prefix = unreadable_home
+    listed = as_user_of(home, prefix, ["presets", "list"])
+    assert listed.returncode == 0, listed.stderr
+    assert "balanced" in listed.stdout and "deterministic" in listed.stdout and "built-in" in listed.stdout
+    warning = f"Warning: cannot read the user preset directory {home}/.config/llmsample/presets (Permission denied)"
+    assert listed.stderr.startswith(warning) and listed.stderr.count("\n") == 1, listed.stderr
+    shown = as_user_of(home, prefix, ["presets", "show", "deterministic"])
+    assert shown.returncode == 0 and "temperature = 0.0" in shown.stdout and shown.stderr.startswith(warning)
+    # a model given by path needs no cache: the run goes through, warned once
+    ran = as_user_of(home, prefix, generate_args(tiny_model_dir, "-q"), LLMSAMPLE_HOME=str(TEST_HOME))
+    assert ran.returncode == 0 and ran.stdout.strip(), ran.stderr
+    assert ran.stderr.startswith(warning) and ran.stderr.count("\n") == 1, ran.stderr
+    compared = as_user_of(home, prefix, ["compare-presets", "-m", str(tiny_model_dir), "--raw", "-p", "w3", "-n", "3",
+                                         "--presets", "balanced,deterministic,creative"])  # fmt: skip
+    assert compared.returncode == 0 and compared.stderr.count("Warning: ") == 1, compared.stderr
+
+
+def test_an_unreadable_home_without_a_cache_is_one_line(tiny_model_dir: Path, unreadable_home) -> None:
+    home, prefix = unreadable_home
+    for args in (["generate", "-p", "hi", "-n", "3"], ["models"]):
+        result = as_user_of(home, prefix, args)
+        assert result.returncode == 2, result.stderr
+        lines = [line for line in result.stderr.splitlines() if not line.startswith("Warning: ")]
+        assert lines == [
+            f"Error: cannot read the model cache {home}/.cache/llmsample (Permission denied); make it readable, "
+            "or point LLMSAMPLE_HOME at a directory you can write"
+        ], result.stderr
+    # a model by path runs anyway: the cache is only cleaned up when it can be read
+    ran = as_user_of(home, prefix, generate_args(tiny_model_dir, "-q"))
+    assert ran.returncode == 0, ran.stderr

@@ -144,6 +144,26 @@ def test_another_tokenizer_is_refused(pair: tuple[str, str], tmp_path: Path) -> 
     assert "different tokenizer" in result.stderr and "(40 vs 32 tokens)" in result.stderr
 
 
+def test_a_padded_a_that_writes_an_id_b_lacks_is_scored_up_to_it(pair: tuple[str, str], tmp_path: Path) -> None:
+    """A's embedding padded to 48 rows, B's 32, one tokenizer: A samples a padding id (random
+    rows). The positions up to it are scored on the shared ids, a note on stderr says so."""
+    from tests.analysis.test_drift import save_padded
+
+    padded = str(save_padded(Path(pair[0]), tmp_path / "padded"))
+    args = ("-m", padded, "-m", pair[1], "--raw", "-p", "w3 w4", "-n", "20", "--seed", "2", "--device", "cpu", "-q")
+    result = invoke(*args, "--format", "jsonl")
+    assert result.exit_code == 0, result.output
+    tokens, summary = records(result.stdout)
+    assert summary["vocab"] == 32 and summary["unscored_tokens"] > 0
+    assert summary["tokens"] == len(tokens) and summary["tokens"] + summary["unscored_tokens"] == 20
+    assert tokens[-1]["token_id"] >= 32 and all(t["token_id"] < 32 for t in tokens[:-1])
+    note = result.stderr.strip().splitlines()
+    assert len(note) == 1 and note[0].startswith("Note: ") and f"outside {pair[1]!r}'s vocabulary of 32 ids" in note[0]
+    assert f"the first {len(tokens)} of 20 tokens" in note[0]
+    text = invoke(*args)  # the table too
+    assert text.exit_code == 0 and "Note: " in text.stderr and "Traceback" not in text.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

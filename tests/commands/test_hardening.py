@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -161,16 +160,28 @@ def test_duplicate_user_presets(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "two user presets are named 'mine'" in result.stderr
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads unreadable directories")
-def test_unreadable_preset_directory(tmp_path: Path) -> None:
+def test_unreadable_preset_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's directory unreadable (PermissionError, as for a user who is not root: root
+    reads it anyway, see test_cli_faults for the real permissions): the built-in presets, warned."""
     user = tmp_path / "config" / "llmsample" / "presets"
     user.mkdir(parents=True)
-    user.chmod(0)
-    try:
-        result = CliRunner().invoke(main, ["presets", "list"])
-    finally:
-        user.chmod(0o755)
-    assert result.exit_code == 2 and "cannot read the preset directory" in result.stderr
+    (user / "mine.toml").write_text("top_k = 3\n")
+    real = Path.iterdir
+
+    def iterdir(self: Path):
+        if self == user:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    result = CliRunner().invoke(main, ["presets", "list"])
+    assert result.exit_code == 0 and "balanced" in result.stdout and "mine" not in result.stdout
+    assert result.stderr == (
+        f"Warning: cannot read the user preset directory {user} (Permission denied); using the built-in presets "
+        "(set XDG_CONFIG_HOME to a directory you can read)\n"
+    )
+    unknown = CliRunner().invoke(main, ["presets", "show", "mine"])
+    assert unknown.exit_code == 2 and "unknown preset 'mine'" in unknown.stderr
 
 
 def test_read_only_cache_names_the_directory_and_the_variable(tmp_path: Path) -> None:

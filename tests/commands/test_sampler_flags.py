@@ -64,6 +64,38 @@ def test_flags_reach_the_chain(tiny_model_dir: Path) -> None:
     assert all(t["removed"]["ban"] >= 1 and t["removed"]["min_tokens"] >= 1 for t in tokens)
 
 
+EVERY_TEXT = ("--ban", "w", "--ban", "<")  # the tiny model's every token text holds one of them
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("generate", "-n", "6"),
+        ("generate", "-n", "6", "-t", "0"),
+        ("speculate", "-n", "6", "--draft", "ngram"),
+        ("explain",),
+        ("explain", "--continuation", "w5 w6"),
+    ],
+)
+def test_bans_that_leave_nothing_are_one_line_exit_1(tiny_model_dir: Path, command: tuple[str, ...]) -> None:
+    """Issue 25, 14: bans that remove every candidate were lifted (text came out, removed.ban 0)."""
+    result = run(*command, "-m", str(tiny_model_dir), "--raw", "-p", "w4 w5 w4 w5", "--seed", "1", *EVERY_TEXT)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("Error: the bans leave no token to generate at token 0 (position 4)")
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "w" not in result.stdout
+
+
+def test_bans_with_min_tokens_that_leave_nothing_name_both(tiny_model_dir: Path) -> None:
+    """The bans leave only <eos>, which min-tokens removes before the third token: one line
+    naming both (min-tokens used to be lifted, and the run ended at once on <eos>)."""
+    bans = ("--ban", "<b", "--ban", "<u", "--ban", "w")
+    result = run("generate", "-m", str(tiny_model_dir), *MODEL_ARGS, *bans, "--min-tokens", "3")
+    assert result.exit_code == 1, result.output
+    assert "Error: the bans and min_tokens leave no token to generate at token 0" in result.stderr
+    assert "ban fewer strings or lower min_tokens" in result.stderr
+
+
 def test_presets_show_prints_toml_that_reads_back(tmp_path: Path) -> None:
     path = tmp_path / "mine.toml"
     path.write_text(

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from llmsample.cli import main
-from tests.conftest import make_tiny_model
+from tests.conftest import make_tiny_model, quant_library
 
 BASE = ("generate", "--raw", "-p", "w5 w6 w7", "-n", "8", "--seed", "4", "--ignore-eos", "--format", "jsonl")
 
@@ -84,6 +84,88 @@ def test_placement_refusals_are_one_line(tiny_model_dir: Path, args: tuple[str, 
     one_line_error(invoke(*BASE, "-m", str(tiny_model_dir), *args), fragment)
 
 
+def write_map(path: Path, changes: dict[str, object]) -> str:
+    """The four-layer model's full map as a file, with entries changed (None: left out)."""
+    layers = {f"model.layers.{i}": "cpu" for i in range(4)}
+    full = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", **layers, "model.norm": "cpu", "lm_head": "cpu"}
+    full.update(changes)
+    path.write_text(json.dumps({k: v for k, v in full.items() if v is not None}))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("changes", "fragment"),
+    [
+        # issue 25, 9: a device that does not exist (a traceback from torch, deep in the load)
+        ({"model.layers.0": "gpu7"}, "'model.layers.0' maps to 'gpu7', which is no device; use a GPU index"),
+        # issue 25, 11: a module left out (it ran, on the CPU), one the model lacks (ignored)
+        ({"model.norm": None}, "--device-map gives no device to 'model.norm' of model"),
+        ({"model.layers.7": "cpu"}, "--device-map names 'model.layers.7', which model"),
+    ],
+)
+def test_a_device_map_file_that_does_not_fit_is_one_line(
+    four_layers: Path, tmp_path: Path, changes: dict, fragment: str
+) -> None:
+    device_map = write_map(tmp_path / "map.json", changes)
+    one_line_error(invoke(*BASE, "-m", str(four_layers), "--device-map", device_map), fragment)
+
+
+def test_a_device_map_naming_a_gpu_the_machine_lacks_names_the_entry(four_layers: Path, tmp_path: Path) -> None:
+    import torch
+
+    if torch.cuda.device_count() > 9:
+        pytest.skip("this machine has a GPU 9")
+    device_map = write_map(tmp_path / "map.json", {"model.layers.0": "cuda:9"})
+    result = invoke(*BASE, "-m", str(four_layers), "--device-map", device_map)
+    one_line_error(result, "--device-map maps 'model.layers.0' to GPU 9, but this machine has")
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path):
+    """Root ignores permission bits, so a read-only mount is the honest unwritable directory."""
+    import subprocess
+
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_an_offload_folder_that_cannot_be_written_is_named(
+    four_layers: Path, tmp_path: Path, read_only_dir: Path
+) -> None:
+    """Issue 25, 12: checked before the load, whether it exists or would be made; the error used
+    to blame the model ("cannot load model ... from a local directory or the hub")."""
+    (tmp_path / "file").write_text("")
+    cases = {
+        str(read_only_dir): f"cannot write the offload folder {read_only_dir} (Read-only file system)",
+        str(read_only_dir / "new" / "deeper"): "(Read-only file system); choose another folder",
+        str(tmp_path / "file" / "off"): f"cannot make {tmp_path / 'file' / 'off'}: {tmp_path / 'file'} is not a dir",
+    }
+    for folder, fragment in cases.items():
+        result = invoke(*BASE, "-m", str(four_layers), "--max-memory", "cpu=60KB", "--offload-folder", folder)
+        one_line_error(result, fragment)
+        assert "Invalid value for '--offload-folder'" in result.stderr
+    assert list(read_only_dir.iterdir()) == [] and list(tmp_path.iterdir()) == [tmp_path / "file", read_only_dir]
+
+
+def test_max_memory_in_plain_bytes(four_layers: Path, tmp_path: Path) -> None:
+    """Issue 25, 13: plain bytes, which the README allows, were refused by accelerate's parser."""
+    plain = invoke(*BASE, "-m", str(four_layers))
+    roomy = invoke(*BASE, "-m", str(four_layers), "--max-memory", "cpu=4000000000")
+    tight = invoke(*BASE, "-m", str(four_layers), "--max-memory", "cpu=60000", "--offload-folder", str(tmp_path))
+    assert roomy.exit_code == 0 == tight.exit_code, roomy.output + tight.output
+    expected = [t["token_id"] for t in records(plain)[0]]
+    for result, devices in ((roomy, None), (tight, ["cpu", "disk"])):  # all of it on the CPU: no map to report
+        tokens, summary = records(result)
+        assert [t["token_id"] for t in tokens] == expected and summary.get("device_map") == devices
+
+
 def test_compile_with_a_device_map_is_refused_by_speculate_too(tiny_model_dir: Path) -> None:
     result = invoke("speculate", "--raw", "-p", "w5", "-m", str(tiny_model_dir), "--device-map", "auto", "--compile")
     one_line_error(result, "--compile needs the whole model on one device")
@@ -126,7 +208,7 @@ def test_quantizing_a_quantized_checkpoint_is_refused(tiny_model_dir: Path, tmp_
 
 
 def test_int8_with_reference_reports_kl_and_same_top(four_layers: Path) -> None:
-    pytest.importorskip("torchao")
+    quant_library("torchao")
     result = invoke(*BASE, "-m", str(four_layers), "--quantize", "int8", "--reference")
     assert result.exit_code == 0, result.output
     tokens, summary = records(result)
@@ -142,7 +224,7 @@ def test_int8_with_reference_reports_kl_and_same_top(four_layers: Path) -> None:
 
 
 def test_int4_runs_on_this_cpu(wide: Path) -> None:
-    pytest.importorskip("bitsandbytes")
+    quant_library("bitsandbytes")
     result = invoke(*BASE, "-m", str(wide), "--quantize", "int4", "--reference")
     assert result.exit_code == 0, result.output
     tokens, summary = records(result)
@@ -151,14 +233,14 @@ def test_int4_runs_on_this_cpu(wide: Path) -> None:
 
 
 def test_int4_on_rows_its_kernels_cannot_take_is_one_line(tiny_model_dir: Path) -> None:
-    pytest.importorskip("bitsandbytes")
+    quant_library("bitsandbytes")
     one_line_error(
         invoke(*BASE, "-m", str(tiny_model_dir), "--quantize", "int4"), "--quantize int4 cannot run this model"
     )
 
 
 def test_a_checkpoint_saved_quantized_loads_as_it_is(four_layers: Path, tmp_path: Path) -> None:
-    pytest.importorskip("torchao")
+    quant_library("torchao")
     from llmsample.models.loading import load_model
 
     quantized = load_model(str(four_layers), "cpu", "float32", quantize="int8")

@@ -96,3 +96,19 @@ def test_a_broken_row_fails_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> N
     outcomes = {key: record for key, record in decode_batch(tiny_lm, items, 3) if not hasattr(record, "token_id")}
     assert isinstance(outcomes[1], RowFailed) and "NaN/inf" in outcomes[1].message
     assert isinstance(outcomes[0], Summary) and isinstance(outcomes[2], Summary)
+
+
+def test_a_row_whose_bans_leave_nothing_fails_alone(tiny_lm) -> None:
+    """Issue 25, 14: bans that remove every candidate end that request with an error (the path a
+    NaN row takes), never lifted; its neighbours, with or without the same settings, decode on."""
+    items = requests(tiny_lm)[:3]
+    everything = dataclasses.replace(items[1].cfg, ban=("w", "<"))  # every token text holds one
+    items[1] = dataclasses.replace(items[1], cfg=everything)
+    items.append(dataclasses.replace(items[1], key=3))  # the same settings: one chain for both rows
+    outcomes = {key: record for key, record in decode_batch(tiny_lm, items, 4) if not hasattr(record, "token_id")}
+    for key in (1, 3):
+        assert isinstance(outcomes[key], RowFailed)
+        assert outcomes[key].message.startswith("the bans leave no token to generate at token 0")
+    for key in (0, 2):
+        expected = alone(tiny_lm, dataclasses.replace(items[key], stats=RunStats("t", "t", None)))[1]
+        assert isinstance(outcomes[key], Summary) and outcomes[key].text == expected.text

@@ -282,9 +282,7 @@ def test_the_default_model_on_llama_cpp_knows_the_capital_of_france() -> None:
     lm = load_model(None, "cpu", "auto", backend="llama.cpp")
     assert lm.backend == "llama.cpp" and lm.quantization == "Q4_1"
     prompt = encode_prompt(lm, "What is the capital of France?")
-    _, summary = run_to_end(
-        generate(lm, prompt, SamplingConfig(temperature=0, max_tokens=12), RunStats("d", "t", 0))
-    )
+    _, summary = run_to_end(generate(lm, prompt, SamplingConfig(temperature=0, max_tokens=12), RunStats("d", "t", 0)))
     assert "Paris" in summary.text, summary.text
     assert (
         lm.model.tokenize(lm.tokenizer.decode(prompt[0])) == prompt[0].tolist()

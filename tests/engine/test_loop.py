@@ -207,3 +207,47 @@ def test_top_p_sorted_and_widened_candidates_agree() -> None:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
             assert torch.equal(keep_top_p(logits, p), widened)
+
+
+class TableDrafter:
+    """Proposes the fixed-logits model's greedy continuation (one-hot q): drafts that pass."""
+
+    def __init__(self, table: torch.Tensor) -> None:
+        self.next, self.vocab, self.calls = table.argmax(-1).tolist(), table.shape[0], 0  # read before counting
+
+    def propose(self, seq, k, history, cfg, generator):
+        self.calls += 1
+        drafted, last = [], seq[-1]
+        for _ in range(k):
+            last = self.next[last]
+            drafted.append(last)
+        drafted = torch.tensor(drafted)
+        return drafted, torch.nn.functional.one_hot(drafted, self.vocab).float()
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(temperature=0),
+        SamplingConfig(temperature=0.8, top_k=5, top_p=0.9, presence_penalty=0.5),
+        SamplingConfig(temperature=0.9, dry_multiplier=0.8, ban=("w7 w8",), min_tokens=4, stop=("w9",)),
+    ],
+)
+def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
+    tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig
+) -> None:
+    from llmsample.engine.speculative import speculative_generate
+
+    monkeypatch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
+    lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
+    cfg = dataclasses.replace(cfg, max_tokens=12, seed=3)
+    drafter = TableDrafter(lm.model.table)
+    ids = encode_prompt(lm, PROMPT, raw=True)
+    events = speculative_generate(lm, ids, cfg, RunStats("t", "t", 3), drafter, draft_tokens=2, ignore_eos=True)
+    with SyncCounter() as counter:
+        tokens, summary = run_to_end(events)
+    passes = summary.facts.speculation.target_passes
+    assert len(tokens) == 12 and passes < 12 and drafter.calls >= passes - 1
+    # The prompt's ids (and the sequences' when a stage reads them), then per pass the step's one
+    # transfer (figures and accepted counts together) and the drafted ids.
+    assert counter.calls == ["tolist"] * (1 + cfg.needs_sequences + passes + drafter.calls)

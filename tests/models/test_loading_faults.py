@@ -351,7 +351,7 @@ RESULTS = {"device": "cpu", "dtype": "float32", "padding": "x" * 2_000_000}  # m
 
 
 def test_bench_results_on_a_full_disk(small_disk: Path) -> None:
-    from llmsample.bench import write_results
+    from llmsample.bench.results import write_results
 
     with pytest.raises(UserError, match=r"cannot write the benchmark results to .* \(No space left on device\)"):
         write_results(RESULTS, small_disk / "results")
@@ -362,7 +362,7 @@ def test_bench_results_write_error_through_the_command(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ENOSPC half-way through the file: one line, exit 2, no truncated JSON under --out."""
-    import llmsample.bench
+    import llmsample.bench.single
 
     real_write_text = Path.write_text
 
@@ -371,7 +371,7 @@ def test_bench_results_write_error_through_the_command(
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     finished = SimpleNamespace(to_dict=lambda: dict(RESULTS))  # a BenchResults, as far as writing goes
-    monkeypatch.setattr(llmsample.bench, "run_benchmark", lambda *args, **kwargs: finished)
+    monkeypatch.setattr(llmsample.bench.single, "run_benchmark", lambda *args, **kwargs: finished)
     monkeypatch.setattr(Path, "write_text", half_then_enospc)
     out = tmp_path / "results"
     err = assert_one_line(*run_cli("bench", "--model", str(tiny_model_dir), "--no-cold", "--out", str(out)))

@@ -137,9 +137,12 @@ def test_batch_decoding_gives_the_single_device_records(whole, split) -> None:
 
 
 def test_max_memory_syntax() -> None:
-    assert parse_max_memory("0=20GiB, 1=20GiB,cpu=60GiB") == {0: "20GiB", 1: "20GiB", "cpu": "60GiB"}
-    assert parse_max_memory("cpu=1.5GB") == {"cpu": "1.5GB"}
-    assert parse_max_memory("cpu=300000") == {"cpu": "300000"}
+    # bytes, the one form accelerate reads for every size (it refuses "300000" and reads "kb" as kilobits)
+    assert parse_max_memory("0=20GiB, 1=20GiB,cpu=60GiB") == {0: 20 * 2**30, 1: 20 * 2**30, "cpu": 60 * 2**30}
+    assert parse_max_memory("cpu=1.5GB") == {"cpu": 1_500_000_000}
+    assert parse_max_memory("cpu=300000") == {"cpu": 300_000}
+    assert parse_max_memory("cpu=4000000000") == {"cpu": 4_000_000_000}
+    assert parse_max_memory("cpu=60kb,mps=2 tib") == {"cpu": 60_000, "mps": 2 * 2**40}
     for bad, fragment in [
         ("0:20GiB", "is not DEVICE=SIZE"),
         ("cpu=", "is not DEVICE=SIZE"),
@@ -162,3 +165,39 @@ def test_device_map_names_and_files(tmp_path: Path) -> None:
         read_device_map(str(path))
     with pytest.raises(ValueError, match="neither auto"):
         read_device_map("everywhere")
+    # issue 25, 9: devices are checked by name (torch would fail deep in the load on "gpu7")
+    for device in ("gpu7", "cuda:x", "cuda0", -1, True, None, 1.5):
+        path.write_text(json.dumps({**SPLIT, "model.layers.0": device}))
+        with pytest.raises(ValueError, match=r"'model\.layers\.0' maps to .*, which is no device; use a GPU index"):
+            read_device_map(str(path))
+    path.write_text(json.dumps({**SPLIT, "model.layers.0": "1", "model.layers.1": "cuda:2", "lm_head": "mps"}))
+    assert read_device_map(str(path)) == {**SPLIT, "model.layers.0": 1, "model.layers.1": "cuda:2", "lm_head": "mps"}
+
+
+@pytest.fixture(scope="module")
+def skeleton(four_layer_dir: Path):
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with init_empty_weights():
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(four_layer_dir))
+
+
+def test_an_explicit_map_covers_the_model_and_names_only_its_modules(skeleton) -> None:
+    """Issue 25, 11: accelerate's rules, before the load (transformers put what a map left out on
+    the CPU, and ignored an entry naming nothing)."""
+    from llmsample.errors import UserError
+    from llmsample.models.placement import check_map_covers
+
+    for good in (SPLIT, {"": "cpu"}, {"model": "cpu", "lm_head": "disk"}, {**SPLIT, "lm_head.weight": "cpu"}):
+        check_map_covers(skeleton, good, "m")
+    without_norm = {k: v for k, v in SPLIT.items() if k != "model.norm"}
+    with pytest.raises(UserError, match=r"^--device-map gives no device to 'model\.norm' of model 'm'; map every"):
+        check_map_covers(skeleton, without_norm, "m")
+    with pytest.raises(UserError, match=r"no device to 'model\.layers\.2\.self_attn\.q_proj', .* and \d+ more"):
+        check_map_covers(skeleton, {k: v for k, v in SPLIT.items() if k != "model.layers.2"}, "m")
+    with pytest.raises(UserError, match=r"names 'model\.layers\.7', which model 'm' does not have \(model\.layers "
+                       r"holds model\.layers\.0 to model\.layers\.3\)"):  # fmt: skip
+        check_map_covers(skeleton, {**SPLIT, "model.layers.7": "cpu"}, "m")
+    with pytest.raises(UserError, match=r"names 'modle', which model 'm' does not have \(it holds model, lm_head\)"):
+        check_map_covers(skeleton, {**SPLIT, "modle": "cpu"}, "m")

@@ -21,6 +21,8 @@ MODULES = [
     "llmsample.batch.requests",
     "llmsample.batch.responses",
     "llmsample.batch.resume",
+    "llmsample.batch.output",
+    "llmsample.batch.distributed",
 ]
 
 

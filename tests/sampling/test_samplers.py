@@ -195,10 +195,34 @@ def test_min_tokens_masks_eos_and_stop_strings_until_n() -> None:
     assert mask_early_end(logits, history_of([8], [10, 7], cfg), cfg) is logits
 
 
-def test_a_mask_never_leaves_a_row_empty() -> None:
-    cfg = SamplingConfig(ban=tuple(t for t in TEXTS if t))
-    probs = sampler_chain(torch.zeros(1, len(TEXTS)), history_of([8], [], cfg), cfg).probs
-    assert torch.isfinite(probs).all() and probs.sum().item() == pytest.approx(1.0)
+@pytest.mark.parametrize(
+    ("cfg", "stages"),
+    [
+        (SamplingConfig(ban=tuple(t for t in TEXTS if t)), "the bans"),
+        (SamplingConfig(ban=tuple(t for t in TEXTS if t), temperature=0.0), "the bans"),
+        # the bans leave only EOS, which min-tokens removes: neither is lifted for the other
+        (SamplingConfig(ban=tuple(t for t in TEXTS if t and t != "<eos>"), min_tokens=2), "the bans and min_tokens"),
+    ],
+)
+def test_a_mask_that_leaves_nothing_is_never_lifted(cfg: SamplingConfig, stages: str) -> None:
+    """Issue 25, 14: the bans used to be dropped when they removed every candidate (text came out,
+    ``removed.ban`` 0). The row stays empty, its figures count no candidate, the emitter fails."""
+    from types import SimpleNamespace
+
+    from llmsample.engine.emitter import Emitter
+    from llmsample.errors import RuntimeFailure
+    from llmsample.events import RunStats
+    from llmsample.sampling.figures import step_figures
+
+    chain = sampler_chain(torch.zeros(2, len(TEXTS)), TokenHistory.stack([history_of([8], [], cfg)] * 2), cfg)
+    assert not torch.isfinite(chain.final).any()
+    figures = step_figures(chain, chain.draw(torch.Generator().manual_seed(0)), top_n=3)
+    assert [f.candidates for f in figures] == [0, 0]
+    assert sum(figures[0].removed.values()) == len(TEXTS)
+    lm = SimpleNamespace(tokenizer=TOKENIZER, eos_ids={0}, device="cpu", dtype=torch.float32, token_text=str)
+    emitter = Emitter(lm, cfg, RunStats("m", "p", None), torch.tensor([[8]]), ignore_eos=False)
+    with pytest.raises(RuntimeFailure, match=f"^{stages} leave no token to generate at token 0 .position 1.:"):
+        emitter.emit(figures[0])
 
 
 # --- the chain ----------------------------------------------------------------------------------
@@ -228,7 +252,7 @@ def test_the_chain_runs_in_the_documented_order() -> None:
         "raw", "logit_bias", "ban", "min_tokens", "penalties", "dry", "temperature",
         "top_n_sigma", "top_k", "top_p", "typical_p", "min_p", "xtc",
     )  # fmt: skip
-    assert set(FILTER_STAGES) <= set(chain.names)
+    assert set(FILTER_STAGES) - {"constraint"} <= set(chain.names)  # the constraint: tests/constraints
     greedy = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING.with_overrides(temperature=0))
     assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "penalties", "dry", "greedy")
     # off stages are not in the chain: the default chain is as it was

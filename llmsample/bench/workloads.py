@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from llmsample.bench_batch import batch_prompts
+from llmsample.bench.prompts import batch_prompts, rewrite_prompts
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
@@ -20,12 +20,6 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 
 SETTINGS = [(0.7, 0.9), (0.9, 0.95), (1.0, 0.8), (0.6, 1.0)]  # (temperature, top-p)
-FUNCTIONS = [
-    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)",
-    "def scale(values, factor):\n    result = []\n    for value in values:\n        result.append(value * factor)\n    return result",
-    "def count_words(text):\n    counts = {}\n    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n    return counts",
-    "def clamp(value, low, high):\n    if value < low:\n        return low\n    if value > high:\n        return high\n    return value",
-]
 
 
 @dataclass(frozen=True)
@@ -57,8 +51,8 @@ def _rewrites(lm: LoadedModel, tokens: int, draft: bool) -> list[BatchItem]:
     ngram = NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
     cfg = SamplingConfig(temperature=0.0, max_tokens=tokens, seed=0)
     items = []
-    for i, code in enumerate(FUNCTIONS):
-        ids = encode_prompt(lm, f"Rewrite this Python function with type hints and a docstring:\n\n{code}")
+    for i, prompt in enumerate(rewrite_prompts()):
+        ids = encode_prompt(lm, prompt)
         items.append(
             BatchItem(i, ids[0].tolist(), cfg, RunStats(lm.name, "bench", 0), (lambda: ngram) if draft else None)
         )
@@ -76,6 +70,7 @@ def _median_pair(runs: int, a: Callable[[], float], b: Callable[[], float]) -> t
 def run_workload_benchmark(
     lm: LoadedModel, runs: int = 3, tokens: int = 64, log: Callable[[str], None] = lambda step: None
 ) -> list[WorkloadRow]:
+    """Each workload and its baseline in turn, ``runs`` times: medians and their ratios."""
     prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(16)]
     log("fresh seeds and four settings against one seed and one setting, batch 8")
     mixed, uniform = _median_pair(
@@ -96,4 +91,5 @@ def run_workload_benchmark(
 
 
 def rows_to_dict(rows: list[WorkloadRow]) -> list[dict[str, Any]]:
+    """The rows as the JSON file's ``rows``."""
     return [asdict(row) for row in rows]

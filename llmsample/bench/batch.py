@@ -12,24 +12,12 @@ from typing import Any
 
 import torch
 
+from llmsample.bench.prompts import batch_prompts
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-
-TOPICS = ["the sea", "a lighthouse", "bread", "the moon", "trains", "rain", "a library", "bees"]
-ASKS = [
-    "Write one sentence about {}.",
-    "Explain to a child, in a short paragraph, why {} matters to people and how it changed over the centuries.",
-    "List three facts about {}.",
-    "Describe {} in the style of a weather report, with numbers, a forecast and advice for the weekend ahead.",
-]
-
-
-def batch_prompts(count: int = 32) -> list[str]:
-    """Chat prompts of mixed lengths (about 10 to 35 words), the same on every run."""
-    return [ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
 
 
 @dataclass(frozen=True)
@@ -77,6 +65,7 @@ def run_batch_benchmark(
     lm: LoadedModel, sizes: list[int], runs: int = 3, tokens: int = 64, count: int = 32,
     log: Callable[[str], None] = lambda step: None,
 ) -> list[BatchRow]:  # fmt: skip
+    """Per batch size, both sides in turn ``runs`` times over ``count`` prompts: medians."""
     prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(count)]
     rows = []
     for size in sizes:
@@ -96,4 +85,5 @@ def run_batch_benchmark(
 
 
 def rows_to_dict(rows: list[BatchRow]) -> list[dict[str, Any]]:
+    """The rows as the JSON file's ``rows``."""
     return [asdict(row) for row in rows]

@@ -1,12 +1,20 @@
-"""What ``llmsample bench`` measured, as typed figures. Torch-free: the table and the JSON file
-are made from these without the model stack. ``to_dict`` keeps the JSON keys of earlier
-results, so files from before and after stay comparable."""
+"""What ``llmsample bench`` measured, as typed figures, the machine they were taken on, and
+writing them. Torch-free on import: the table and the JSON file are made from these without the
+model stack. ``to_dict`` keeps the JSON keys of earlier results, so files from before and after
+stay comparable."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import platform
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from llmsample.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -135,3 +143,45 @@ class BenchResults:
         if self.defaults:
             document["defaults"] = [dataclasses.asdict(row) for row in self.defaults]
         return document
+
+
+def machine_info() -> Machine:
+    """This machine and the versions that matter (torch imported here, not on import)."""
+    import torch
+    import transformers
+
+    return Machine(
+        platform=platform.platform(),
+        processor=platform.processor() or platform.machine(),
+        cpu_capability=torch.backends.cpu.get_cpu_capability(),
+        threads=torch.get_num_threads(),
+        python=platform.python_version(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+    )
+
+
+def write_document(document: dict[str, Any], path: Path) -> Path:
+    """``document`` as JSON at ``path``, written to a hidden sibling and renamed, so a full disk
+    or a kill never leaves a truncated JSON where the results go."""
+    partial = path.parent / f".{path.name}.partial-{os.getpid()}"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps(document, indent=2))
+        partial.replace(path)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise UserError(
+            f"cannot write the benchmark results to {path.parent} ({exc.strerror or exc}); "
+            "free some space or pass --out with a writable directory"
+        ) from exc
+    return path
+
+
+def write_results(document: dict[str, Any], directory: Path) -> Path:
+    """A benchmark's document (``BenchResults.to_dict()`` or a section's) in ``directory``, named
+    by its kind, device, dtype and the time."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    kind = document.get("kind", "bench")
+    name = f"{kind}-{document['device'].replace(':', '')}-{document['dtype']}-{stamp}.json"
+    return write_document(document, directory / name)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import llmsample.bench
-from llmsample.bench_results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
+import llmsample.bench.single
+from llmsample.bench.results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
 from llmsample.cli import main
 from llmsample.commands.bench import results_table
 
@@ -95,7 +95,7 @@ def no_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("the benchmark started although --out cannot be written")
 
-    monkeypatch.setattr(llmsample.bench, "run_benchmark", refuse)
+    monkeypatch.setattr(llmsample.bench.single, "run_benchmark", refuse)
 
 
 def test_out_under_a_file_fails_before_the_benchmark(tmp_path: Path, no_benchmark: None) -> None:
@@ -134,3 +134,15 @@ def test_batch_section_writes_its_rows(tiny_model_dir, tmp_path) -> None:
 def test_batch_sizes_must_be_a_list(tiny_model_dir) -> None:
     result = CliRunner().invoke(main, ["bench", "--batch-sizes", "1,x"])
     assert result.exit_code == 2 and "batch sizes" in result.output
+
+
+def test_workloads_section_writes_its_rows(tiny_model_dir, tmp_path) -> None:
+    out = tmp_path / "results"
+    args = ["bench", "--model", str(tiny_model_dir), "--device", "cpu", "--workloads", "--runs", "1",
+            "--tokens", "8", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = out.glob("bench-workloads-cpu-float32-*.json")
+    rows = json.loads(path.read_text())["rows"]
+    assert [row["baseline"] for row in rows] == ["one seed, one setting", "no drafting"]
+    assert all(row["tok_s"] > 0 and row["baseline_tok_s"] > 0 and row["ratio"] > 0 for row in rows)

@@ -1,0 +1,12 @@
+"""The benchmarks behind ``llmsample bench`` (``make bench``), one module per concept:
+
+- ``single``: one stream, our loop against transformers' ``generate`` (with ``sides``: the two
+  sides of a run, ``timing``: clocks and interleaving, ``costs``: bandwidth and the sampling
+  pipeline's own cost, ``startup``: warm start and cold load);
+- ``batch``: ``decode_batch`` against transformers' padded batch ``generate`` (``--batch-sizes``);
+- ``workloads``: users' batch runs against their easiest form (``--workloads``);
+- ``quant``: what quantization buys and costs (``--quant``);
+- ``results``: the typed figures, the machine they were taken on, and writing them;
+- ``prompts``: the prompts every benchmark shares.
+
+Nothing here patches the engine: timings of forward passes come through its ``on_forward`` hook."""

@@ -1,0 +1,100 @@
+"""What a decode step costs apart from the model: the memory-bandwidth bound (every weight read
+once per token) and the sampling pipeline's own seconds per step, whole and per stage."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from llmsample.bench.prompts import PROMPTS
+from llmsample.bench.results import Bandwidth, Workload
+from llmsample.bench.timing import synchronize
+from llmsample.engine.prompt import encode_prompt
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.figures import step_figures
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import make_generator, sampler_chain
+from llmsample.sampling.presets import load as load_preset
+
+STAGE_SETTINGS = {
+    "typical_p": {"typical_p": 0.9},
+    "top_n_sigma": {"top_n_sigma": 1.0},
+    "xtc": {"xtc_probability": 0.5},
+    "dry": {"dry_multiplier": 0.8},
+    "logit_bias": {"logit_bias": {"0": -5.0, "1": 2.0}},
+    "ban": {"ban": ("As an AI", "delve")},
+    "min_tokens": {"min_tokens": 10_000, "stop": ("\n\n",)},
+}
+
+
+def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Copy bandwidth (read + write) of a large tensor on the model's device, the bound a decode
+    step runs into."""
+    src = torch.ones(mb * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        synchronize()
+        start = time.perf_counter()
+        dst.copy_(src)
+        synchronize()
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * 4 / min(times) / 1e9
+
+
+def weight_bytes(lm: LoadedModel) -> int:
+    """Bytes read per decode step: every weight once (a tied embedding is read as the LM head)."""
+    seen, total = set(), 0
+    for p in lm.model.parameters():
+        if p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def bench_bandwidth(lm: LoadedModel, rows: list[Workload]) -> Bandwidth:
+    """The bound, and how close the best greedy workload of ``rows`` comes to it."""
+    bandwidth = memory_bandwidth_gb_s(device=lm.device)
+    bytes_per_token = weight_bytes(lm)
+    bound = bandwidth * 1e9 / bytes_per_token
+    best = max(row.ours_tok_s for row in rows if row.workload.endswith("greedy"))
+    return Bandwidth(
+        copy_gb_s=bandwidth,
+        weight_mb=bytes_per_token / 1e6,
+        bound_tok_s=bound,
+        best_greedy_tok_s=best,
+        fraction_of_bound=best / bound,
+    )
+
+
+def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context: int = 3) -> float:
+    """Seconds per step for sampling + inspection figures on a real vocabulary, model excluded;
+    ``context`` tokens of history (a story's worth makes DRY and the bans do real work)."""
+    vocab = lm.model.config.vocab_size
+    logits = torch.randn(1, vocab, device=lm.device) * 5
+    ids = encode_prompt(lm, PROMPTS["story"] * (1 + context // 16), raw=True)[:, -context:]
+    history = TokenHistory.for_config(ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
+    generator = make_generator(0, lm.device)
+    sampler_chain(logits, history, cfg)  # tables built once per run: not a step's cost
+    start = time.perf_counter()
+    for _ in range(steps):
+        chain = sampler_chain(logits, history, cfg)
+        step_figures(chain, chain.draw(generator), 5)  # ends in one host transfer
+    return (time.perf_counter() - start) / steps
+
+
+def stage_costs(lm: LoadedModel, steps: int = 5, rounds: int = 40, context: int = 512) -> dict[str, float]:
+    """Each newer stage's seconds per step on top of the default chain (balanced, whose own cost
+    is under ``"balanced"``), with ``context`` tokens of history. Rounds interleave the settings
+    and each keeps its fastest round: on a shared machine the minimum is what the code costs."""
+    _, base = load_preset("balanced")
+    configs = {"balanced": base} | {
+        name: SamplingConfig.from_mapping(settings, base) for name, settings in STAGE_SETTINGS.items()
+    }
+    best = dict.fromkeys(configs, float("inf"))
+    for _ in range(rounds):
+        for name, cfg in configs.items():
+            best[name] = min(best[name], pipeline_cost(lm, cfg, steps, context))
+    return {name: t - best["balanced"] if name != "balanced" else t for name, t in best.items()}

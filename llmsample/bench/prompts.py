@@ -1,0 +1,59 @@
+"""The prompts the benchmarks run, the same on every run and machine: chat and story prompts for
+one stream, an input-grounded code rewrite (where n-gram drafting pays off), and batches of chat
+prompts and code rewrites."""
+
+from __future__ import annotations
+
+CODE = """def mean(values):
+    total = 0
+    for value in values:
+        total += value
+    return total / len(values)
+
+
+def variance(values):
+    m = mean(values)
+    total = 0
+    for value in values:
+        total += (value - m) ** 2
+    return total / len(values)
+
+
+def normalise(values):
+    m = mean(values)
+    s = variance(values) ** 0.5
+    return [(value - m) / s for value in values]
+"""
+
+PROMPTS = {
+    "chat": "What is the capital of France? Answer in one sentence, then explain why it is the capital.",
+    "story": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    # Input-grounded: the answer copies most of the prompt, where n-gram drafting pays off.
+    "code-rewrite": "Add a comment line `# statistics helpers` at the top of this file and repeat the rest of "
+    "the file unchanged.\n\n```python\n" + CODE + "```",
+}
+
+TOPICS = ["the sea", "a lighthouse", "bread", "the moon", "trains", "rain", "a library", "bees"]
+ASKS = [
+    "Write one sentence about {}.",
+    "Explain to a child, in a short paragraph, why {} matters to people and how it changed over the centuries.",
+    "List three facts about {}.",
+    "Describe {} in the style of a weather report, with numbers, a forecast and advice for the weekend ahead.",
+]
+
+FUNCTIONS = [
+    "def mean(values):\n    total = 0\n    for value in values:\n        total += value\n    return total / len(values)",
+    "def scale(values, factor):\n    result = []\n    for value in values:\n        result.append(value * factor)\n    return result",
+    "def count_words(text):\n    counts = {}\n    for word in text.split():\n        counts[word] = counts.get(word, 0) + 1\n    return counts",
+    "def clamp(value, low, high):\n    if value < low:\n        return low\n    if value > high:\n        return high\n    return value",
+]
+
+
+def batch_prompts(count: int = 32) -> list[str]:
+    """Chat prompts of mixed lengths (about 10 to 35 words), the same on every run."""
+    return [ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
+
+
+def rewrite_prompts() -> list[str]:
+    """Requests that copy from their input: a function rewritten with type hints and a docstring."""
+    return [f"Rewrite this Python function with type hints and a docstring:\n\n{code}" for code in FUNCTIONS]

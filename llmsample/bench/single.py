@@ -1,0 +1,182 @@
+"""The single-stream benchmark: our token loop side by side with transformers' ``generate`` on
+the same model, dtype, prompt and settings, interleaved, medians of several runs, ratios first (a
+shared machine is noisy; ratios hold). Also n-gram speculation, the inspection cost, the
+bandwidth bound, start-up times and, at the defaults, defaults against defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import resource
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from llmsample.bench.costs import bench_bandwidth, pipeline_cost
+from llmsample.bench.prompts import PROMPTS
+from llmsample.bench.results import BenchResults, Defaults, Inspection, Speculation, Workload, machine_info
+from llmsample.bench.sides import ours, reference_model, theirs
+from llmsample.bench.startup import cold_load_s, warm_start
+from llmsample.bench.timing import Timings, interleave, timed_tokens_per_s
+from llmsample.engine.prompt import encode_prompt
+from llmsample.engine.speculative import NgramDrafter, speculative_generate
+from llmsample.events import RunStats, Summary
+from llmsample.models.device import dtype_name
+from llmsample.models.loading import LoadedModel, load_model
+from llmsample.render.stream import JsonlRenderer, PlainRenderer
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.presets import load as load_preset
+
+
+def bench_settings(tokens: int) -> dict[str, SamplingConfig]:
+    """Greedy, and the default preset with a fixed seed and no stop strings (every run the same length)."""
+    balanced = load_preset("balanced")[1]
+    return {
+        "greedy": SamplingConfig(temperature=0.0, max_tokens=tokens),
+        "balanced": SamplingConfig(**{**balanced.as_dict(), "stop": (), "max_tokens": tokens, "seed": 0}),
+    }
+
+
+def bench_generate(
+    lm: LoadedModel, settings: dict[str, SamplingConfig], runs: int, log: Callable[[str], None]
+) -> tuple[list[Workload], float | None]:
+    """Every prompt under every setting, both sides; also the seconds ``--compile`` took (None without)."""
+    rows = []
+    first_run: dict[str, Any] = {}
+    for prompt_name, prompt in PROMPTS.items():
+        ids = encode_prompt(lm, prompt)
+        for setting, cfg in settings.items():
+            log(f"{prompt_name} / {setting}")
+            timings = Timings(f"{prompt_name} / {setting}")
+            ours(lm, ids, cfg, extra=first_run)  # warm-up (and, with --compile, the compilation)
+            interleave(
+                timings,
+                runs,
+                lambda ids=ids, cfg=cfg, timings=timings: ours(lm, ids, cfg, ttft=timings.ttft),
+                lambda ids=ids, cfg=cfg: theirs(lm, ids, cfg),
+            )
+            rows.append(timings.result())
+    return rows, first_run.get("compile_s")
+
+
+def bench_speculation(lm: LoadedModel, greedy: SamplingConfig, runs: int) -> Speculation:
+    """n-gram drafting on the input-grounded prompt, against prompt lookup and our plain loop."""
+    ids = encode_prompt(lm, PROMPTS["code-rewrite"])
+    vocab = lm.model.config.vocab_size
+    spec = Timings("code-rewrite / greedy, ngram")
+    plain = Timings("code-rewrite / greedy, plain")
+    acceptance = []
+    for _ in range(runs):
+        stats = RunStats(lm.name, "bench", None)
+
+        def speculative(stats: RunStats = stats) -> int:
+            events = speculative_generate(lm, ids, greedy, stats, NgramDrafter(vocab, lm.device), ignore_eos=True)
+            return sum(1 for item in events if not isinstance(item, Summary))
+
+        spec.ours.append(timed_tokens_per_s(speculative))
+        acceptance.append(stats.facts.speculation.acceptance_rate if stats.facts.speculation else 0.0)
+        spec.theirs.append(timed_tokens_per_s(lambda: theirs(lm, ids, greedy, prompt_lookup_num_tokens=10)))
+        plain.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, greedy)))
+    row = spec.result()
+    return Speculation(
+        **dataclasses.asdict(row),
+        speedup_over_plain=row.ours_tok_s / statistics.median(plain.ours),
+        acceptance_rate=statistics.median(acceptance),
+        tokens_per_pass=stats.facts.speculation.tokens_per_pass if stats.facts.speculation else 0.0,  # the last run's
+    )
+
+
+def bench_inspection(lm: LoadedModel, cfg: SamplingConfig, runs: int) -> Inspection:
+    """JSON lines with alternatives against plain text, and the pipeline's share of a step."""
+    ids = encode_prompt(lm, PROMPTS["story"])
+    text, jsonl = Timings("plain text"), Timings("jsonl --top-n 5")
+    for _ in range(runs):
+        text.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, PlainRenderer(io.StringIO()))))
+        jsonl.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, JsonlRenderer(io.StringIO()))))
+    text_tok_s, jsonl_tok_s = statistics.median(text.ours), statistics.median(jsonl.ours)
+    per_step = pipeline_cost(lm, cfg)
+    return Inspection(
+        text_tok_s=text_tok_s,
+        jsonl_tok_s=jsonl_tok_s,
+        jsonl_over_text=jsonl_tok_s / text_tok_s,
+        pipeline_s_per_step=per_step,
+        pipeline_share_of_step=per_step / (1 / text_tok_s),  # of the plain text's seconds per step
+    )
+
+
+def bench_defaults(lm: LoadedModel, model: str | None, cfg: SamplingConfig, runs: int) -> list[Defaults]:
+    """``llmsample generate`` as it runs by default (``lm``: eager, ``--dtype auto``) against
+    ``generate`` on the model as transformers loads it by default, and against float32 (its
+    default before 5.0) when that differs: one workload, the default preset."""
+    ids = encode_prompt(lm, PROMPTS["chat"])
+    rows = []
+    for label, dtype in (("transformers default", None), ("transformers float32", torch.float32)):
+        if dtype is not None and any(row.reference_dtype == dtype_name(dtype) for row in rows):
+            continue  # transformers' default was float32 already
+        reference = reference_model(model, lm.device, dtype)
+        theirs_lm = dataclasses.replace(lm, model=reference, dtype=reference.dtype, compiled=None)
+        timings = Timings(
+            f"chat / balanced: llmsample auto ({dtype_name(lm.dtype)}) vs {label} ({dtype_name(theirs_lm.dtype)})"
+        )
+        theirs(theirs_lm, ids, cfg)  # warm-up
+        interleave(
+            timings,
+            runs,
+            lambda timings=timings: ours(lm, ids, cfg, ttft=timings.ttft),
+            lambda theirs_lm=theirs_lm: theirs(theirs_lm, ids, cfg),
+        )
+        figures = dataclasses.asdict(timings.result())
+        rows.append(Defaults(**figures, ours_dtype=dtype_name(lm.dtype), reference_dtype=dtype_name(theirs_lm.dtype)))
+    return rows
+
+
+def run_benchmark(
+    model: str | None,
+    device: str,
+    dtype: str,
+    runs: int,
+    tokens: int,
+    cold: bool,
+    log: Callable[[str], None],
+    compile: bool = False,
+) -> BenchResults:
+    """Every figure of the benchmark, in one process (the warm start in a fresh one)."""
+    log("warm start (fresh process)")
+    start_up = warm_start(model, device, dtype)
+    lm = load_model(model, device, dtype, compile=compile)
+    machine = machine_info()
+    settings = bench_settings(tokens)
+    rows, compile_s = bench_generate(lm, settings, runs, log)
+    log("speculative n-gram")
+    speculative = bench_speculation(lm, settings["greedy"], runs)
+    log("inspection cost")
+    inspection = bench_inspection(lm, settings["balanced"], runs)
+    bandwidth = bench_bandwidth(lm, rows)
+    defaults: list[Defaults] = []
+    if dtype == "auto" and not compile:  # lm is exactly what `llmsample generate` runs by default
+        log("defaults against defaults")
+        defaults = bench_defaults(lm, model, settings["balanced"], runs)
+    if cold:
+        log("cold load (GGUF conversion)")
+    cold_load = cold_load_s() if cold else None
+    return BenchResults(
+        machine=machine,
+        model=lm.name,
+        device=str(lm.device),
+        dtype=dtype_name(lm.dtype),
+        new_tokens=tokens,
+        runs=runs,
+        compile=compile,
+        start_up=start_up,
+        generate=tuple(rows),
+        compile_s=compile_s,
+        speculative=speculative,
+        inspection=inspection,
+        bandwidth=bandwidth,
+        cold=cold,
+        cold_load_s=cold_load,
+        peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        defaults=tuple(defaults),
+    )

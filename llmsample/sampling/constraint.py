@@ -1,0 +1,291 @@
+"""Constrained generation: JSON (any object or a schema), a regex, a choice of texts or a grammar,
+compiled by llguidance into a matcher per row. The matcher gives each position's allowed tokens
+(EOS exactly where the grammar accepts), which the ``constraint`` stage of the chain applies
+before every truncation filter; the loop advances the matcher along emitted tokens, and the
+speculative step asks it for the masks after each draft, rolled back afterwards.
+
+Compiling and checking a constraint needs no tokenizer, so a bad schema, regex or grammar fails
+in one line before the model loads. The tokenizer's table (about a second on a 49k vocabulary)
+is built once per tokenizer and vocabulary size and kept."""
+
+from __future__ import annotations
+
+import json
+import re
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmsample.errors import UserError
+
+if TYPE_CHECKING:  # the batch reader compiles constraints and imports no torch
+    from torch import Tensor
+
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON as ``{"a": 1, "b": [2, 3]}``: no free whitespace, so a model cannot pad forever with blanks."""
+
+FLAGS = {
+    "json": "--json",
+    "json_schema": "--json-schema",
+    "regex": "--regex",
+    "choice": "--choice",
+    "grammar": "--grammar",
+}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A compiled constraint: ``kind`` (a key of ``FLAGS``), ``grammar`` (llguidance's grammar
+    text), ``origin`` (the flag or file it came from, for messages). Hashable, so it can sit in a
+    :class:`SamplingConfig`."""
+
+    kind: str
+    grammar: str = field(repr=False)
+    origin: str = ""
+
+    @property
+    def flag(self) -> str:
+        return FLAGS.get(self.kind, self.kind)
+
+
+ANY = Constraint("any", "")
+"""What the step groups by: rows with different constraints share one chain call."""
+
+
+def _one_line(message: str) -> str:
+    """llguidance's message without its source excerpt (``   1 | start: ...``) in one line; a
+    regex error keeps the regex crate's reason (``unclosed group``)."""
+    lines = [line for line in message.splitlines() if not re.match(r"\s*(\d+ )?\|", line) and line.strip() != "^"]
+    text = " ".join(" ".join(lines).split())
+    found = re.search(r"regex parse error:.*?error: (.*)$", text)
+    return f"invalid regex: {found.group(1)}" if found else text
+
+
+def _check(grammar: str, origin: str, unsupported: str = "") -> str:
+    from llguidance import LLMatcher
+
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        reason = _one_line(messages[0] if messages else "invalid")
+        if unsupported and reason.startswith("Unimplemented keys"):
+            reason += f" ({unsupported})"
+        raise UserError(f"{origin}: {reason}")
+    return grammar
+
+
+def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
+    """A JSON Schema (a dict or its text); an unsupported keyword is named in the error."""
+    from llguidance import LLMatcher
+
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    if not isinstance(schema, dict | bool):
+        raise UserError(f"{origin}: a JSON Schema is an object, got {type(schema).__name__}")
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise UserError(f"{origin}: {' '.join(str(exc).split())}") from exc
+    unsupported = "llguidance does not support this keyword; leave it out of the schema"
+    return Constraint("json_schema", _check(grammar, origin, unsupported), origin)
+
+
+def any_json(origin: str = "--json") -> Constraint:
+    """Any JSON object."""
+    return Constraint("json", json_schema({"type": "object"}, origin).grammar, origin)
+
+
+def regex(pattern: str, origin: str = "--regex") -> Constraint:
+    """The whole output matches ``pattern`` (Rust regex syntax, as ``re.fullmatch`` reads most)."""
+    from llguidance import LLMatcher
+
+    if not pattern:
+        raise UserError(f"{origin}: the pattern is empty")
+    return Constraint("regex", _check(LLMatcher.grammar_from_regex(pattern), origin), origin)
+
+
+def choice(texts: Sequence[str], origin: str = "--choice") -> Constraint:
+    """Exactly one of ``texts``."""
+    from llguidance import LLMatcher
+
+    if not texts or any(not isinstance(t, str) or not t for t in texts):
+        raise UserError(f"{origin}: give one or more non-empty texts")
+    lark = "start: " + " | ".join(json.dumps(t) for t in texts)
+    return Constraint("choice", _check(LLMatcher.grammar_from_lark(lark), origin), origin)
+
+
+def grammar(text: str, origin: str = "--grammar", gbnf: bool = False) -> Constraint:
+    """A Lark grammar (llguidance's dialect), or llama.cpp's GBNF converted to it."""
+    from llguidance import LLMatcher
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    if gbnf:
+        try:
+            text = any_to_lark(text)
+        except Exception as exc:  # the converter raises bare exceptions
+            raise UserError(f"{origin}: not a GBNF grammar ({' '.join(str(exc).split())})") from exc
+    return Constraint("grammar", _check(LLMatcher.grammar_from_lark(text), origin), origin)
+
+
+def read_text(path: str, flag: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not readable UTF-8 text"
+        raise UserError(f"{flag} {path}: {reason}") from exc
+
+
+def from_options(options: dict[str, Any]) -> Constraint | None:
+    """The one constraint the flags ask for (none given: None; two: an error)."""
+    given = [flag for key, flag in FLAGS.items() if options.get(key) not in (None, False, ())]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise UserError(f"{given[0]} and {given[1]} are two constraints; give one")
+    if options.get("json"):
+        return any_json()
+    if options.get("json_schema"):
+        value = options["json_schema"]
+        if value.lstrip().startswith(("{", "true", "false")):
+            return json_schema(value)
+        return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}")
+    if options.get("regex"):
+        return regex(options["regex"])
+    if options.get("choice"):
+        return choice(list(options["choice"]))
+    path = options["grammar"]
+    return grammar(read_text(path, "--grammar"), f"--grammar {path}", gbnf=path.endswith(".gbnf"))
+
+
+_TABLES: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+
+
+def tokenizer_table(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], flag: str = "the constraint") -> Any:
+    """llguidance's table of the tokenizer (every token's bytes, a trie): built once per tokenizer
+    and vocabulary size, kept as long as the tokenizer. A tokenizer llguidance cannot read (not a
+    fast tokenizer, no known decoder) is one line naming ``flag``."""
+    tables = _TABLES.setdefault(tokenizer, {})
+    if vocab_size not in tables:
+        import llguidance.hf
+
+        eos = sorted(eos_ids) or None
+        try:
+            tables[vocab_size] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+        except ValueError as exc:
+            raise UserError(f"{flag}: llguidance cannot read this model's tokenizer ({_one_line(str(exc))})") from exc
+    return tables[vocab_size]
+
+
+def unpack(bitmask: Tensor, vocab_size: int) -> Tensor:
+    """llguidance's ``[n, words]`` int32 bitmask as ``[n, vocab]`` bool."""
+    import torch
+
+    bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
+
+
+_EXECUTOR: list[Any] = []
+
+
+def _executor() -> Any:
+    if not _EXECUTOR:
+        from llguidance import LLExecutor
+
+        _EXECUTOR.append(LLExecutor())
+    return _EXECUTOR[0]
+
+
+class Matcher:
+    """One row's grammar state: the allowed tokens at the next position (and after drafts), moved
+    along the tokens the row emits."""
+
+    def __init__(self, constraint: Constraint, table: Any, vocab_size: int) -> None:
+        from llguidance import LLMatcher
+
+        self.constraint = constraint
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self.matcher = LLMatcher(table, constraint.grammar, log_level=0)
+        self.eos = frozenset(table.eos_tokens)
+        if self.matcher.is_error():
+            raise UserError(f"{constraint.origin or constraint.flag}: {self.matcher.get_error()}")
+
+    def valid_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens`` the grammar allows in a row from here (a draft is cut there)."""
+        return self.matcher.validate_tokens(list(tokens)) if tokens else 0
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """The row's emitted tokens (an EOS kept by ``--ignore-eos`` is not the grammar's)."""
+        tokens = [t for t in tokens if t not in self.eos]
+        if tokens and not self.matcher.consume_tokens(tokens):
+            raise RuntimeError(f"the grammar rejected an emitted token: {self.matcher.get_error()}")
+
+    def accepts_after(self, tokens: Sequence[int]) -> bool:
+        """Whether the grammar is complete once ``tokens`` are added (the state is kept)."""
+        consumed = self.matcher.try_consume_tokens(list(tokens))
+        accepting = consumed == len(tokens) and self.matcher.is_accepting()
+        self.matcher.rollback(consumed)
+        return accepting
+
+    def push(self, token: int) -> bool:
+        """One draft token in, to be rolled back (see :meth:`rollback`); False for EOS, which is
+        not pushed: llguidance 1.9 does not count an EOS consumed in a stopped state, so rolling
+        back over it would undo one token too many."""
+        if token in self.eos:
+            return False
+        if not self.matcher.consume_token(token):
+            raise RuntimeError(f"the grammar rejected a drafted token: {self.matcher.get_error()}")
+        return True
+
+    @property
+    def stopped(self) -> bool:
+        """Nothing but EOS can follow."""
+        return self.matcher.is_stopped()
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self.matcher.rollback(n)
+
+    def masks(self, drafts: Sequence[int] = ()) -> Tensor:
+        """The allowed tokens at the next position and after each draft, ``[1 + len(drafts), vocab]``."""
+        return batch_masks([self], [drafts])
+
+
+def batch_masks(matchers: Sequence[Matcher], drafts: Sequence[Sequence[int]]) -> Tensor:
+    """Every row's masks (the next position, then after each of its drafts) in one call to
+    llguidance's executor, which fills them in parallel; rows in order, ``[sum(1 + k), vocab]``."""
+    import torch
+
+    total = sum(1 + len(d) for d in drafts)
+    words = matchers[0].words
+    bitmask = torch.zeros(total, words, dtype=torch.int32)
+    plain, drafted, at = [], [], 0
+    for matcher, draft in zip(matchers, drafts, strict=True):
+        if draft:
+            drafted.append((matcher.matcher, at, list(draft)))
+        else:
+            plain.append((matcher.matcher, at))
+        at += 1 + len(draft)
+    # Straight into the tensor's memory: llguidance.torch would import its torch.compile path.
+    if plain:
+        _executor().unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), words * 4, total)
+    if drafted:
+        _executor().unsafe_compute_mask_ptr_with_draft_token(drafted, bitmask.data_ptr(), words * 4, total)
+    return unpack(bitmask, matchers[0].vocab_size)
+
+
+def incomplete_message(summary: Any) -> str | None:
+    """The one line for a constrained output the length limit (or a stop string) cut short;
+    None when the output is complete or unconstrained."""
+    outcome = summary.facts.constraint
+    if outcome is None or outcome.complete:
+        return None
+    if summary.stop_reason == "stop":
+        return (
+            f"the output is incomplete under {outcome.constraint}: a stop string ended it after {summary.tokens} tokens"
+        )
+    return f"the output is incomplete under {outcome.constraint} after {summary.tokens} tokens; raise --max-tokens"
