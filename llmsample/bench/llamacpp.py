@@ -35,6 +35,7 @@ from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
+from llmsample.models.llamacpp import plain_llama
 from llmsample.models.loading import LoadedModel, load_model
 from llmsample.sampling.config import SamplingConfig
 
@@ -102,31 +103,9 @@ def ours_batch(lm: LoadedModel, prompts: list[list[int]], tokens: int) -> int:
     return sum(1 for _, r in decode_batch(lm, items, len(items), ignore_eos=True) if not isinstance(r, Summary))
 
 
-def load_llama(path: Path, threads: int) -> Any:
-    """llama-cpp-python's high-level ``Llama`` on ``path``, loaded as our backend loads it:
-    without repacked weight buffers (``use_extra_bufts``; see
-    :class:`llmsample.models.llamacpp_model.LlamaCppModel`), which ``Llama`` takes no argument
-    for, so its default parameters are swapped for the load."""
-    import llama_cpp.llama_cpp as lib
-    from llama_cpp import Llama
-
-    defaults = lib.llama_model_default_params
-
-    def plain_buffers() -> Any:
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    lib.llama_model_default_params = plain_buffers
-    try:
-        return Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
-    finally:
-        lib.llama_model_default_params = defaults
-
-
 def llama_cpp_python(path: Path, threads: int) -> Callable[[list[int], int], int]:
     """Its own loop and sampler on the same file and settings; tokens made."""
-    llm = load_llama(path, threads)
+    llm = plain_llama(path, threads)
 
     def run(prompt: list[int], tokens: int) -> int:
         count = 0

@@ -148,3 +148,27 @@ def silence_llama_cpp() -> Any:
         _SILENT = llama_cpp.llama_log_callback(lambda level, text, data: None)
         llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
     return llama_cpp
+
+
+def plain_llama(path: Path, threads: int) -> Any:
+    """llama-cpp-python's high-level ``Llama`` on ``path`` (the benchmark's peer, the tests'
+    reference), loaded as :class:`~llmsample.models.llamacpp_model.LlamaCppModel` loads: without
+    repacked weight buffers (``use_extra_bufts``), whose AMX kernels die of SIGILL where the CPU
+    lists AMX but the OS does not grant it. ``Llama`` takes no argument for it, so its default
+    model parameters are swapped for the load."""
+    import llama_cpp.llama_cpp as lib
+    from llama_cpp import Llama
+
+    silence_llama_cpp()
+    defaults = lib.llama_model_default_params
+
+    def plain_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain_buffers
+    try:
+        return Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    finally:
+        lib.llama_model_default_params = defaults

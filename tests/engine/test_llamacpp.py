@@ -342,8 +342,8 @@ def test_the_default_model_on_llama_cpp_decodes_as_llama_cpp_python(monkeypatch:
     weights. (Not "Paris": the first token is a near-tie, "L" 24.74 against "The" 24.65 on
     llama.cpp's plain Q4_1 kernels, the other way round on transformers, and llama.cpp's greedy
     answer is then "L'Étoile, ...".)"""
-    from llmsample.bench.llamacpp import load_llama
     from llmsample.engine.llamacpp_batch import LlamaCppBatch
+    from llmsample.models.llamacpp import plain_llama
 
     monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 1)  # F16, as llama-cpp-python's
     lm = load_model(None, "cpu", "auto", backend="llama.cpp")
@@ -352,7 +352,7 @@ def test_the_default_model_on_llama_cpp_decodes_as_llama_cpp_python(monkeypatch:
     assert lm.model.tokenize(lm.tokenizer.decode(prompt[0])) == prompt[0].tolist()  # special tokens too
     events, _ = run_to_end(generate(lm, prompt, SamplingConfig(temperature=0, max_tokens=12), RunStats("d", "t", 0)))
     theirs = []
-    for token in load_llama(lm.model.path, torch.get_num_threads()).generate(prompt[0].tolist(), temp=0.0):
+    for token in plain_llama(lm.model.path, torch.get_num_threads()).generate(prompt[0].tolist(), temp=0.0):
         theirs.append(token)
         if len(theirs) == len(events):
             break
