@@ -46,3 +46,17 @@ def test_llama_cpp_on_another_device_is_one_line(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(llamacpp, "installed", lambda: True)
     with pytest.raises(UserError, match="runs on the CPU here, not cuda"):
         llamacpp.choose_backend("llama.cpp", "m.gguf", torch.device("cuda"), True)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--workloads"], "--workloads"),
+        (["--batch-sizes", "1,8"], "--batch-sizes"),
+        (["--dtype", "float32"], "--dtype"),
+    ],
+)
+def test_bench_on_llama_cpp_is_a_section_of_its_own(extra: list[str], named: str, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["bench", "--backend", "llama.cpp", "--out", str(tmp_path), *extra])
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.count("\n") == 1 and f"leave out {named}" in result.stderr, result.stderr
