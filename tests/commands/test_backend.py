@@ -3,6 +3,7 @@ to transformers (these run with or without the extra installed)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,16 @@ def test_bench_on_llama_cpp_is_a_section_of_its_own(extra: list[str], named: str
     result = CliRunner().invoke(main, ["bench", "--backend", "llama.cpp", "--out", str(tmp_path), *extra])
     assert result.exit_code == 2 and result.stdout == "", result.output
     assert result.stderr.count("\n") == 1 and f"leave out {named}" in result.stderr, result.stderr
+
+
+def test_llama_cpp_runs_ask_openmp_to_sleep_not_spin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmsample.cli import passive_openmp
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    passive_openmp(["generate", "--backend", "transformers"])
+    assert "OMP_WAIT_POLICY" not in os.environ
+    passive_openmp(["bench", "--backend", "llama.cpp"])
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's own choice stays
+    passive_openmp(["generate", "--backend", "llama.cpp"])
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
