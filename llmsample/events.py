@@ -146,6 +146,7 @@ class RunFacts:
 
     device: str | None = None
     dtype: str | None = None
+    backend: str | None = None  # transformers or llama.cpp
     quantization: str | None = None
     device_map: tuple[str, ...] | None = None
     compile_s: float | None = None
@@ -158,7 +159,7 @@ class RunFacts:
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
         data: dict[str, Any] = {}
-        for key in ("quantization", "compile_s", "device", "dtype"):
+        for key in ("quantization", "compile_s", "device", "dtype", "backend"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.device_map is not None:

@@ -102,6 +102,8 @@ def teacher_forced_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Seq
     """Raw logits ``[len(continuation), vocab]``: row i is the model's next-token logits after the
     prompt and the continuation's first i tokens. One forward pass over the prompt and all but
     the continuation's last token (which no row conditions on, and which the model is not fed)."""
+    if lm.backend == "llama.cpp":
+        return backend_logits(lm, prompt_ids, continuation)
     fed = torch.tensor(list(continuation[:-1]), dtype=torch.long, device=lm.device)
     ids = torch.cat([prompt_ids[0].to(lm.device), fed])
     runner = ModelRunner(lm.model)
@@ -110,6 +112,24 @@ def teacher_forced_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Seq
     rows = logits[prompt_ids.shape[1] - 1 :]
     check_finite(rows, prompt_ids.shape[1])
     return rows.clone()  # a copy: the slice would keep the whole prompt's logits alive
+
+
+def backend_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Sequence[int]) -> Tensor:
+    """:func:`teacher_forced_logits` through the engine's seam (llama.cpp): the prompt admitted,
+    then the continuation but its last token verified in one pass."""
+    from llmsample.engine.backend import open_backend
+
+    prompt = prompt_ids[0].tolist()
+    backend = open_backend(lm, 1, len(prompt) + len(continuation), one_prompt=True)
+    try:
+        rows = [backend.admit([prompt])]
+        if len(continuation) > 1:
+            rows.append(backend.verify([list(continuation[:-1])])[0])
+    finally:
+        backend.close()
+    logits = torch.cat(rows)
+    check_finite(logits, len(prompt))
+    return logits
 
 
 def input_vocab(lm: LoadedModel) -> int:

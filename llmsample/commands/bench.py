@@ -1,5 +1,5 @@
 """``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run; or
-one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``)."""
+one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``, ``--backend llama.cpp``)."""
 
 from __future__ import annotations
 
@@ -105,6 +105,9 @@ def bench(**options: Any) -> None:
 
     check_sections(options)
     err = stderr_console()
+    if options["backend"] == "llama.cpp":
+        bench_llamacpp(options, err)
+        return
     if options["quant"]:
         bench_quant(options, err)
         return
@@ -132,6 +135,9 @@ def check_sections(options: dict[str, Any]) -> None:
     if options["quant"] and (options["dtype"] != "auto" or options["compile_model"]):
         flag = "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--quant sets each variant's dtype itself and runs eager; leave out {flag}")
+    if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
+        named = chosen[0] if chosen else "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
+        raise UserError(f"--backend llama.cpp is a benchmark of its own (the GGUF's own weights); leave out {named}")
 
 
 def bench_quant(options: dict[str, Any], err: Any) -> None:
@@ -144,6 +150,23 @@ def bench_quant(options: dict[str, Any], err: Any) -> None:
     )  # fmt: skip
     path = write(run, options["out"])
     click.echo(table(run.results))
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def bench_llamacpp(options: dict[str, Any], err: Any) -> None:
+    """``--backend llama.cpp``: our loop on llama.cpp against llama-cpp-python's own generation,
+    our batch and our transformers path, on the same GGUF."""
+    from llmsample.bench.llamacpp import run_llamacpp_benchmark, table, write
+
+    result = run_llamacpp_benchmark(
+        options["model"], options["runs"], options["tokens"], log=lambda step: err.print(f"[dim]bench: {step}…[/]")
+    )
+    path = write(result, options["out"])
+    click.echo(
+        f"llama.cpp backend, {result.model} ({result.quantization}), {result.tokens} new tokens, "
+        f"{result.threads} threads, median of {result.runs}"
+    )
+    click.echo(table(result))
     err.print(f"[dim]figures written to {path}[/]")
 
 

@@ -53,6 +53,20 @@ DEFAULT_NAME = "default"  # -m default: the default model (SmolLM2-135M-Instruct
     show_default=True,
     help="For both models; auto: bfloat16 on CUDA, float32 on CPU and MPS.",
 )
+@click.option(
+    "--backend-a",
+    type=click.Choice(["auto", "transformers", "llama.cpp"]),
+    default="transformers",
+    show_default=True,
+    help="A's backend; llama.cpp runs a GGUF model (see generate --backend).",
+)
+@click.option(
+    "--backend-b",
+    type=click.Choice(["auto", "transformers", "llama.cpp"]),
+    default="transformers",
+    show_default=True,
+    help="B's backend: -m default twice with --backend-b llama.cpp measures llama.cpp's kernels against transformers.",
+)
 @sampling_options
 @click.option(
     "--continuation",
@@ -106,6 +120,8 @@ def compare_models(**options: Any) -> None:
         if not continuation:  # interrupted before A wrote anything
             raise click.exceptions.Exit(code)
         extra = {"preset": preset, "seed": cfg.seed, "stop_reason": stop_reason}
+    if "llama.cpp" in (lm_a.backend, lm_b.backend):
+        extra = {**extra, "backend_a": lm_a.backend, "backend_b": lm_b.backend}
     _, note = scorable(lm_a, lm_b, prompt_ids, continuation)
     if note is not None:  # a padded vocabulary: A wrote an id B lacks (or the reverse)
         click.echo(f"Note: {note}", err=True)
@@ -132,10 +148,11 @@ def load_pair(options: dict[str, Any], specs: tuple[str, ...]) -> tuple[LoadedMo
     from llmsample.engine.speculative import check_same_tokenizer
 
     resolved = [None if spec == DEFAULT_NAME else spec for spec in specs]
-    lm_a = load_model_with_progress({**options, "model": resolved[0], "compile_model": False})
-    if resolved[1] == resolved[0]:
+    backends = (options.get("backend_a", "transformers"), options.get("backend_b", "transformers"))
+    lm_a = load_model_with_progress({**options, "model": resolved[0], "compile_model": False, "backend": backends[0]})
+    if resolved[1] == resolved[0] and backends[1] == backends[0]:
         return lm_a, lm_a
-    lm_b = load_model_with_progress({**options, "model": resolved[1], "compile_model": False})
+    lm_b = load_model_with_progress({**options, "model": resolved[1], "compile_model": False, "backend": backends[1]})
     try:
         check_same_tokenizer(lm_b, lm_a)
     except UserError as exc:

@@ -124,11 +124,12 @@ def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
-    """``--reference``: the same checkpoint in float32, unquantized, placed like the model."""
+    """``--reference``: the same checkpoint in float32, unquantized, placed like the model (on
+    llama.cpp: the same GGUF dequantized on transformers, which measures the quantized kernels)."""
     from llmsample.commands.options import placement_from_options
     from llmsample.models.loading import load_model
 
-    if lm.quantization and not options.get("quantize"):
+    if lm.quantization and not options.get("quantize") and lm.backend != "llama.cpp":
         raise UserError(
             f"--reference needs full-precision weights, and model {lm.name!r} is stored quantized "
             f"({lm.quantization}); compare against the checkpoint it was quantized from"

@@ -137,6 +137,13 @@ model_options = _stack(
         is_flag=True,
         help="Static KV cache + torch.compile'd decode step: faster tokens after a slow first start (cached on disk).",
     ),
+    click.option(
+        "--backend",
+        type=click.Choice(["auto", "transformers", "llama.cpp"]),
+        default="auto",
+        show_default=True,
+        help="llama.cpp runs GGUF models (the default one too) on the CPU; needs llmsample[llamacpp]. auto: llama.cpp for a GGUF on a CPU.",
+    ),
 )
 
 
@@ -427,6 +434,14 @@ def read_prompt(prompt: str | None, raw: bool = False) -> str:
     return text if raw else text.rstrip("\r\n")
 
 
+def on_transformers(options: dict[str, Any], command: str) -> dict[str, Any]:
+    """The options of a command that reads the model outside the engine's seam (its own passes
+    over a transformers model): ``auto`` means transformers, and llama.cpp is one line."""
+    if options.get("backend") == "llama.cpp":
+        raise UserError(f"{command} runs on transformers for now; leave out --backend llama.cpp")
+    return {**options, "backend": "transformers"}
+
+
 def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
     """Load with progress on stderr: the first run converts the default model (tens of seconds)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -440,6 +455,7 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
         "placement": placement_from_options(options),
         "quantize": options.get("quantize"),
         "tensor_parallel": options.get("tp", False),
+        "backend": options.get("backend", "auto"),
     }
     if options.get("quiet"):
         return load_model(*spec, compile=compile_model, **scaling)

@@ -80,6 +80,10 @@ def open_backend(
     from llmsample.engine.static import StaticBatch
     from llmsample.errors import UserError
 
+    if lm.backend == "llama.cpp":
+        from llmsample.engine.llamacpp_batch import LlamaCppBatch
+
+        return LlamaCppBatch(lm.model, rows, positions, on_forward)
     if lm.tensor_parallel:
         if not one_prompt:
             raise UserError(

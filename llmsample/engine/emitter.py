@@ -65,7 +65,7 @@ class Emitter:
         self.reason: str | None = None
         stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
-        stats.note(device=str(lm.device), dtype=dtype_name(lm.dtype))
+        stats.note(device=str(lm.device), dtype=dtype_name(lm.dtype), backend=lm.backend)
 
     def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
         index = self.stats.tokens

@@ -127,7 +127,26 @@ def default_model_path(progress: Progress | None = None) -> str:
     return str(target)
 
 
-def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -> None:
+def gguf_key(source: Path) -> str:
+    """A short name for one version of a GGUF file: its path, size and modification time."""
+    import hashlib
+
+    stat = source.stat()
+    return hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def converted_gguf(source: Path, progress: Progress | None = None) -> str:
+    """A ``.gguf`` file given as ``--model`` on the transformers backend: dequantized once into the
+    cache as the default model is (run in float32: the file does not say its upstream dtype)."""
+    if not source.is_file():
+        raise UserError(f"model file {source} does not exist; give an existing .gguf file")
+    target = models_dir() / f"{source.stem}-{gguf_key(source)}"
+    if not is_complete_conversion(target):
+        convert_gguf(source, target, progress, dtype="float32")
+    return str(target)
+
+
+def convert_gguf(source: Path, target: Path, progress: Progress | None = None, dtype: str = DEFAULT_DTYPE) -> None:
     """Dequantize a GGUF checkpoint into safetensors. Written to a staging sibling and renamed
     into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
     converting at once cannot corrupt each other."""
@@ -173,7 +192,7 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None) -
         model.generation_config = gguf_model.generation_config
         try:
             model.save_pretrained(staging)
-            record_dtype(staging / "config.json", DEFAULT_DTYPE)
+            record_dtype(staging / "config.json", dtype)
             tokenizer.save_pretrained(staging)
             share_like_other_files(staging)
             install(staging, target)

@@ -20,6 +20,7 @@ from llmsample.models.checkpoint import (
 from llmsample.models.conversion import (
     DEFAULT_MODEL,
     cache_home,
+    converted_gguf,
     default_model_path,
     models_dir,
     remove_abandoned_staging,
@@ -47,6 +48,7 @@ class LoadedModel:
     sample_device: torch.device | None = None  # where logits are sampled; None: ``device``
     placed_on: tuple[str, ...] = ()  # --device-map: the devices its layers sit on ("cpu", "disk", ...)
     quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
+    backend: str = "transformers"  # or "llama.cpp": ``model`` is then a LlamaCppModel (a GGUF's handle)
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
 
     def __post_init__(self) -> None:
@@ -93,15 +95,22 @@ def load_model(
     placement: Placement | None = None,
     quantize: str | None = None,
     tensor_parallel: bool = False,
+    backend: str = "transformers",
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line.
 
     ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
-    ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`)."""
+    ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
+    ``auto``, ``transformers`` or ``llama.cpp`` (:mod:`llmsample.models.llamacpp`)."""
+    from llmsample.models.llamacpp import choose_backend, load_llama_cpp
+
     quiet_transformers()
     device = target_device(device_name, placement, compile)
     name = spec or DEFAULT_MODEL
     clean_staging(progress)
+    plain = dtype_name == "auto" and not (compile or placement or quantize or tensor_parallel)
+    if choose_backend(backend, spec, device, plain) == "llama.cpp":
+        return load_llama_cpp(spec, name, progress)
     source, local = model_source(spec, progress)
     config = read_config(source, name)
     if placement is not None and isinstance(placement.device_map, dict):
@@ -167,6 +176,8 @@ def model_source(spec: str | None, progress: Progress | None) -> tuple[str, bool
     or a hub id), and whether it is a local directory."""
     if spec is None:
         return default_model_path(progress), False
+    if spec.lower().endswith(".gguf"):
+        return converted_gguf(Path(spec).expanduser(), progress), False
     if not looks_like_path(spec):
         return spec, False
     source = str(Path(spec).expanduser())

@@ -97,6 +97,8 @@ def summary_line(summary: Summary) -> str:
         parts.append(f"plain loop {comparison.plain_tokens_per_s:.1f} tok/s: {comparison.speedup:.2f}x speedup")
     if (cache := facts.cache) is not None:  # a chat turn: what its session's cache spared
         parts.append(f"prompt {cache.reused} cached + {cache.prefilled} prefilled")
-    if facts.device is not None:
+    if facts.backend == "llama.cpp":
+        parts.append(f"{facts.device} llama.cpp {facts.quantization or ''}".rstrip())
+    elif facts.device is not None:
         parts.append(f"{facts.device} {facts.dtype}")
     return " · ".join(parts)

@@ -1,0 +1,207 @@
+"""The llama.cpp backend against its peers (``llmsample bench --backend llama.cpp``): side by side
+in one process on one GGUF, EOS ignored, the same sampling settings on every side (temperature
+0.8, top-k 40, top-p 0.95, min-p 0.05):
+
+- our loop on llama.cpp, single stream, every token's full record (top 5 alternatives), against
+  llama-cpp-python's own generation with its own sampler (``Llama.generate``);
+- our batch of 8 chat prompts, aggregate tokens/s, against its single stream;
+- our llama.cpp path against our transformers path on the same model;
+- a fresh ``llmsample generate -n 1`` process to its first token on each backend.
+
+Medians of interleaved runs (:func:`llmsample.bench.timing.interleave`'s reasoning: a noisy
+neighbour slows every side alike); each figure counts prefill and decode. ``model_share`` is the
+part of our single stream's time spent inside ``llama_decode`` (the backend's ``on_forward``);
+the rest is the loop: sampling chain, figures, records."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from llmsample.bench.prompts import batch_prompts
+from llmsample.bench.results import machine_info, write_document
+from llmsample.bench.sides import ours
+from llmsample.bench.timing import timed_tokens_per_s
+from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.decode import DecodeOptions, decode
+from llmsample.engine.prompt import encode_prompt
+from llmsample.events import RunStats, Summary
+from llmsample.models.llamacpp import plain_llama
+from llmsample.models.loading import LoadedModel, load_model
+from llmsample.sampling.config import SamplingConfig
+
+SETTINGS = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+PROMPT = "Explain to a child, in a short paragraph, why the sea is salty and where the salt comes from."
+BATCH = 8
+START_PROMPT = "What is the capital of France?"
+
+
+@dataclass(frozen=True)
+class LlamaCppBench:
+    """Medians over the runs, tokens/s unless named otherwise."""
+
+    model: str
+    quantization: str | None  # the GGUF's weight type
+    tokens: int
+    runs: int
+    threads: int
+    ours_tok_s: float  # our loop on llama.cpp, single stream
+    llama_cpp_python_tok_s: float  # llama-cpp-python's own generation and sampler
+    ours_batch_tok_s: float  # our batch of BATCH, aggregate
+    transformers_tok_s: float  # our loop on transformers, same model
+    transformers_dtype: str
+    model_share: float  # of our single stream's time, the share inside llama_decode
+    start_llama_cpp_s: float | None  # a fresh process to its first token (and exit); None: it failed
+    start_transformers_s: float | None
+
+    @property
+    def ratios(self) -> dict[str, float]:
+        return {
+            "ours / llama-cpp-python": self.ours_tok_s / self.llama_cpp_python_tok_s,
+            f"our batch {BATCH} / llama-cpp-python": self.ours_batch_tok_s / self.llama_cpp_python_tok_s,
+            "llama.cpp / transformers (ours)": self.ours_tok_s / self.transformers_tok_s,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "ratios": self.ratios}
+
+
+def settings(tokens: int, seed: int = 0) -> SamplingConfig:
+    return SamplingConfig(**SETTINGS, max_tokens=tokens, seed=seed)  # type: ignore[arg-type]
+
+
+def ours_timed(lm: LoadedModel, ids: torch.Tensor, tokens: int) -> tuple[int, float, float]:
+    """Our single stream: tokens, wall seconds, and seconds inside the backend's forward passes."""
+    spent = [0.0]
+
+    def timed(seconds: float) -> None:
+        spent[0] += seconds
+
+    cfg = settings(tokens)
+    item = BatchItem(0, ids[0].tolist(), cfg, RunStats(lm.name, "bench", cfg.seed))
+    start = time.perf_counter()
+    count = sum(
+        1
+        for _, record in decode(lm, [item], 1, DecodeOptions(5, True, on_forward=timed), one_prompt=True)
+        if not isinstance(record, Summary)
+    )
+    return count, time.perf_counter() - start, spent[0]
+
+
+def ours_batch(lm: LoadedModel, prompts: list[list[int]], tokens: int) -> int:
+    """Our batch: every prompt a row of its own seed, all decoding together; tokens made."""
+    items = [BatchItem(i, p, settings(tokens, i), RunStats(lm.name, "bench", i)) for i, p in enumerate(prompts)]
+    return sum(1 for _, r in decode_batch(lm, items, len(items), ignore_eos=True) if not isinstance(r, Summary))
+
+
+def llama_cpp_python(path: Path, threads: int) -> Callable[[list[int], int], int]:
+    """Its own loop and sampler on the same file and settings; tokens made."""
+    llm = plain_llama(path, threads)
+
+    def run(prompt: list[int], tokens: int) -> int:
+        count = 0
+        for _ in llm.generate(
+            prompt, temp=SETTINGS["temperature"], top_k=SETTINGS["top_k"], top_p=SETTINGS["top_p"],
+            min_p=SETTINGS["min_p"], repeat_penalty=1.0, reset=True,
+        ):  # fmt: skip
+            count += 1
+            if count == tokens:
+                break
+        return count
+
+    return run
+
+
+def start_up(model: str | None, backend: str) -> float | None:
+    """A fresh ``llmsample generate`` (imports, load, prompt, one token, exit) on ``backend``,
+    seconds; None when it failed."""
+    args = [sys.executable, "-m", "llmsample", "generate", "--backend", backend, "-n", "1", "-t", "0", "-q",
+            "--format", "jsonl", "-p", START_PROMPT, *(["-m", model] if model else [])]  # fmt: skip
+    start = time.perf_counter()
+    done = subprocess.run(args, capture_output=True, env=os.environ.copy(), timeout=600)
+    return time.perf_counter() - start if done.returncode == 0 else None
+
+
+def run_llamacpp_benchmark(
+    model: str | None, runs: int, tokens: int, log: Callable[[str], None] = lambda step: None
+) -> LlamaCppBench:
+    """Every side interleaved ``runs`` times on the same GGUF; medians."""
+    threads = torch.get_num_threads()
+    log("loading the GGUF on llama.cpp and on transformers")
+    lm = load_model(model, "cpu", "auto", backend="llama.cpp")
+    hf = load_model(model, "cpu", "auto", backend="transformers")
+    theirs = llama_cpp_python(lm.model.path, threads)
+    ids = encode_prompt(lm, PROMPT)
+    prompt = ids[0].tolist()
+    batch = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(BATCH)]
+    ours_timed(lm, ids, 8)  # warm-up: first touch of the weights and buffers on every side
+    theirs(prompt, 8)
+    ours(hf, ids, settings(8))
+    figures: dict[str, list[float]] = {"ours": [], "share": [], "theirs": [], "batch": [], "hf": []}
+    for i in range(runs):
+        log(f"run {i + 1} of {runs}")
+        count, wall, forward = ours_timed(lm, ids, tokens)
+        figures["ours"].append(count / wall)
+        figures["share"].append(forward / wall)
+        figures["theirs"].append(timed_tokens_per_s(lambda: theirs(prompt, tokens)))
+        figures["batch"].append(timed_tokens_per_s(lambda: ours_batch(lm, batch, tokens)))
+        figures["hf"].append(timed_tokens_per_s(lambda: ours(hf, ids, settings(tokens))))
+    log("start-up of a fresh process on each backend")
+    median = {k: statistics.median(v) for k, v in figures.items()}
+    return LlamaCppBench(
+        lm.name, lm.quantization, tokens, runs, threads, median["ours"], median["theirs"], median["batch"],
+        median["hf"], str(hf.dtype).removeprefix("torch."), median["share"],
+        start_up(model, "llama.cpp"), start_up(model, "transformers"),
+    )  # fmt: skip
+
+
+def table(result: LlamaCppBench) -> str:
+    """A Markdown table of the sides and ratios (the README's llama.cpp section)."""
+    from llmsample.render.numbers import format_number
+
+    lines = ["| side | tok/s |", "| --- | --- |"]
+    sides = [
+        ("llmsample on llama.cpp, single stream (full records, top 5)", result.ours_tok_s),
+        ("llama-cpp-python's own `Llama.generate`, single stream", result.llama_cpp_python_tok_s),
+        (f"llmsample on llama.cpp, batch {BATCH} (aggregate)", result.ours_batch_tok_s),
+        (f"llmsample on transformers ({result.transformers_dtype})", result.transformers_tok_s),
+    ]
+    lines += [f"| {name} | {format_number(value, 1)} |" for name, value in sides]
+    lines += [f"| {name} | {value:.2f}x |" for name, value in result.ratios.items()]
+    lines.append(f"| our single stream inside llama_decode | {result.model_share:.0%} |")
+    for backend, seconds in (("llama.cpp", result.start_llama_cpp_s), ("transformers", result.start_transformers_s)):
+        lines.append(f"| fresh process to first token, {backend} | {format_number(seconds, 2)} s |")
+    return "\n".join(lines)
+
+
+def write(result: LlamaCppBench, directory: Path) -> Path:
+    """The run as ``bench-llamacpp-cpu-GGUFTYPE-TIME.json`` in ``directory``, written whole or not at all."""
+    document = {
+        "kind": "bench-llamacpp",
+        "device": "cpu",
+        "load_average": list(os.getloadavg()),
+        "machine": {**asdict(machine_info()), "llama_cpp_python": _version("llama-cpp-python")},
+        "settings": SETTINGS,
+        "prompt": PROMPT,
+        **result.to_dict(),
+    }
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return write_document(document, directory / f"bench-llamacpp-cpu-{result.quantization or 'gguf'}-{stamp}.json")
+
+
+def _version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None

@@ -1,0 +1,170 @@
+"""The llama.cpp backend behind the engine's seam (:mod:`llmsample.engine.backend`): each row is
+a llama.cpp sequence of one unified KV cache, and every call is one ``llama_batch`` of
+``(token, position, sequence, wants logits)`` entries: ``admit`` a prompt per new sequence id
+with logits at its last token, ``step`` a token per row, ``verify`` each row's ragged tokens
+with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copies`` is
+``seq_cp`` (the copies share the prompt's cells). Logits go from llama.cpp's output buffer into
+the float32 tensor the chain reads in one copy (a view would be overwritten by the next decode,
+and a joining row's prefill runs before the chain has read the last step's logits)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from llmsample.errors import RuntimeFailure
+from llmsample.models.llamacpp_model import LlamaCppModel
+
+BATCH = 512  # tokens per llama_decode call (a longer prefill is fed in several)
+
+
+class LlamaCppBatch:
+    """Rows as llama.cpp sequence ids: ``seqs[row]`` is row ``row``'s id, ``lengths[row]`` its
+    cached positions; ids of rows that left are removed from the cache and reused."""
+
+    can_join = True
+    ragged = True
+    compile_s = 0.0
+
+    def __init__(
+        self, model: LlamaCppModel, rows: int, positions: int, on_forward: Callable[[float], None] | None = None
+    ) -> None:
+        """Room for ``rows`` live rows; the cache holds twice ``rows x positions`` cells (rows that
+        join later may bring longer prompts), within the model's context per row."""
+        self.model, self.lib = model, model.lib
+        self.sample_device = torch.device("cpu")
+        self.on_forward = on_forward
+        per_row = getattr(model.config, "max_position_embeddings", None) or positions
+        cells = max(min(2 * positions, per_row) * rows, positions, 256)
+        self.context = model.new_context(rows, -(-cells // 256) * 256, BATCH)
+        self.memory = self.lib.llama_get_memory(self.context)
+        self.batch = self.lib.llama_batch_init(BATCH, 0, 1)
+        self.seqs: list[int] = []
+        self.lengths: list[int] = []
+        self.free = list(range(rows - 1, -1, -1))
+
+    @property
+    def rows(self) -> int:
+        return len(self.seqs)
+
+    def admit(self, prompts: list[list[int]]) -> Tensor:
+        """Each prompt under a new sequence id, in one batch; logits at each prompt's last token."""
+        if len(prompts) > len(self.free):
+            raise ValueError(f"{len(prompts)} rows do not fit: room for {len(self.free)} more")
+        seqs = [self.free.pop() for _ in prompts]
+        entries = [(t, i, s, i == len(p) - 1) for p, s in zip(prompts, seqs, strict=True) for i, t in enumerate(p)]
+        logits = self._decode(entries)
+        self.seqs += seqs
+        self.lengths += [len(p) for p in prompts]
+        return logits
+
+    def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
+        """One prefill; the copies' sequences share its cells (``seq_cp``)."""
+        logits = self.admit([prompt])
+        source = self.seqs[-1]
+        for _ in range(copies - 1):
+            seq = self.free.pop()
+            self.lib.llama_memory_seq_cp(self.memory, source, seq, -1, -1)
+            self.seqs.append(seq)
+            self.lengths.append(len(prompt))
+        return logits.expand(copies, -1)
+
+    def step(self, tokens: Tensor) -> Tensor:
+        """One token per row at its next position; next-token logits ``[rows, vocab]``."""
+        ids = tokens.view(-1).tolist()
+        logits = self._decode([(t, n, s, True) for t, n, s in zip(ids, self.lengths, self.seqs, strict=True)])
+        self.lengths = [n + 1 for n in self.lengths]
+        return logits
+
+    def verify(self, tokens: list[list[int]]) -> Tensor:
+        """Every row's tokens in one batch, logits at each: ``[rows, longest, vocab]`` (zeros past a
+        row's own count)."""
+        entries = [
+            (t, n + i, s, True)
+            for row, n, s in zip(tokens, self.lengths, self.seqs, strict=True)
+            for i, t in enumerate(row)
+        ]
+        flat = self._decode(entries)
+        width = max(len(row) for row in tokens)
+        self.lengths = [n + len(row) for n, row in zip(self.lengths, tokens, strict=True)]
+        if all(len(row) == width for row in tokens):
+            return flat.view(len(tokens), width, -1)  # no padding: the same memory
+        out = flat.new_zeros(len(tokens), width, flat.shape[-1])
+        at = 0
+        for r, row in enumerate(tokens):
+            out[r, : len(row)] = flat[at : at + len(row)]
+            at += len(row)
+        return out
+
+    def rollback(self, row: int, length: int) -> None:
+        """Row ``row`` forgets its positions from ``length`` on."""
+        self.lib.llama_memory_seq_rm(self.memory, self.seqs[row], length, -1)
+        self.lengths[row] = min(self.lengths[row], length)
+
+    def keep(self, rows: list[int]) -> None:
+        """The rows that left give their cells and sequence ids back."""
+        kept = set(rows)
+        for r, seq in enumerate(self.seqs):
+            if r not in kept:
+                self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+                self.free.append(seq)
+        self.seqs = [self.seqs[r] for r in rows]
+        self.lengths = [self.lengths[r] for r in rows]
+
+    def agree(self, tokens: Tensor) -> Tensor:
+        return tokens
+
+    def close(self) -> None:
+        """Free the batch and the context (the KV cache); idempotent."""
+        context, self.context = self.context, None
+        if context:
+            self.lib.llama_batch_free(self.batch)
+            self.lib.llama_free(context)
+
+    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> Tensor:
+        """Decode ``(token, position, sequence, wants logits)`` entries, ``BATCH`` at a time; the
+        logits of the entries that want them, in order, ``[wanted, vocab]``."""
+        start = time.perf_counter()
+        vocab = self.model.n_vocab
+        out = torch.empty(sum(e[3] for e in entries), vocab, dtype=torch.float32)
+        target, at = out.numpy(), 0
+        for first in range(0, len(entries), BATCH):
+            chunk = entries[first : first + BATCH]
+            self._fill(chunk)
+            code = self.lib.llama_decode(self.context, self.batch)
+            if code != 0:
+                raise RuntimeFailure(decode_error(code, len(chunk)))
+            wanted = sum(e[3] for e in chunk)
+            if wanted:
+                source = np.ctypeslib.as_array(self.lib.llama_get_logits(self.context), shape=(wanted, vocab))
+                target[at : at + wanted] = source
+                at += wanted
+        if self.on_forward is not None:
+            self.on_forward(time.perf_counter() - start)
+        return out
+
+    def _fill(self, chunk: list[tuple[int, int, int, bool]]) -> None:
+        batch = self.batch
+        n = len(chunk)
+        batch.n_tokens = n
+        tokens, positions, seqs, wants = zip(*chunk, strict=True)
+        np.ctypeslib.as_array(batch.token, shape=(n,))[:] = tokens
+        np.ctypeslib.as_array(batch.pos, shape=(n,))[:] = positions
+        np.ctypeslib.as_array(batch.n_seq_id, shape=(n,))[:] = 1
+        np.ctypeslib.as_array(batch.logits, shape=(n,))[:] = wants
+        seq_id = batch.seq_id
+        for i, seq in enumerate(seqs):
+            seq_id[i][0] = seq
+
+
+def decode_error(code: int, tokens: int) -> str:
+    """llama_decode's return code as one line."""
+    if code == 1:
+        return f"llama.cpp's cache has no room for {tokens} more tokens; try a smaller --batch-size or --max-tokens"
+    if code == 2:
+        return "llama.cpp's decode was aborted"
+    return f"llama.cpp could not decode a batch of {tokens} tokens (error {code})"

