@@ -43,9 +43,13 @@ def gguf_file(spec: str | None) -> Path | None:
 
 
 def choose_backend(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
-    """``auto``: llama.cpp for a GGUF model on a CPU when the extra is installed and nothing only
-    transformers does was asked for (``plain``: no --dtype, --compile, --quantize, placement, --tp);
-    transformers otherwise. An explicit ``llama.cpp`` that cannot run is one line saying why."""
+    """``auto``: llama.cpp for a GGUF file the user names, on a CPU, when the extra is installed and
+    nothing only transformers does was asked for (``plain``: no --dtype, --compile, --quantize,
+    placement, --tp); transformers otherwise. The default model stays on transformers under
+    ``auto``: its Q4_1 weights on llama.cpp's kernels (activations rounded to 8 bits) answer the
+    README's own questions worse than dequantized on transformers ("La Femme, la Femme, ..." for
+    the capital of France, greedy), so llama.cpp's speed for it is asked for with ``--backend``.
+    An explicit ``llama.cpp`` that cannot run is one line saying why."""
     source = gguf_file(spec)
     if requested == "transformers":
         return requested
@@ -65,7 +69,8 @@ def choose_backend(requested: str, spec: str | None, device: torch.device, plain
                 "and --tp are transformers' (use --backend transformers)"
             )
         return requested
-    return "llama.cpp" if source is not None and plain and device.type == "cpu" and installed() else "transformers"
+    named = spec is not None and source is not None
+    return "llama.cpp" if named and plain and device.type == "cpu" and installed() else "transformers"
 
 
 def load_llama_cpp(spec: str | None, name: str, progress: Progress | None = None) -> Any:

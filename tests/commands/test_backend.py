@@ -31,6 +31,7 @@ def test_llama_cpp_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytes
         ("m.gguf", "cuda", True, True, "transformers"),
         ("m.gguf", "cpu", False, True, "transformers"),  # --dtype, --compile, --quantize... asked for
         ("some/hub-id", "cpu", True, True, "transformers"),
+        (None, "cpu", True, True, "transformers"),  # the default model: --backend llama.cpp asks for it
     ],
 )
 def test_auto_picks_llama_cpp_for_a_gguf_on_a_cpu(
