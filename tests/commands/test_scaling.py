@@ -123,17 +123,10 @@ def test_a_device_map_naming_a_gpu_the_machine_lacks_names_the_entry(four_layers
 @pytest.fixture
 def read_only_dir(tmp_path: Path):
     """Root ignores permission bits, so a read-only mount is the honest unwritable directory."""
-    import subprocess
+    from tests.batch.tmpfs import tmpfs
 
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=16k", "tmpfs", str(mount)], capture_output=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount a read-only tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "ro", "ro", "size=16k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_an_offload_folder_that_cannot_be_written_is_named(
