@@ -54,6 +54,21 @@ def batch_prompts(count: int = 32) -> list[str]:
     return [ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
 
 
-def rewrite_prompts() -> list[str]:
-    """Requests that copy from their input: a function rewritten with type hints and a docstring."""
-    return [f"Rewrite this Python function with type hints and a docstring:\n\n{code}" for code in FUNCTIONS]
+def rewrite_prompts(count: int = 16) -> list[str]:
+    """Requests that copy from their input, as the single-stream code rewrite: a file given back
+    with a comment line added and the rest unchanged, each request its own file (the statistics
+    helpers, then the other functions in its own order) and comment, long enough that the answer
+    copies for the whole benchmark length. More requests than rows, as a ``batch`` file has: a row
+    that finishes early is replaced, not left idle. (Asked to add type hints and docstrings, the
+    default model rewrites bodies freely and copies too little for drafting to pay.)"""
+    comments = ["helpers", "statistics helpers", "shared maths", "numeric utilities"]
+    prompts = []
+    for i in range(count):
+        rest = FUNCTIONS[i % len(FUNCTIONS) :] + FUNCTIONS[: i % len(FUNCTIONS)]
+        code = CODE + "\n\n" + "\n\n\n".join(rest)
+        comment = comments[(i // len(FUNCTIONS)) % len(comments)]
+        prompts.append(
+            f"Add a comment line `# {comment}` at the top of this file and repeat the rest of the file "
+            f"unchanged.\n\n```python\n{code}\n```"
+        )
+    return prompts

@@ -167,7 +167,7 @@ def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> 
             for b in backends:
                 b.rollback(i, len(row.seq) - 1)
             row.cached = len(row.seq) - 1
-    drafts = [row.propose(DraftLength.max_k) for row in rows] if backend.ragged else [[] for _ in rows]
+    drafts = [row.propose(len(rows)) for row in rows] if backend.ragged else [[] for _ in rows]
     for row in rows:
         row.ready = True
     if not any(drafts):

@@ -77,12 +77,16 @@ class Row:
     def draft_count(self) -> int:
         return self.drafted.shape[0]
 
-    def propose(self, max_k: int) -> list[int]:
-        """Drafts for the next pass (none for a plain row), kept for verification; their ids."""
+    def propose(self, rows: int) -> list[int]:
+        """Drafts for the next pass of ``rows`` rows (none for a plain row), kept for
+        verification; their ids."""
         if self.drafter is None or self.draft_length is None:
             return []
         cfg = self.item.cfg
-        k = min(self.draft_length.k, cfg.max_tokens - self.item.stats.tokens - 1, max_k)
+        # A sampled row's random draws follow its draft lengths: it drafts as it would alone, so
+        # its seed gives the same text in any batch. A greedy row's tokens do not depend on them.
+        shared = rows if cfg.is_greedy else 1
+        k = min(self.draft_length.limit(shared), cfg.max_tokens - self.item.stats.tokens - 1)
         if k > 0 and self.matcher is not None:
             # q masked like p at every position (a model draft); a draft the grammar rejects is cut.
             drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)

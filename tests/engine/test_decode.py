@@ -88,6 +88,8 @@ def test_every_speculative_request_in_a_batch_decodes_as_it_does_alone(
             assert mine.prob == pytest.approx(theirs.prob, rel=1e-4, abs=1e-6)
         assert summaries[item.key].text == summary.text
         mine, theirs = summaries[item.key].facts.speculation, summary.facts.speculation
+        if k is None and item.cfg.is_greedy and batch_size > 1:
+            continue  # its drafts share the pass's width (test_greedy_rows_share_the_draft_length)
         assert (mine.drafted, mine.accepted, mine.target_passes) == (
             theirs.drafted,
             theirs.accepted,
@@ -95,6 +97,36 @@ def test_every_speculative_request_in_a_batch_decodes_as_it_does_alone(
         )
         drafted += summary.facts.speculation.drafted
     assert drafted > 0  # the rows really speculated
+
+
+def test_greedy_rows_share_the_draft_length(tiny_lm) -> None:
+    """A pass is as wide as its longest row: adaptive greedy rows of a batch of 4 draft at most
+    16 / 4 each; a sampled row (whose draws follow its drafts) and a row with a fixed K draft as
+    they do alone."""
+    vocab = tiny_lm.model.config.vocab_size
+
+    def run(batch_size: int) -> dict[int, list[int]]:
+        asked: dict[int, list[int]] = {}
+
+        class Spy(ModelDrafter):  # the target drafting for itself: every draft is accepted
+            def propose(self, seq, k, history, cfg, generator, matcher=None):
+                asked.setdefault(cfg.seed, []).append(k)
+                return super().propose(seq, k, history, cfg, generator, matcher)
+
+        requests = []
+        for i, temperature in enumerate([0.0, 0.0, 0.9, 0.0]):
+            cfg = SamplingConfig(temperature=temperature, seed=i, max_tokens=60)
+            ids = encode_prompt(tiny_lm, "w3 w4 w3 w4 w3 w4 w3 w4", raw=True)[0].tolist()
+            k = 6 if i == 3 else None
+            requests.append(BatchItem(i, ids, cfg, RunStats("tiny", "test", i), lambda: Spy(tiny_lm, vocab), k))
+        for _, record in decode_batch(tiny_lm, requests, batch_size, ignore_eos=True):
+            assert not isinstance(record, RowFailed)
+        return asked
+
+    alone, shared = run(1), run(4)
+    # While all four rows are in (the sampled row, drafting up to 16, leaves first), 16 / 4 each.
+    assert max(alone[0]) > 4 and max(shared[0][:5] + shared[1][:5]) <= 4
+    assert shared[2] == alone[2] and shared[3] == alone[3] and max(shared[3]) == 6
 
 
 def test_greedy_speculative_rows_equal_plain_rows(tiny_lm, draft_lm) -> None:
