@@ -40,11 +40,11 @@ class PaddedBatch:
         on_forward: Callable[[float], None] | None = None,
     ) -> None:
         """``on_forward``: told the seconds of every forward pass (the benchmark's model share)."""
-        from transformers import DynamicCache
+        from llmsample.engine.growing_cache import growing_cache
 
         self.model = model
         self.cache_arg = cache_arg(model)
-        self.cache = DynamicCache(config=model.config)
+        self.cache = growing_cache(model.config)
         self.device = device = input_device(model)
         self.sample_device = sample_device or device
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
@@ -69,7 +69,7 @@ class PaddedBatch:
     def admit(self, prompts: list[list[int]]) -> Tensor:
         """Prefill ``prompts`` together (left-padded) and add them as the last rows; returns their
         next-token logits ``[len(prompts), vocab]``."""
-        from transformers import DynamicCache
+        from llmsample.engine.growing_cache import growing_cache
 
         self._crop_holes()  # before the rows change
         device = self.device
@@ -77,7 +77,7 @@ class PaddedBatch:
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = DynamicCache(config=self.model.config)
+        cache = growing_cache(self.model.config)
         logits = self._forward(ids, mask, positions, cache, keep_last=True)[:, -1]
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=device))
         self._lengths += [len(p) for p in prompts]
@@ -153,9 +153,9 @@ class PaddedBatch:
     def keep(self, rows: list[int]) -> None:
         """Only these rows go on (finished rows leave); padding no row needs any more is trimmed."""
         if not rows:
-            from transformers import DynamicCache
+            from llmsample.engine.growing_cache import growing_cache
 
-            self.cache = DynamicCache(config=self.model.config)
+            self.cache = growing_cache(self.model.config)
             self.mask, self.positions = self.mask[:0, :0], self.positions[:0]
             self._lengths, self._tails = [], []
             return
@@ -219,10 +219,10 @@ class PaddedBatch:
 
     @staticmethod
     def _layers(cache: Any) -> list[Any]:
-        from transformers.cache_utils import DynamicLayer
+        from llmsample.engine.growing_cache import GrowingLayer
 
         layers = list(cache.layers)
-        if not all(type(layer) is DynamicLayer for layer in layers):
+        if not all(type(layer) is GrowingLayer for layer in layers):
             kinds = sorted({type(layer).__name__ for layer in layers})
             raise UserError(
                 f"batch decoding supports models with full attention in every layer, not {', '.join(kinds)}; "

@@ -1,0 +1,63 @@
+"""The cache layer that appends in place holds exactly what concatenation would, through every
+edit the padded batch makes between updates (crops, row selections, leading columns dropped)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from llmsample.engine.growing_cache import GrowingLayer, growing_cache
+from llmsample.engine.padded import PaddedBatch
+from tests.conftest import make_tiny_model
+
+EDITS = st.lists(
+    st.one_of(
+        st.tuples(st.just("append"), st.integers(1, 40)),
+        st.tuples(st.just("crop"), st.integers(0, 5)),
+        st.tuples(st.just("select"), st.integers(0, 2)),
+        st.tuples(st.just("lead"), st.integers(0, 3)),
+    ),
+    max_size=25,
+)
+
+
+@given(EDITS)
+def test_a_growing_layer_holds_what_concatenation_holds(edits: list[tuple[str, int]]) -> None:
+    layer, keys = GrowingLayer(), torch.zeros(3, 2, 0, 4)
+    rows = 3
+    for kind, n in edits:
+        length = keys.shape[2]
+        if kind == "append":
+            new = torch.randn(rows, 2, n, 4)
+            got, values = layer.update(new, -new)
+            keys = torch.cat([keys, new], 2)
+            assert torch.equal(got, keys) and torch.equal(values, -keys)
+        elif layer.keys is None or length == 0:
+            continue
+        elif kind == "crop":  # the padded batch's trailing holes
+            end = max(0, length - n)
+            layer.keys, layer.values, keys = layer.keys[:, :, :end], layer.values[:, :, :end], keys[:, :, :end]
+        elif kind == "select":  # rows leave, or a row is replicated
+            index = torch.tensor([(i + n) % rows for i in range(rows)])
+            layer.keys, layer.values, keys = layer.keys[index], layer.values[index], keys[index]
+        else:  # leading columns every row pads
+            first = min(n, length)
+            layer.keys, layer.values, keys = layer.keys[:, :, first:], layer.values[:, :, first:], keys[:, :, first:]
+    if layer.keys is not None:
+        assert torch.equal(layer.keys, keys) and torch.equal(layer.values, -keys)
+
+
+def test_a_step_writes_in_place(tmp_path) -> None:
+    """The point of it: a one-token step copies none of the cache (the buffer stays, the view grows)."""
+    from llmsample.models.loading import load_model
+
+    lm = load_model(str(make_tiny_model(tmp_path)), "cpu", "float32")
+    batch = PaddedBatch(lm.model)
+    batch.admit([[3, 4, 5], [6, 7]])
+    first = batch.cache.layers[0]
+    before = first._key_buffer.data_ptr()
+    for _ in range(5):
+        batch.step(torch.tensor([1, 2]))
+    assert first.keys.shape[2] == 8 and first._key_buffer.data_ptr() == before
+    assert all(type(layer) is GrowingLayer for layer in growing_cache(lm.model.config).layers)
