@@ -1,7 +1,8 @@
 """A transformers KV cache whose full-attention layers append in place.
 
 transformers' ``DynamicLayer`` concatenates every step: the whole cache is copied to add one
-position (at batch 16 on the default model, about 70 MB a step, 5 % of a batched step here).
+position (at batch 16 and 100 positions on the default model, about 70 MB a step). Measured
+against it on ``PaddedBatch`` steps here: 9 % off a step at 1500 positions, 2–5 % at 50–100.
 :class:`GrowingLayer` keeps each layer's keys and values as views of buffers with room to spare,
 so a step writes its new column and copies nothing; a buffer that runs out is replaced by one a
 quarter larger (an amortised copy per step of a few positions). The padded batch
