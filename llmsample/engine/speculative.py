@@ -163,12 +163,16 @@ class DraftLength:
     adaptive: bool = True
     max_k: int = 16
 
-    def limit(self, rows: int) -> int:
-        """The most drafts a row verifies in a pass it shares with ``rows`` rows. A pass is as wide
-        as its longest row, so every position one row drafts costs every row a position: adaptive
-        rows share ``max_k`` (greedy code rewrites at batch 4: 1.43x over no drafting with 16
-        each, 1.57x with 4); a fixed K is the user's (up to ``max_k``)."""
-        return min(self.k, self.max_k if not self.adaptive else max(1, self.max_k // rows))
+    def fit(self, rows: int) -> int:
+        """K for a pass the row shares with ``rows`` rows. A pass is as wide as its longest row,
+        so every position one row drafts costs every row a position: adaptive rows share
+        ``max_k`` (greedy code rewrites at batch 4: 1.43x over no drafting with 16 each, 1.57x
+        with 4), and an adaptive K above that comes down to it, so that it adapts from there; a
+        fixed K is the user's (up to ``max_k``)."""
+        if not self.adaptive:
+            return min(self.k, self.max_k)
+        self.k = min(self.k, max(1, self.max_k // rows))
+        return self.k
 
     def update(self, accepted: int, drafted: int) -> None:
         if not self.adaptive or drafted == 0:
