@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -15,7 +17,7 @@ from llmsample.engine.speculative import Drafter, DraftLength
 from llmsample.events import RunStats, Speculation
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.constraint import Matcher, tokenizer_table
+from llmsample.sampling.constraint import ANY, Matcher, tokenizer_table
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator
 
@@ -72,6 +74,13 @@ class Row:
     @property
     def key(self) -> Any:
         return self.item.key
+
+    @cached_property
+    def sampler(self) -> SamplingConfig:
+        """What the chain reads of the row's config (not its seed, length, stops or its own
+        grammar's state): rows that share it are sampled by one chain call."""
+        constraint = ANY if self.item.cfg.constraint is not None else None  # each row's grammar gives its mask
+        return dataclasses.replace(self.item.cfg, seed=None, max_tokens=1, description="", constraint=constraint)
 
     @property
     def draft_count(self) -> int:

@@ -22,7 +22,7 @@ from llmsample.engine.speculative import accept_drafts
 from llmsample.errors import RuntimeFailure
 from llmsample.events import ConstraintOutcome, StepFigures, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.constraint import ANY, batch_masks
+from llmsample.sampling.constraint import batch_masks
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Chain, sampler_chain
@@ -51,12 +51,6 @@ class StepResult:
     newest: Tensor
 
 
-def sampler_key(cfg: SamplingConfig) -> SamplingConfig:
-    """What the chain reads of a config: rows that share it are sampled by one chain call."""
-    constraint = ANY if cfg.constraint is not None else None  # each row's own grammar gives its mask
-    return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint)
-
-
 def sample_step(
     rows: list[Row], step: StepInput, top_n: int, watched: WatchIndex | None, agree: Callable[[Tensor], Tensor]
 ) -> Iterator[Record]:
@@ -69,7 +63,7 @@ def sample_step(
     groups: dict[SamplingConfig, list[int]] = {}
     for i, row in enumerate(rows):
         if row.ready:
-            groups.setdefault(sampler_key(row.item.cfg), []).append(i)
+            groups.setdefault(row.sampler, []).append(i)
     for members in groups.values():
         chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
         figures = step_figures(chain, tokens, top_n, watched, counts)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import RuntimeFailure, UserError, first_line
+from llmsample.models.allocator import keep_freed_blocks
 from llmsample.models.checkpoint import (
     check_local_model,
     check_tokenizer_files,
@@ -105,6 +106,7 @@ def load_model(
     from llmsample.models.llamacpp import choose_backend, load_llama_cpp
 
     quiet_transformers()
+    keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
     device = target_device(device_name, placement, compile)
     name = spec or DEFAULT_MODEL
     clean_staging(progress)

@@ -10,7 +10,8 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling.pipeline import Chain, entropy_bits
+from llmsample.sampling.filters import count_true, kept_count
+from llmsample.sampling.pipeline import Chain, Stage, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
 
 
@@ -27,6 +28,13 @@ class WatchIndex:
         """None when nothing is watched."""
         ids = tuple(int(i) for i in watch_ids)
         return cls(ids, torch.tensor(ids, dtype=torch.long, device=device)) if ids else None
+
+
+def _kept(stage: Stage) -> Tensor:
+    """The tokens a filter stage keeps per row; greedy keeps its one token unless all were gone."""
+    if stage.name == "greedy":
+        return (stage.logits.amax(-1) != -math.inf).int()
+    return kept_count(stage.logits)
 
 
 def step_figures(
@@ -48,13 +56,14 @@ def step_figures(
         # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
         # until a filter sets -inf, so that is all there is to count.
         same = position > 0 and stage.name not in FILTER_STAGES
-        kept.append(kept[-1] if same else (stage.logits != -math.inf).sum(-1))
+        kept.append(kept[-1] if same else _kept(stage))
     columns = [
         index.float(),
         probs.gather(1, index),
         raw_logprobs.gather(1, index).exp(),
-        (raw > raw.gather(1, index)).sum(-1, keepdim=True).float() + 1,
-        entropy_bits(probs).unsqueeze(-1),
+        count_true(raw > raw.gather(1, index)).unsqueeze(-1).float() + 1,
+        # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
+        probs.new_zeros(probs.shape[0], 1) if chain.is_greedy else entropy_bits(probs).unsqueeze(-1),
         probs.sum(-1, keepdim=True),
         # Checked here, in the step's one transfer, rather than with a host sync of its own: the
         # maximum is finite exactly when no logit is NaN or +inf and one at least is finite.

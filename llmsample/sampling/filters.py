@@ -26,6 +26,35 @@ def host_syncs_are_free(tensor: Tensor) -> bool:
     return tensor.device.type == "cpu"
 
 
+def count_true(mask: Tensor) -> Tensor:
+    """Per row, how many of a bool mask are set. Summing its bytes into int32 skips the copy to
+    int64 that torch makes to sum a bool tensor: a third of the time on a 49k CPU row."""
+    return mask.view(torch.uint8).sum(-1, dtype=torch.int32)
+
+
+def kept_count(logits: Tensor) -> Tensor:
+    """Per row, the tokens a stage keeps (logit not ``-inf``), as int32. On the CPU a row with no
+    ``-inf`` (what the model gives, nearly always) is told by its minimum, with no mask."""
+    vocab = logits.shape[-1]
+    if host_syncs_are_free(logits) and bool((logits.amin(-1) > -math.inf).all()):
+        return torch.full(logits.shape[:-1], vocab, dtype=torch.int32, device=logits.device)
+    return vocab - count_true(logits.isneginf())
+
+
+def first_argmax(logits: Tensor) -> Tensor:
+    """``logits.argmax(-1, keepdim=True)``, the same index (the first maximal one, a NaN counting
+    as the largest): on a CPU torch's argmax over a 49k row takes 15 times its ``amax``, so the
+    maximum is found block by block and then within its block."""
+    vocab = logits.shape[-1]
+    block = next((b for b in (256, 128, 64) if vocab % b == 0 and vocab >= 8 * b), 0)
+    if not block or not host_syncs_are_free(logits):  # an accelerator's argmax is one fast kernel
+        return logits.argmax(-1, keepdim=True)
+    blocks = logits.reshape(*logits.shape[:-1], vocab // block, block)
+    which = blocks.amax(-1).argmax(-1, keepdim=True)  # the first block that holds the maximum
+    inside = blocks.gather(-2, which.unsqueeze(-1).expand(*which.shape, block)).squeeze(-2)
+    return which * block + inside.argmax(-1, keepdim=True)
+
+
 def remove(logits: Tensor, mask: Tensor) -> Tensor:
     """``-inf`` where ``mask``: what every filter does. ``torch.where`` with a 0-d tensor costs a
     fifth of ``masked_fill`` on a 49k CPU row (0.1 ms against 0.55 ms), with the same result."""
@@ -61,7 +90,7 @@ def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
 
 def keep_argmax(logits: Tensor) -> Tensor:
     """Greedy: only the first maximal token survives (``torch.argmax`` picks the first)."""
-    index = logits.argmax(-1, keepdim=True)
+    index = first_argmax(logits)
     return torch.full_like(logits, -math.inf).scatter(-1, index, logits.gather(-1, index))
 
 
@@ -94,7 +123,7 @@ def keep_top_k(logits: Tensor, k: int) -> Tensor:
     kth = logits.topk(k, dim=-1).values[..., -1:]
     if host_syncs_are_free(logits):
         at_least = logits >= kth
-        if bool((at_least.sum(-1) == k).all()):  # no tie straddles the k-th place
+        if bool((count_true(at_least) == k).all()):  # no tie straddles the k-th place
             return remove(logits, ~at_least)
     above = logits > kth
     at = logits == kth

@@ -97,11 +97,16 @@ class Chain:
     def names(self) -> tuple[str, ...]:
         return tuple(stage.name for stage in self.stages)
 
+    @property
+    def is_greedy(self) -> bool:
+        """The distribution is its one surviving token (greedy is the last stage)."""
+        return self.stages[-1].name == "greedy"
+
     def draw(self, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
         """The sampled token per row (see :func:`draw`). A greedy chain's distribution is its one
         surviving token, so that is read off without a cumulative sum or a random number."""
-        if self.stages[-1].name == "greedy":
-            return self.final.argmax(-1)
+        if self.is_greedy:
+            return filters.first_argmax(self.final).squeeze(-1)
         return draw(self.probs, generator)
 
     def rows(self, index: slice | int) -> Chain:

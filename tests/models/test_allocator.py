@@ -1,0 +1,53 @@
+"""A step's big temporaries stay in the heap: made again the next step, they fault in no pages."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+CHILD = textwrap.dedent(
+    """
+    import resource, torch
+    from llmsample.models.allocator import keep_freed_blocks
+    from llmsample.sampling.config import SamplingConfig
+    from llmsample.sampling.figures import step_figures
+    from llmsample.sampling.history import TokenHistory
+    from llmsample.sampling.pipeline import sampler_chain
+
+    kept = keep_freed_blocks()
+    logits = torch.randn(16, 49152)
+    cfg = SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, max_tokens=8, seed=0)
+    generators = [torch.Generator().manual_seed(i) for i in range(16)]
+    history = TokenHistory.for_config(torch.zeros(16, 4, dtype=torch.long), 49152, cfg)
+
+    def step():
+        chain = sampler_chain(logits, history, cfg)
+        step_figures(chain, chain.draw(generators), 5)
+
+    step()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(20):
+        step()
+    print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    """
+)
+
+
+def faults(**env: str) -> tuple[str, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD], env={**os.environ, **env}, capture_output=True, text=True, check=True
+    )
+    kept, count = done.stdout.split()
+    return kept, int(count)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's thresholds")
+def test_freed_blocks_are_reused_unless_the_user_set_the_thresholds() -> None:
+    kept, count = faults()
+    assert kept == "True" and count < 1536  # 20 sampled steps of 16 rows: not one 6 MiB block again
+    kept, count = faults(MALLOC_TRIM_THRESHOLD_="131072")  # the user's choice stands
+    assert kept == "False" and count > 20 * 1536  # glibc's own: every step faults its blocks in
