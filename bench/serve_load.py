@@ -14,14 +14,13 @@ Prints one JSON document (``--out FILE`` also writes it)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
-import queue
 import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -74,57 +73,60 @@ def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen,
         time.sleep(0.2)
 
 
-def one_stream(client: Any, body: dict[str, Any]) -> tuple[float, float, int]:
-    """Seconds to the first text chunk, to the end, and the tokens (from the usage chunk)."""
+async def one_stream(url: str, body: dict[str, Any]) -> tuple[float, float, int]:
+    """Seconds to the first text chunk, to the end, and the tokens (from the usage chunk). Raw
+    HTTP/1.1 on one connection per request (``Connection: close``: the body ends at EOF): the
+    clients share the 2 cores with the server, and an httpx client took 1-1.7 ms of CPU per
+    streamed chunk, a sixth of a core under load, which the server's forward passes lost."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n").encode()  # fmt: skip
     sent = time.perf_counter()
-    first, tokens = None, 0
-    stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    with client.stream("POST", "/v1/completions", json=stream_body) as response:
-        for line in response.iter_lines():
-            # Parsed only until the first text and for the usage: the clients share the machine
-            # (and one interpreter) with the server, and should take as little of it as they can.
-            if not line.startswith("data: {") or (first is not None and '"usage": {' not in line):
-                continue
-            chunk = json.loads(line[6:])
-            if first is None and chunk["choices"] and chunk["choices"][0]["text"]:
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head + payload)
+    first, data, scanned = None, bytearray(), 0
+    while chunk := await reader.read(1 << 16):
+        data += chunk
+        if first is None:  # parsed only until the first text
+            lines = data[scanned:].split(b"\n")
+            scanned = len(data) - len(lines[-1])
+            if any(text_of(line) for line in lines[:-1]):
                 first = time.perf_counter() - sent
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-    return first or 0.0, time.perf_counter() - sent, tokens
+    end = time.perf_counter() - sent
+    writer.close()
+    usage = next(line for line in reversed(data.split(b"\n")) if line.startswith(b"data: {") and b'"usage": {' in line)
+    tokens = json.loads(usage[6:])["usage"]["completion_tokens"]
+    return first or 0.0, end, tokens
+
+
+def text_of(line: bytes) -> str:
+    """A streamed completion chunk's text ("" for any other line)."""
+    if not line.startswith(b"data: {"):
+        return ""
+    choices = json.loads(line[6:]).get("choices")
+    return choices[0]["text"] if choices else ""
 
 
 def through_server(url: str, args: argparse.Namespace, work: list[dict[str, Any]]) -> dict[str, Any]:
-    """The clients are made before the clock starts and set off together: making an httpx client
-    takes milliseconds of CPU (its TLS context), which would otherwise spread the requests'
-    arrival over the run and count the clients' start-up as the server's time."""
-    import httpx
-
-    todo: queue.Queue[dict[str, Any]] = queue.Queue()
-    for body in work:
-        todo.put(body)
+    """``--clients`` coroutines on one event loop in one thread, pulling bodies from one queue, set
+    off together."""
     results: list[tuple[float, float, int]] = []
-    clients = [httpx.Client(base_url=url, timeout=600) for _ in range(args.clients)]
-    ready = threading.Barrier(args.clients + 1)
 
-    def client_loop(client: Any) -> None:
-        ready.wait()
-        while True:
-            try:
-                body = todo.get_nowait()
-            except queue.Empty:
-                return
-            results.append(one_stream(client, body))
+    async def clients() -> float:
+        todo: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        for body in work:
+            todo.put_nowait(body)
 
-    threads = [threading.Thread(target=client_loop, args=(client,)) for client in clients]
-    for thread in threads:
-        thread.start()
-    ready.wait()
-    started = time.perf_counter()
-    for thread in threads:
-        thread.join()
-    wall = time.perf_counter() - started
-    for client in clients:
-        client.close()
+        async def client_loop() -> None:
+            while not todo.empty():
+                results.append(await one_stream(url, todo.get_nowait()))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(client_loop() for _ in range(args.clients)))
+        return time.perf_counter() - started
+
+    wall = asyncio.run(clients())
     tokens = sum(r[2] for r in results)
     return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "decode_tok_s": decode_rate(results),
             "requests": len(results),
@@ -150,13 +152,10 @@ def main() -> None:
     args = parser.parse_args()
     work = bodies(args.requests, args.max_tokens)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{os.getpid()}.log"
-    import httpx
-
     proc, url = start_server(args, log)
     runs = []
     try:
-        with httpx.Client(base_url=url, timeout=600) as client:  # warm-ups, not counted
-            one_stream(client, {**work[0], "max_tokens": 4, "min_tokens": 4})
+        asyncio.run(one_stream(url, {**work[0], "max_tokens": 4, "min_tokens": 4}))  # a warm-up, not counted
         for _ in range(args.runs):  # interleaved, so a busy machine slows both sides alike
             runs.append({"batch": through_batch(args, work), "serve": through_server(url, args, work)})
     finally:
