@@ -17,20 +17,24 @@ import sys
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP = 32 << 20
-"""glibc's largest mmap threshold on 64-bit (half its heap size): model weights stay mappings."""
+"""Blocks up to 32 MiB come from the heap; bigger ones (model weights) stay mappings."""
 TRIM = 256 << 20
 
 _done = False
 
 
 def keep_freed_blocks() -> bool:
-    """Set glibc's thresholds unless the user set them (``MALLOC_MMAP_THRESHOLD_`` or
-    ``MALLOC_TRIM_THRESHOLD_``); returns whether they are set. Elsewhere (macOS, musl) nothing."""
+    """Set glibc's thresholds unless the user set them (``MALLOC_MMAP_THRESHOLD_``,
+    ``MALLOC_TRIM_THRESHOLD_`` or ``GLIBC_TUNABLES``); returns whether they are set. Elsewhere
+    (macOS, musl) nothing."""
     global _done
     if _done:
         return True
-    if not sys.platform.startswith("linux") or any(
-        name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if (
+        not sys.platform.startswith("linux")
+        or any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"))
+        or any(name in tunables for name in ("malloc.mmap_threshold", "malloc.trim_threshold"))
     ):
         return False
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -11,7 +10,7 @@ from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
 from llmsample.sampling.filters import count_true, kept_count
-from llmsample.sampling.pipeline import Chain, Stage, entropy_bits
+from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
 
 
@@ -28,13 +27,6 @@ class WatchIndex:
         """None when nothing is watched."""
         ids = tuple(int(i) for i in watch_ids)
         return cls(ids, torch.tensor(ids, dtype=torch.long, device=device)) if ids else None
-
-
-def _kept(stage: Stage) -> Tensor:
-    """The tokens a filter stage keeps per row; greedy keeps its one token unless all were gone."""
-    if stage.name == "greedy":
-        return (stage.logits.amax(-1) != -math.inf).int()
-    return kept_count(stage.logits)
 
 
 def step_figures(
@@ -56,7 +48,7 @@ def step_figures(
         # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
         # until a filter sets -inf, so that is all there is to count.
         same = position > 0 and stage.name not in FILTER_STAGES
-        kept.append(kept[-1] if same else _kept(stage))
+        kept.append(kept[-1] if same else kept_count(stage.logits))
     columns = [
         index.float(),
         probs.gather(1, index),
