@@ -59,9 +59,10 @@ def rewrite_prompts(count: int = 16) -> list[str]:
     with a comment line added and the rest unchanged, each request its own file (the statistics
     helpers, then the four functions in its own order: ``mean`` is in both, so a draft that
     follows the later copy where the two differ is rejected, which counts against drafting) and
-    comment, long enough that the answer copies for the whole benchmark length. More requests than rows, as a ``batch`` file has: a row
-    that finishes early is replaced, not left idle. (Asked to add type hints and docstrings, the
-    default model rewrites bodies freely and copies too little for drafting to pay.)"""
+    comment, long enough that the answer copies for the whole benchmark length. More requests
+    than rows, as a ``batch`` file has: a row that finishes early is replaced, not left idle.
+    (Asked to add type hints and docstrings, the default model rewrites bodies freely and copies
+    too little for drafting to pay.)"""
     comments = ["helpers", "statistics helpers", "shared maths", "numeric utilities"]
     prompts = []
     for i in range(count):
