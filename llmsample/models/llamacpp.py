@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib.util
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,8 +99,12 @@ def sidecar_dir(source: Path) -> Path:
 
 def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any]:
     """The tokenizer, config and generation config of ``source``: from the kept folder, or read
-    from the GGUF by transformers and kept (written to a staging folder and renamed into place)."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from the GGUF by transformers and kept (written to a staging folder and renamed into place).
+
+    The kept config is read as a plain ``PretrainedConfig`` (it holds every key the engine reads)
+    and handed to the tokenizer: the architecture's own config class imports transformers'
+    model-loading machinery and torch.distributed with it, 1.5-2 s of a start that needs none of it."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
 
     target = sidecar_dir(source)
     if not all((target / f).is_file() for f in SIDECAR_FILES):
@@ -115,9 +120,10 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
             del config.quantization_config
         keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))
     try:
+        config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text()))
         return (
-            AutoTokenizer.from_pretrained(str(target)),
-            AutoConfig.from_pretrained(str(target)),
+            AutoTokenizer.from_pretrained(str(target), config=config),
+            config,
             GenerationConfig.from_pretrained(str(target)),
         )
     except (OSError, ValueError) as exc:
