@@ -1,6 +1,7 @@
 """The batch benchmark: many chat prompts of mixed lengths through ``decode_batch`` (every token's
 record built) against transformers' padded batch ``generate``, at several batch sizes, in one
-process on one model. Aggregate tokens/s, EOS ignored, greedy, medians of interleaved runs."""
+process on one model. Aggregate tokens/s, EOS ignored, greedy, medians
+of rotating rounds (:mod:`llmsample.bench.timing`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 
 from llmsample.bench.prompts import batch_prompts
+from llmsample.bench.timing import paired_ratio, rounds
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
@@ -65,23 +67,33 @@ def run_batch_benchmark(
     lm: LoadedModel, sizes: list[int], runs: int = 3, tokens: int = 64, count: int = 32,
     log: Callable[[str], None] = lambda step: None,
 ) -> list[BatchRow]:  # fmt: skip
-    """Per batch size, both sides in turn ``runs`` times over ``count`` prompts: medians."""
+    """Per batch size, both sides in ``runs`` rotating rounds over ``count`` prompts: medians, and
+    the ratio paired by round."""
     prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(count)]
     rows = []
     for size in sizes:
         log(f"batch size {size}")
-        mine, reference, shares = [], [], []
-        for _ in range(runs):
-            start = time.perf_counter()
-            generated, model_s = ours(lm, prompts, tokens, size)
-            elapsed = time.perf_counter() - start
-            mine.append(generated / elapsed)
-            shares.append(model_s / elapsed)
-            start = time.perf_counter()
-            reference.append(theirs(lm, prompts, tokens, size) / (time.perf_counter() - start))
-        ours_rate, their_rate = statistics.median(mine), statistics.median(reference)
-        rows.append(BatchRow(size, ours_rate, their_rate, ours_rate / their_rate, statistics.median(shares)))
+        rows.append(_batch_row(lm, prompts, tokens, size, runs))
     return rows
+
+
+def _batch_row(lm: LoadedModel, prompts: list[list[int]], tokens: int, size: int, runs: int) -> BatchRow:
+    shares = []
+
+    def mine() -> float:
+        start = time.perf_counter()
+        generated, model_s = ours(lm, prompts, tokens, size)
+        elapsed = time.perf_counter() - start
+        shares.append(model_s / elapsed)
+        return generated / elapsed
+
+    def reference() -> float:
+        start = time.perf_counter()
+        return theirs(lm, prompts, tokens, size) / (time.perf_counter() - start)
+
+    rates, their_rates = rounds(runs, [mine, reference])
+    median = statistics.median
+    return BatchRow(size, median(rates), median(their_rates), paired_ratio(rates, their_rates), median(shares))
 
 
 def rows_to_dict(rows: list[BatchRow]) -> list[dict[str, Any]]:

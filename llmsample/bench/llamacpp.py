@@ -8,8 +8,8 @@ in one process on one GGUF, EOS ignored, the same sampling settings on every sid
 - our llama.cpp path against our transformers path on the same model;
 - a fresh ``llmsample generate -n 1`` process to its first token on each backend.
 
-Medians of interleaved runs (:func:`llmsample.bench.timing.interleave`'s reasoning: a noisy
-neighbour slows every side alike); each figure counts prefill and decode. ``model_share`` is the
+Medians of rotating rounds, ratios paired by round (:mod:`llmsample.bench.timing`'s reasoning: a
+noisy neighbour slows every side of a round alike); each figure counts prefill and decode. ``model_share`` is the
 part of our single stream's time spent inside ``llama_decode`` (the backend's ``on_forward``);
 the rest is the loop: sampling chain, figures, records."""
 
@@ -30,7 +30,7 @@ import torch
 from llmsample.bench.prompts import batch_prompts
 from llmsample.bench.results import machine_info, write_document
 from llmsample.bench.sides import ours
-from llmsample.bench.timing import timed_tokens_per_s
+from llmsample.bench.timing import paired_ratio, rounds, timed_tokens_per_s
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.prompt import encode_prompt
@@ -60,19 +60,12 @@ class LlamaCppBench:
     transformers_tok_s: float  # our loop on transformers, same model
     transformers_dtype: str
     model_share: float  # of our single stream's time, the share inside llama_decode
+    ratios: dict[str, float]  # each the median of the rounds' own ratios
     start_llama_cpp_s: float | None  # a fresh process to its first token (and exit); None: it failed
     start_transformers_s: float | None
 
-    @property
-    def ratios(self) -> dict[str, float]:
-        return {
-            "ours / llama-cpp-python": self.ours_tok_s / self.llama_cpp_python_tok_s,
-            f"our batch {BATCH} / llama-cpp-python": self.ours_batch_tok_s / self.llama_cpp_python_tok_s,
-            "llama.cpp / transformers (ours)": self.ours_tok_s / self.transformers_tok_s,
-        }
-
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ratios": self.ratios}
+        return asdict(self)
 
 
 def settings(tokens: int, seed: int = 0) -> SamplingConfig:
@@ -134,7 +127,7 @@ def start_up(model: str | None, backend: str) -> float | None:
 def run_llamacpp_benchmark(
     model: str | None, runs: int, tokens: int, log: Callable[[str], None] = lambda step: None
 ) -> LlamaCppBench:
-    """Every side interleaved ``runs`` times on the same GGUF; medians."""
+    """Every side once in each of ``runs`` rotating rounds on the same GGUF; medians."""
     threads = torch.get_num_threads()
     log("loading the GGUF on llama.cpp and on transformers")
     lm = load_model(model, "cpu", "auto", backend="llama.cpp")
@@ -146,20 +139,32 @@ def run_llamacpp_benchmark(
     ours_timed(lm, ids, 8)  # warm-up: first touch of the weights and buffers on every side
     theirs(prompt, 8)
     ours(hf, ids, settings(8))
-    figures: dict[str, list[float]] = {"ours": [], "share": [], "theirs": [], "batch": [], "hf": []}
-    for i in range(runs):
-        log(f"run {i + 1} of {runs}")
+    shares = []
+
+    def single() -> float:
         count, wall, forward = ours_timed(lm, ids, tokens)
-        figures["ours"].append(count / wall)
-        figures["share"].append(forward / wall)
-        figures["theirs"].append(timed_tokens_per_s(lambda: theirs(prompt, tokens)))
-        figures["batch"].append(timed_tokens_per_s(lambda: ours_batch(lm, batch, tokens)))
-        figures["hf"].append(timed_tokens_per_s(lambda: ours(hf, ids, settings(tokens))))
+        shares.append(forward / wall)
+        return count / wall
+
+    mine, peer, batched, hf_rates = rounds(
+        runs,
+        [
+            single,
+            lambda: timed_tokens_per_s(lambda: theirs(prompt, tokens)),
+            lambda: timed_tokens_per_s(lambda: ours_batch(lm, batch, tokens)),
+            lambda: timed_tokens_per_s(lambda: ours(hf, ids, settings(tokens))),
+        ],
+    )
+    ratios = {
+        "ours / llama-cpp-python": paired_ratio(mine, peer),
+        f"our batch {BATCH} / llama-cpp-python": paired_ratio(batched, peer),
+        "llama.cpp / transformers (ours)": paired_ratio(mine, hf_rates),
+    }
     log("start-up of a fresh process on each backend")
-    median = {k: statistics.median(v) for k, v in figures.items()}
+    median = statistics.median
     return LlamaCppBench(
-        lm.name, lm.quantization, tokens, runs, threads, median["ours"], median["theirs"], median["batch"],
-        median["hf"], str(hf.dtype).removeprefix("torch."), median["share"],
+        lm.name, lm.quantization, tokens, runs, threads, median(mine), median(peer), median(batched),
+        median(hf_rates), str(hf.dtype).removeprefix("torch."), median(shares), ratios,
         start_up(model, "llama.cpp"), start_up(model, "transformers"),
     )  # fmt: skip
 

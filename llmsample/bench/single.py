@@ -19,7 +19,7 @@ from llmsample.bench.prompts import PROMPTS
 from llmsample.bench.results import BenchResults, Defaults, Inspection, Speculation, Workload, machine_info
 from llmsample.bench.sides import ours, reference_model, theirs
 from llmsample.bench.startup import cold_load_s, warm_start
-from llmsample.bench.timing import Timings, interleave, timed_tokens_per_s
+from llmsample.bench.timing import Timings, interleave, paired_ratio, rounds, timed_tokens_per_s
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter, speculative_generate
 from llmsample.events import RunStats, Summary
@@ -65,42 +65,48 @@ def bench_speculation(lm: LoadedModel, greedy: SamplingConfig, runs: int) -> Spe
     """n-gram drafting on the input-grounded prompt, against prompt lookup and our plain loop."""
     ids = encode_prompt(lm, PROMPTS["code-rewrite"])
     vocab = lm.model.config.vocab_size
-    spec = Timings("code-rewrite / greedy, ngram")
-    plain = Timings("code-rewrite / greedy, plain")
-    acceptance = []
-    for _ in range(runs):
+    facts = []  # each speculative run's speculation facts
+
+    def speculative() -> int:
         stats = RunStats(lm.name, "bench", None)
+        events = speculative_generate(lm, ids, greedy, stats, NgramDrafter(vocab, lm.device), ignore_eos=True)
+        count = sum(1 for item in events if not isinstance(item, Summary))
+        facts.append(stats.facts.speculation)
+        return count
 
-        def speculative(stats: RunStats = stats) -> int:
-            events = speculative_generate(lm, ids, greedy, stats, NgramDrafter(vocab, lm.device), ignore_eos=True)
-            return sum(1 for item in events if not isinstance(item, Summary))
-
-        spec.ours.append(timed_tokens_per_s(speculative))
-        acceptance.append(stats.facts.speculation.acceptance_rate if stats.facts.speculation else 0.0)
-        spec.theirs.append(timed_tokens_per_s(lambda: theirs(lm, ids, greedy, prompt_lookup_num_tokens=10)))
-        plain.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, greedy)))
-    row = spec.result()
+    drafted, lookup, plain = rounds(
+        runs,
+        [
+            lambda: timed_tokens_per_s(speculative),
+            lambda: timed_tokens_per_s(lambda: theirs(lm, ids, greedy, prompt_lookup_num_tokens=10)),
+            lambda: timed_tokens_per_s(lambda: ours(lm, ids, greedy)),
+        ],
+    )
+    row = Timings("code-rewrite / greedy, ngram", drafted, lookup).result()
     return Speculation(
         **dataclasses.asdict(row),
-        speedup_over_plain=row.ours_tok_s / statistics.median(plain.ours),
-        acceptance_rate=statistics.median(acceptance),
-        tokens_per_pass=stats.facts.speculation.tokens_per_pass if stats.facts.speculation else 0.0,  # the last run's
+        speedup_over_plain=paired_ratio(drafted, plain),
+        acceptance_rate=statistics.median(f.acceptance_rate if f else 0.0 for f in facts),
+        tokens_per_pass=facts[-1].tokens_per_pass if facts[-1] else 0.0,  # the last run's
     )
 
 
 def bench_inspection(lm: LoadedModel, cfg: SamplingConfig, runs: int) -> Inspection:
     """JSON lines with alternatives against plain text, and the pipeline's share of a step."""
     ids = encode_prompt(lm, PROMPTS["story"])
-    text, jsonl = Timings("plain text"), Timings("jsonl --top-n 5")
-    for _ in range(runs):
-        text.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, PlainRenderer(io.StringIO()))))
-        jsonl.ours.append(timed_tokens_per_s(lambda: ours(lm, ids, cfg, JsonlRenderer(io.StringIO()))))
-    text_tok_s, jsonl_tok_s = statistics.median(text.ours), statistics.median(jsonl.ours)
+    text, jsonl = rounds(
+        runs,
+        [
+            lambda: timed_tokens_per_s(lambda: ours(lm, ids, cfg, PlainRenderer(io.StringIO()))),
+            lambda: timed_tokens_per_s(lambda: ours(lm, ids, cfg, JsonlRenderer(io.StringIO()))),
+        ],
+    )
+    text_tok_s, jsonl_tok_s = statistics.median(text), statistics.median(jsonl)
     per_step = pipeline_cost(lm, cfg)
     return Inspection(
         text_tok_s=text_tok_s,
         jsonl_tok_s=jsonl_tok_s,
-        jsonl_over_text=jsonl_tok_s / text_tok_s,
+        jsonl_over_text=paired_ratio(jsonl, text),
         pipeline_s_per_step=per_step,
         pipeline_share_of_step=per_step / (1 / text_tok_s),  # of the plain text's seconds per step
     )

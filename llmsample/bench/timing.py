@@ -1,16 +1,25 @@
-"""Clocks for the benchmarks: tokens per second with queued GPU work waited for, and two sides
-run in turn so that a noisy neighbour slows both alike (medians; ratios hold on a shared machine)."""
+"""Clocks for the benchmarks: tokens per second with queued GPU work waited for, and sides run
+in rounds so that a noisy neighbour slows them alike.
+
+A shared machine's speed moves by a quarter within minutes, more than what separates two loops
+that are close. So every side runs once per round, the order rotating from round to round (no
+side always goes first, after a pause or just after the other), and a ratio is the median of the
+rounds' own ratios: the two runs of a round saw the same neighbours, which a ratio of the sides'
+medians, taken from different rounds, does not cancel."""
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
 from llmsample.bench.results import Workload
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -28,7 +37,7 @@ class Timings:
             workload=self.workload,
             ours_tok_s=ours,
             reference_tok_s=theirs,
-            ratio=ours / theirs if theirs else None,
+            ratio=paired_ratio(self.ours, self.theirs) if self.theirs else None,
             ttft_s=statistics.median(self.ttft) if self.ttft else None,
             runs=len(self.ours),
         )
@@ -49,10 +58,27 @@ def timed_tokens_per_s(run: Callable[[], int]) -> float:
     return tokens / (time.perf_counter() - start)
 
 
+def rounds(runs: int, sides: Sequence[Callable[[], T]]) -> list[list[T]]:
+    """Each side's figures over ``runs`` rounds of every side once, round ``r`` starting at side
+    ``r mod len(sides)``: ``figures[side][round]``."""
+    figures: list[list[T]] = [[] for _ in sides]
+    for r in range(runs):
+        for k in range(len(sides)):
+            side = (r + k) % len(sides)
+            figures[side].append(sides[side]())
+    return figures
+
+
+def paired_ratio(mine: Sequence[float], theirs: Sequence[float]) -> float:
+    """The median over rounds of ``mine[round] / theirs[round]``."""
+    return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+
+
 def interleave(timings: Timings, runs: int, mine: Callable[[], int], reference: Callable[[], int] | None) -> Timings:
-    """Alternate the two sides run by run, so a noisy neighbour slows both alike."""
-    for _ in range(runs):
-        timings.ours.append(timed_tokens_per_s(mine))
-        if reference:
-            timings.theirs.append(timed_tokens_per_s(reference))
+    """Both sides in rotating rounds (:func:`rounds`), tokens/s into ``timings``."""
+    sides = [lambda: timed_tokens_per_s(mine)] + ([lambda: timed_tokens_per_s(reference)] if reference else [])
+    figures = rounds(runs, sides)
+    timings.ours.extend(figures[0])
+    if reference:
+        timings.theirs.extend(figures[1])
     return timings

@@ -1,5 +1,5 @@
 """The workloads users run through ``llmsample batch``, each against its own baseline in one
-process, interleaved, medians: requests with fresh seeds and four sampler settings against one
+process, in rotating rounds (:mod:`llmsample.bench.timing`), medians: requests with fresh seeds and four sampler settings against one
 seed and one setting (what grouping rows by settings, not seeds, buys), and ``--draft ngram`` on
 code rewrites (requests that copy from their input) against the same batch without drafting."""
 
@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from llmsample.bench.prompts import batch_prompts, rewrite_prompts
+from llmsample.bench.timing import paired_ratio, rounds
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
@@ -59,35 +60,37 @@ def _rewrites(lm: LoadedModel, tokens: int, draft: bool) -> list[BatchItem]:
     return items
 
 
-def _median_pair(runs: int, a: Callable[[], float], b: Callable[[], float]) -> tuple[float, float]:
-    first, second = [], []
-    for _ in range(runs):
-        first.append(a())
-        second.append(b())
-    return statistics.median(first), statistics.median(second)
-
-
 def run_workload_benchmark(
     lm: LoadedModel, runs: int = 3, tokens: int = 64, log: Callable[[str], None] = lambda step: None
 ) -> list[WorkloadRow]:
-    """Each workload and its baseline in turn, ``runs`` times: medians and their ratios."""
+    """Each workload and its baseline in ``runs`` rounds: medians, and ratios paired by round."""
     prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(16)]
     log("fresh seeds and four settings against one seed and one setting, batch 8")
-    mixed, uniform = _median_pair(
+    mixed, uniform = rounds(
         runs,
-        lambda: _rate(lm, _mixed(lm, prompts, tokens, True), 8),
-        lambda: _rate(lm, _mixed(lm, prompts, tokens, False), 8),
+        [
+            lambda: _rate(lm, _mixed(lm, prompts, tokens, True), 8),
+            lambda: _rate(lm, _mixed(lm, prompts, tokens, False), 8),
+        ],
     )
     log("--draft ngram on code rewrites against no drafting, batch 4")
-    drafted, plain = _median_pair(
+    drafted, plain = rounds(
         runs,
-        lambda: _rate(lm, _rewrites(lm, 2 * tokens, True), 4),
-        lambda: _rate(lm, _rewrites(lm, 2 * tokens, False), 4),
+        [
+            lambda: _rate(lm, _rewrites(lm, 2 * tokens, True), 4),
+            lambda: _rate(lm, _rewrites(lm, 2 * tokens, False), 4),
+        ],
     )
     return [
-        WorkloadRow("fresh seeds, 4 settings (batch 8)", mixed, "one seed, one setting", uniform, mixed / uniform),
-        WorkloadRow("code rewrites, --draft ngram (batch 4)", drafted, "no drafting", plain, drafted / plain),
-    ]
+        WorkloadRow(
+            "fresh seeds, 4 settings (batch 8)", statistics.median(mixed), "one seed, one setting",
+            statistics.median(uniform), paired_ratio(mixed, uniform),
+        ),
+        WorkloadRow(
+            "code rewrites, --draft ngram (batch 4)", statistics.median(drafted), "no drafting",
+            statistics.median(plain), paired_ratio(drafted, plain),
+        ),
+    ]  # fmt: skip
 
 
 def rows_to_dict(rows: list[WorkloadRow]) -> list[dict[str, Any]]:
