@@ -139,6 +139,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def main() -> None:
+    from llmsample.bench.timing import rounds
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", "-m", default=None, help="[default: the default model]")
     parser.add_argument("--device", default="cpu")
@@ -153,11 +155,14 @@ def main() -> None:
     work = bodies(args.requests, args.max_tokens)
     log = Path(os.environ.get("TMPDIR", "/tmp")) / f"serve-load-{os.getpid()}.log"
     proc, url = start_server(args, log)
-    runs = []
+    runs: list[dict[str, Any]] = []
     try:
         asyncio.run(one_stream(url, {**work[0], "max_tokens": 4, "min_tokens": 4}))  # a warm-up, not counted
-        for _ in range(args.runs):  # interleaved, so a busy machine slows both sides alike
-            runs.append({"batch": through_batch(args, work), "serve": through_server(url, args, work)})
+        # rotating rounds, so a busy machine slows both sides of a round alike
+        batches, served = rounds(
+            args.runs, [lambda: through_batch(args, work), lambda: through_server(url, args, work)]
+        )
+        runs = [{"batch": b, "serve": s} for b, s in zip(batches, served, strict=True)]
     finally:
         proc.terminate()
         proc.wait(60)
