@@ -38,7 +38,7 @@ def step_figures(
     sampling distribution, and it still ranks the alternatives a greedy step discarded.
     ``watch``: token ids whose probabilities and raw rank ride along
     in the same transfer; so does ``accepted`` (per position, its row's accepted drafts)."""
-    raw, ranked, probs = chain.raw, chain.penalised, chain.probs
+    raw, ranked, sampled = chain.raw, chain.penalised, chain.sampled  # sampled: over chain.support
     raw_logprobs = raw.log_softmax(-1)  # one fused pass: faster on a CPU than logsumexp alone
     index = tokens.view(-1, 1)
     top_ids = ranked.topk(min(top_n, ranked.shape[-1]), dim=-1).indices if top_n > 0 else index[:, :0]
@@ -48,21 +48,21 @@ def step_figures(
         # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
         # until a filter sets -inf, so that is all there is to count.
         same = position > 0 and stage.name not in FILTER_STAGES
-        kept.append(kept[-1] if same else kept_count(stage.logits))
+        kept.append(kept[-1] if same else kept_count(stage.values))  # a support's -inf are its removed
     columns = [
         index.float(),
-        probs.gather(1, index),
+        chain.prob_of(index),
         raw_logprobs.gather(1, index).exp(),
         count_true(raw > raw.gather(1, index)).unsqueeze(-1).float() + 1,
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
-        probs.new_zeros(probs.shape[0], 1) if chain.is_greedy else entropy_bits(probs).unsqueeze(-1),
-        probs.sum(-1, keepdim=True),
+        sampled.new_zeros(sampled.shape[0], 1) if chain.is_greedy else entropy_bits(sampled).unsqueeze(-1),
+        sampled.sum(-1, keepdim=True),
         # Checked here, in the step's one transfer, rather than with a host sync of its own: the
         # maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
         raw.amax(-1, keepdim=True).isfinite().float(),
         torch.stack(kept, -1).float(),
         top_ids.float(),
-        probs.gather(1, top_ids),
+        chain.prob_of(top_ids),
         raw_logprobs.gather(1, top_ids).exp(),
     ]
     n_watch = 0 if watch is None else len(watch.ids)
@@ -70,12 +70,12 @@ def step_figures(
         watched = watch.tensor.expand(index.shape[0], -1)
         watched_raw = raw.gather(1, watched)
         columns += [
-            probs.gather(1, watched),
+            chain.prob_of(watched),
             raw_logprobs.gather(1, watched).exp(),
             (raw.unsqueeze(1) > watched_raw.unsqueeze(-1)).sum(-1).float() + 1,
         ]
     if accepted is not None:
-        columns.append(accepted.view(-1, 1).to(probs.dtype))
+        columns.append(accepted.view(-1, 1).to(sampled.dtype))
     rows = torch.cat(columns, -1).tolist()
     names = chain.names
     n_stages, n_top = len(names), top_ids.shape[-1]

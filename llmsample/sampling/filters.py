@@ -132,6 +132,23 @@ def keep_top_k(logits: Tensor, k: int) -> Tensor:
     return remove(logits, ~keep)
 
 
+def top_k_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The tokens :func:`keep_top_k` keeps, as ``(values, ids)`` ``[batch, k]`` in ascending id
+    order (the order a draw over the whole row walks): the same set, ties at the k-th value
+    broken towards the lower id. A CPU's (asking whether a tie straddles costs a host sync)."""
+    top, order = logits.topk(k, dim=-1)
+    kth = top[..., -1:]
+    at_least = logits >= kth
+    if bool((count_true(at_least) == k).all()):
+        ids = order.sort(-1).values
+    else:
+        above = logits > kth
+        at = logits == kth
+        keep = above | (at & (at.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+        ids = keep.nonzero()[:, 1].view(logits.shape[0], k)  # row-major: each row's ids ascending
+    return logits.gather(-1, ids), ids
+
+
 def keep_top_p(logits: Tensor, p: float) -> Tensor:
     """The smallest set whose probability reaches p: a token stays when the mass strictly
     before it (in descending order) has not reached p yet, so the crossing token stays."""
