@@ -149,6 +149,18 @@ def top_k_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return logits.gather(-1, ids), ids
 
 
+def kept_candidates(logits: Tensor, limit: int) -> tuple[Tensor, Tensor] | None:
+    """What a filter kept, as ``(values, ids)`` ``[batch, width]`` in ascending id order, ``width``
+    the most any row kept (a row that kept fewer is padded with removed tokens, ``-inf``); None
+    when that is over ``limit``. Every kept token is above every removed one, so the ``width``
+    largest are all of a row's kept tokens, whatever their ties. A CPU's (a host sync)."""
+    width = int(kept_count(logits).max())
+    if width > limit:
+        return None
+    ids = logits.topk(max(width, 1), dim=-1).indices.sort(-1).values
+    return logits.gather(-1, ids), ids
+
+
 def keep_top_p(logits: Tensor, p: float) -> Tensor:
     """The smallest set whose probability reaches p: a token stays when the mass strictly
     before it (in descending order) has not reached p yet, so the crossing token stays."""

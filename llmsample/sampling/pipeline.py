@@ -161,23 +161,34 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) ->
     ``[batch, vocab]`` logits (bracketed stages only when on: :func:`chain_of`). What is sampled is
     the last stage's softmax, or with XTC the mixture of its two branches.
 
-    On a CPU, top-k hands the stages after it only its k candidates (:class:`Stage`): they are
-    all filters of a distribution (top-p, typical-p, min-p, XTC), which give the same answer on the
-    candidates as on a row where every other token is ``-inf``, at a fraction of the passes over a
-    49k vocabulary."""
+    On a CPU, top-k hands the stages after it only its k candidates (:class:`Stage`), and so does
+    the first of top-n-sigma, top-p, typical-p and min-p that leaves at most an eighth of the
+    vocabulary: what follows them are all filters of a distribution, which give the same answer on
+    the candidates as on a row where every other token is ``-inf``, at a fraction of the passes
+    over a 49k vocabulary."""
     logits = logits.float()
     vocab = logits.shape[-1]
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
     for info in chain_of(cfg)[1:]:
-        if info.name == "top_k" and compacts(logits, cfg.top_k):
+        if ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)
         else:
             logits = APPLY[info.name](logits, history, cfg)
+            if ids is None and info.name in NARROWING and compacts(logits, 1):
+                narrowed = filters.kept_candidates(logits, logits.shape[-1] // 8)
+                if narrowed is not None:
+                    logits, ids = narrowed
         stages.append(Stage(info.name, logits, ids, vocab))
     if stages[-1].name == "xtc":
         return Chain(tuple(stages), xtc_mixture(stages[-2].values, logits, cfg.xtc_probability), ids)
     return Chain(tuple(stages), logits.softmax(-1), ids)
+
+
+NARROWING = frozenset({"top_n_sigma", "top_p", "typical_p", "min_p"})
+"""The filters after the temperature that usually leave a few candidates: after the first of
+them that does, the chain goes on on its candidates (the stages after it are all filters of a
+distribution)."""
 
 
 def compacts(logits: Tensor, k: int) -> bool:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from llmsample.sampling import pipeline
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import WatchIndex, step_figures
-from llmsample.sampling.filters import keep_top_k, top_k_candidates
+from llmsample.sampling.filters import keep_min_p, keep_top_k, kept_candidates, top_k_candidates
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator, sampler_chain
 
@@ -42,8 +42,9 @@ def configs() -> st.SearchStrategy[SamplingConfig]:
     return st.builds(
         SamplingConfig,
         temperature=st.sampled_from([0.3, 0.8, 1.0, 1.5]),
-        top_k=st.sampled_from([1, 5, 40, 128]),
+        top_k=st.sampled_from([0, 1, 5, 40, 128]),
         top_p=st.sampled_from([0.5, 0.9, 1.0]),
+        top_n_sigma=st.sampled_from([0.0, 1.0]),
         min_p=st.sampled_from([0.0, 0.05, 0.2]),
         typical_p=st.sampled_from([1.0, 0.9]),
         xtc_probability=st.sampled_from([0.0, 0.5]),
@@ -76,11 +77,28 @@ def test_the_candidates_are_the_tokens_top_k_keeps(x: torch.Tensor, k: int) -> N
     assert torch.equal(torch.zeros_like(finite).scatter(-1, ids, values > -math.inf), finite)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=200, deadline=None)
+@given(logits())
+def test_the_candidates_of_a_filter_are_every_token_it_kept(x: torch.Tensor) -> None:
+    kept = keep_min_p(x, 0.3)
+    narrowed = kept_candidates(kept, VOCAB)
+    assert narrowed is not None
+    values, ids = narrowed
+    width = int((kept > -math.inf).sum(-1).max())
+    assert ids.shape == (x.shape[0], max(width, 1)) and torch.equal(ids, ids.sort(-1).values)
+    assert torch.equal(values, kept.gather(-1, ids))
+    finite = kept > -math.inf
+    assert torch.equal(torch.zeros_like(finite).scatter(-1, ids, values > -math.inf), finite)
+    assert kept_candidates(kept, width - 1) is None
+
+
+@settings(max_examples=300, deadline=None)
 @given(logits(), configs(), st.integers(0, 2**31))
 def test_the_chain_on_candidates_is_the_chain_on_the_whole_row(x: torch.Tensor, cfg: SamplingConfig, seed: int) -> None:
     compact, whole = sampler_chain(x, INERT, cfg), whole_row_chain(x, cfg)
-    assert compact.support is not None and whole.support is None
+    assert whole.support is None
+    if 0 < cfg.top_k <= VOCAB // 8:
+        assert compact.support is not None
     assert compact.names == whole.names
     for ours, theirs in zip(compact.stages, whole.stages, strict=True):
         # Which of several tied tokens top-p keeps is the sort's (torch's topk) on either path;
@@ -120,3 +138,8 @@ def test_only_a_small_k_on_a_cpu_hands_on_candidates() -> None:
     assert not pipeline.compacts(x, 0) and not pipeline.compacts(x, VOCAB // 8 + 1)
     greedy = sampler_chain(x, INERT, SamplingConfig(temperature=0.0, top_k=40))
     assert greedy.support is None
+    narrow, wide = (
+        sampler_chain(x * 4, INERT, SamplingConfig(top_p=0.1)),
+        sampler_chain(x, INERT, SamplingConfig(top_p=0.999)),
+    )
+    assert narrow.support is not None and narrow.names[-1] == "min_p" and wide.support is None
