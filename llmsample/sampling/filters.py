@@ -133,27 +133,28 @@ def keep_top_k(logits: Tensor, k: int) -> Tensor:
 
 
 def top_k_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
-    """The tokens :func:`keep_top_k` keeps, as ``(values, ids)`` ``[batch, k]`` in ascending id
-    order (the order a draw over the whole row walks): the same set, ties at the k-th value
-    broken towards the lower id. A CPU's (asking whether a tie straddles costs a host sync)."""
+    """The tokens :func:`keep_top_k` keeps, as ``(values, ids)`` in ascending id order (the order
+    a draw over the whole row walks): ``[batch, k]`` when no tie straddles the k-th value (nearly
+    always: ``topk``'s own candidates), else :func:`keep_top_k`'s tie rule and what it kept, at
+    most k a row (a row with NaN keeps fewer: it fails later, alone). A CPU's (the tie check is a
+    host sync)."""
     top, order = logits.topk(k, dim=-1)
-    kth = top[..., -1:]
-    at_least = logits >= kth
-    if bool((count_true(at_least) == k).all()):
+    if bool((count_true(logits >= top[..., -1:]) == k).all()):
         ids = order.sort(-1).values
-    else:
-        above = logits > kth
-        at = logits == kth
-        keep = above | (at & (at.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
-        ids = keep.nonzero()[:, 1].view(logits.shape[0], k)  # row-major: each row's ids ascending
-    return logits.gather(-1, ids), ids
+        return logits.gather(-1, ids), ids
+    narrowed = kept_candidates(keep_top_k(logits, k), k)
+    assert narrowed is not None  # keep_top_k keeps at most k
+    return narrowed
 
 
 def kept_candidates(logits: Tensor, limit: int) -> tuple[Tensor, Tensor] | None:
     """What a filter kept, as ``(values, ids)`` ``[batch, width]`` in ascending id order, ``width``
     the most any row kept (a row that kept fewer is padded with removed tokens, ``-inf``); None
     when that is over ``limit``. Every kept token is above every removed one, so the ``width``
-    largest are all of a row's kept tokens, whatever their ties. A CPU's (a host sync)."""
+    largest are all of a row's kept tokens, whatever their ties. A CPU's (a host sync).
+
+    The width depends on the other rows: a row's softmax over its candidates may then differ in
+    the last bit with the batch around it, as padding already makes its logits differ."""
     width = int(kept_count(logits).max())
     if width > limit:
         return None

@@ -66,9 +66,10 @@ APPLY: dict[str, StageFunction] = {
 
 @dataclass(frozen=True)
 class Stage:
-    """A stage's logits ``[batch, vocab]``, a removed token ``-inf``. After top-k on a CPU the
-    stages compute only the k candidates: ``values`` ``[batch, k]`` at token ``ids`` (ascending),
-    and the whole row is made when something reads ``logits`` (explain, a renderer)."""
+    """A stage's logits ``[batch, vocab]``, a removed token ``-inf``. After the chain narrowed (on a
+    CPU: :func:`sampler_chain`) the stages compute only the candidates: ``values``
+    ``[batch, width]`` at token ``ids`` (ascending; a row with fewer is padded with ``-inf``), and
+    the whole row is made when something reads ``logits`` (explain, a renderer)."""
 
     name: str
     values: Tensor
@@ -91,9 +92,9 @@ class Chain:
     """One step of the pipeline: the logits after every stage and the distribution drawn from.
     ``explain`` shows every stage; the loops count what each filter removed.
 
-    ``sampled`` is that distribution over the last stage's ``support``: the k candidates of top-k
-    (their ids ascending), or the whole vocabulary (None). What a step reads (the draw, the
-    figures) reads it there; ``probs`` is the whole row, made when asked for (verification)."""
+    ``sampled`` is that distribution over the last stage's ``support``: the candidates the chain
+    narrowed to (their ids ascending), or the whole vocabulary (None). What a step reads (the draw,
+    the figures) reads it there; ``probs`` is the whole row, made when asked for (verification)."""
 
     stages: tuple[Stage, ...]
     sampled: Tensor
@@ -132,12 +133,13 @@ class Chain:
         return self.stages[-1].name == "greedy"
 
     def prob_of(self, ids: Tensor) -> Tensor:
-        """The sampled probability of ``ids`` ``[batch, n]``: a gather, or over the support a
-        match of each id against the k candidates (0 for an id outside them)."""
+        """The sampled probability of ``ids`` ``[batch, n]``: a gather, or over the support (its ids
+        ascending) each id looked up among the candidates (0 for an id outside them)."""
         if self.support is None:
             return self.sampled.gather(-1, ids)
-        match = self.support.unsqueeze(-1) == ids.unsqueeze(1)  # [batch, k, n]
-        return (match * self.sampled.unsqueeze(-1)).sum(1)
+        at = torch.searchsorted(self.support, ids.contiguous()).clamp_(max=self.support.shape[-1] - 1)
+        found = self.support.gather(-1, at) == ids
+        return torch.where(found, self.sampled.gather(-1, at), self.sampled.new_zeros(()))
 
     def draw(self, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
         """The sampled token per row (see :func:`draw`). A greedy chain's distribution is its one
@@ -192,8 +194,8 @@ distribution)."""
 
 
 def compacts(logits: Tensor, k: int) -> bool:
-    """Whether top-k hands on its candidates: on a CPU (the candidates' set is exact only after a
-    host check for ties), when k is a small part of the vocabulary."""
+    """Whether a stage that keeps ``k`` tokens hands them on: on a CPU (the candidates' set is
+    exact only after a host check), when k is a small part of the vocabulary."""
     return 0 < k <= logits.shape[-1] // 8 and filters.host_syncs_are_free(logits)
 
 

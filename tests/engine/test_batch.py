@@ -80,10 +80,15 @@ def test_finished_rows_leave_and_the_queue_refills(tiny_lm) -> None:
     assert sum(1 for key, done in log if not done) == sum(item.cfg.max_tokens for item in items)
 
 
-def test_a_broken_row_fails_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("top_k", [None, 3])
+def test_a_broken_row_fails_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch, top_k: int | None) -> None:
+    """``top_k`` 3 of the tiny vocabulary's 32: the chain goes on on top-k's candidates, where a
+    NaN row keeps fewer than k."""
     from llmsample.engine import padded
 
     items = requests(tiny_lm)[:3]
+    if top_k is not None:
+        items = [dataclasses.replace(i, cfg=dataclasses.replace(i.cfg, top_k=top_k, temperature=0.8)) for i in items]
     real_forward = padded.PaddedBatch._forward
 
     def nan_in_row_one(self, ids, mask, positions, cache, keep_last=False):
