@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,13 @@ from hypothesis import settings
 settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
+
+# A suite started in the background (``make test &``, a non-interactive shell's ``&``) inherits
+# SIGINT ignored, and every CLI it starts would inherit that too: the Ctrl-C tests would then see
+# the signal ignored (rightly: a background job keeps ignoring it). They test the CLI as a
+# terminal starts it, so the suite's own process takes Python's default back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"
