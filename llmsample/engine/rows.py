@@ -77,10 +77,13 @@ class Row:
 
     @cached_property
     def sampler(self) -> SamplingConfig:
-        """What the chain reads of the row's config (not its seed, length, stops or its own
-        grammar's state): rows that share it are sampled by one chain call."""
-        constraint = ANY if self.item.cfg.constraint is not None else None  # each row's grammar gives its mask
-        return dataclasses.replace(self.item.cfg, seed=None, max_tokens=1, description="", constraint=constraint)
+        """What the chain reads of the row's config (not its seed, length, stops, its own
+        grammar's state, nor the values :class:`RowValues` carries per row): rows that share it
+        are sampled by one chain call."""
+        cfg = self.item.cfg
+        constraint = ANY if cfg.constraint is not None else None  # each row's grammar gives its mask
+        own = {} if cfg.is_greedy else {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
+        return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint, **own)
 
     @property
     def draft_count(self) -> int:

@@ -25,7 +25,7 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import batch_masks
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import Chain, sampler_chain
+from llmsample.sampling.pipeline import Chain, RowValues, sampler_chain
 
 Record = tuple[Any, TokenEvent | Summary | RowFailed]
 
@@ -109,7 +109,8 @@ def _draw_group(
     if group[0].matcher is not None:  # every row's masks, after each of its drafts, in one call
         masks = batch_masks([row.matcher for row in group if row.matcher], [row.draft_ids for row in group])
         history = dataclasses.replace(history, allowed=masks)
-    chain = sampler_chain(logits, history, group[0].item.cfg)
+    per_position = [row.item.cfg for row in group for _ in range(row.draft_count + 1)]
+    chain = sampler_chain(logits, history, group[0].item.cfg, RowValues.of(per_position, logits.device))
     if not speculative:
         tokens = agree(chain.draw([row.generator for row in group]))
         return chain, tokens, None, list(range(len(members)))

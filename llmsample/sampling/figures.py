@@ -42,13 +42,17 @@ def step_figures(
     raw_logprobs = raw.log_softmax(-1)  # one fused pass: faster on a CPU than logsumexp alone
     index = tokens.view(-1, 1)
     top_ids = ranked.topk(min(top_n, ranked.shape[-1]), dim=-1).indices if top_n > 0 else index[:, :0]
+    low, high = raw.aminmax(dim=-1)  # one pass for the raw row's kept count and finiteness
     kept: list[Tensor] = []
     for position, stage in enumerate(chain.stages):
         # Only a filter removes tokens: the other stages keep -inf where it was and clamp what they
         # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
         # until a filter sets -inf, so that is all there is to count.
         same = position > 0 and stage.name not in FILTER_STAGES
-        kept.append(kept[-1] if same else kept_count(stage.values))  # a support's -inf are its removed
+        if same:
+            kept.append(kept[-1])
+        else:  # a support's -inf are its removed
+            kept.append(kept_count(stage.values, low if position == 0 else None))
     columns = [
         index.float(),
         chain.prob_of(index),
@@ -59,7 +63,7 @@ def step_figures(
         sampled.sum(-1, keepdim=True),
         # Checked here, in the step's one transfer, rather than with a host sync of its own: the
         # maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
-        raw.amax(-1, keepdim=True).isfinite().float(),
+        high.isfinite().float().unsqueeze(-1),
         torch.stack(kept, -1).float(),
         top_ids.float(),
         chain.prob_of(top_ids),

@@ -32,11 +32,12 @@ def count_true(mask: Tensor) -> Tensor:
     return mask.view(torch.uint8).sum(-1, dtype=torch.int32)
 
 
-def kept_count(logits: Tensor) -> Tensor:
+def kept_count(logits: Tensor, minimum: Tensor | None = None) -> Tensor:
     """Per row, the tokens a stage keeps (logit not ``-inf``), as int32. On the CPU a row with no
-    ``-inf`` (what the model gives, nearly always) is told by its minimum, with no mask."""
+    ``-inf`` (what the model gives, nearly always) is told by its minimum (``minimum``, when the
+    caller has it), with no mask."""
     vocab = logits.shape[-1]
-    if host_syncs_are_free(logits) and bool((logits.amin(-1) > -math.inf).all()):
+    if host_syncs_are_free(logits) and bool(((logits.amin(-1) if minimum is None else minimum) > -math.inf).all()):
         return torch.full(logits.shape[:-1], vocab, dtype=torch.int32, device=logits.device)
     return vocab - count_true(logits.isneginf())
 
@@ -84,8 +85,20 @@ def apply_penalties(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) 
     return keep_finite(logits, raw)
 
 
-def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
-    return logits if temperature == 1.0 else keep_finite(logits / temperature, logits)
+def apply_temperature(logits: Tensor, temperature: float | Tensor) -> Tensor:
+    """``logits / temperature`` (a float, or one per row ``[batch, 1]``), clamped as
+    :func:`keep_finite` clamps. On a CPU one pass over the logits' range tells whether anything
+    could overflow (a temperature below 1 on huge logits) or needs clamping (+inf, NaN): nearly
+    never, and then the division is all there is."""
+    if not isinstance(temperature, Tensor) and temperature == 1.0:
+        return logits
+    if host_syncs_are_free(logits) and logits.numel():
+        low, high = logits.aminmax()
+        coldest = float(temperature.min()) if isinstance(temperature, Tensor) else temperature
+        largest = max(-float(low), float(high))  # inf or NaN: then the whole clamp
+        if largest * max(1.0, 1.0 / coldest) < torch.finfo(torch.float32).max:
+            return logits / temperature
+    return keep_finite(logits / temperature, logits)
 
 
 def keep_argmax(logits: Tensor) -> Tensor:
@@ -138,9 +151,11 @@ def top_k_candidates(logits: Tensor, k: int) -> tuple[Tensor, Tensor]:
     always: ``topk``'s own candidates), else :func:`keep_top_k`'s tie rule and what it kept, at
     most k a row (a row with NaN keeps fewer: it fails later, alone). A CPU's (the tie check is a
     host sync)."""
-    top, order = logits.topk(k, dim=-1)
-    if bool((count_true(logits >= top[..., -1:]) == k).all()):
-        ids = order.sort(-1).values
+    top, order = logits.topk(k + 1, dim=-1)
+    # The k-th value strictly above the next one (and no NaN, which topk ranks first): no tie
+    # straddles the k-th place, and topk's first k are the set.
+    if bool((top[..., k - 1] > top[..., k]).all()) and not bool(top.isnan().any()):
+        ids = order[..., :k].sort(-1).values
         return logits.gather(-1, ids), ids
     narrowed = kept_candidates(keep_top_k(logits, k), k)
     assert narrowed is not None  # keep_top_k keeps at most k
@@ -162,21 +177,27 @@ def kept_candidates(logits: Tensor, limit: int) -> tuple[Tensor, Tensor] | None:
     return logits.gather(-1, ids), ids
 
 
-def keep_top_p(logits: Tensor, p: float) -> Tensor:
-    """The smallest set whose probability reaches p: a token stays when the mass strictly
-    before it (in descending order) has not reached p yet, so the crossing token stays."""
-    if p >= 1.0:
+def keep_top_p(logits: Tensor, p: float | Tensor) -> Tensor:
+    """The smallest set whose probability reaches p (a float, or one per row ``[batch, 1]`` in
+    float64): a token stays when the mass strictly before it (in descending order) has not reached
+    p yet, so the crossing token stays. A row whose p is 1 keeps everything."""
+    whole = p >= 1.0
+    if bool(whole.all()) if isinstance(whole, Tensor) else whole:
         return logits
     probs = logits.float().softmax(-1)
-    top, order = _nucleus_candidates(probs, p) if host_syncs_are_free(probs) else probs.sort(-1, descending=True)
+    if host_syncs_are_free(probs):
+        # A row that keeps everything must not widen the search for the others.
+        top, order = _nucleus_candidates(probs, torch.where(whole, 0.0, p) if isinstance(p, Tensor) else p)
+    else:
+        top, order = probs.sort(-1, descending=True)
     mass_before = top.double().cumsum(-1) - top.double()
     keep_sorted = mass_before * (1 + TOP_P_ULPS) < p
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_sorted)
-    return remove(logits, ~keep)
+    return remove(logits, ~(keep | whole) if isinstance(whole, Tensor) else ~keep)
 
 
-def _nucleus_candidates(probs: Tensor, p: float) -> tuple[Tensor, Tensor]:
+def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor]:
     """The top tokens, descending, enough of them to reach p. Sorting the whole vocabulary costs
     milliseconds per token on a CPU; the nucleus almost always lies in the top few hundred, so
     candidates are taken with ``topk`` and widened only when their mass falls short."""
@@ -184,7 +205,7 @@ def _nucleus_candidates(probs: Tensor, p: float) -> tuple[Tensor, Tensor]:
     k = min(vocab, 256)
     while True:
         top, order = probs.topk(k, dim=-1)
-        if k == vocab or bool((top.double().sum(-1) * (1 + TOP_P_ULPS) >= p).all()):
+        if k == vocab or bool((top.double().sum(-1, keepdim=True) * (1 + TOP_P_ULPS) >= p).all()):
             return top, order
         k = min(vocab, k * 8)
 
@@ -216,13 +237,21 @@ def keep_typical_p(logits: Tensor, mass: float) -> Tensor:
     return remove(logits, (distance > cutoff) & (distance > ordered[..., :1]))
 
 
-def keep_min_p(logits: Tensor, min_p: float) -> Tensor:
-    """Drop tokens below ``min_p * p_max``; compared in log space so tiny probabilities do not
-    underflow to a false tie."""
-    if min_p <= 0.0:
+def keep_min_p(logits: Tensor, min_p: float | Tensor) -> Tensor:
+    """Drop tokens below ``min_p * p_max`` (a float, or one per row ``[batch, 1]`` in float64);
+    compared in log space so tiny probabilities do not underflow to a false tie."""
+    if isinstance(min_p, Tensor):
+        if not bool((min_p > 0.0).any()):
+            return logits
+        # log(0) is -inf: a row whose min-p is off removes nothing. Rounded to float32 as a float
+        # scalar is, so a row gets the threshold it gets alone.
+        log_min = min_p.log().float()
+    elif min_p <= 0.0:
         return logits
+    else:
+        log_min = math.log(min_p)
     logprobs = logits.float().log_softmax(-1)
-    threshold = logprobs.max(-1, keepdim=True).values + math.log(min_p)
+    threshold = logprobs.max(-1, keepdim=True).values + log_min
     return remove(logits, logprobs < threshold)
 
 

@@ -65,6 +65,34 @@ APPLY: dict[str, StageFunction] = {
 
 
 @dataclass(frozen=True)
+class RowValues:
+    """The settings the rows of one chain call may differ in, one value per row ``[batch, 1]``
+    (top-p and min-p in float64, as a float setting is): rows that differ only in these and in
+    their seeds share the call. Each row's stages are the ones it gets alone, bit for bit."""
+
+    temperature: Tensor
+    top_p: Tensor
+    min_p: Tensor
+
+    @classmethod
+    def of(cls, cfgs: Sequence[SamplingConfig], device: torch.device) -> RowValues | None:
+        """None when every row has the same values (the chain then reads its config's)."""
+        values = [(cfg.temperature, cfg.top_p, cfg.min_p) for cfg in cfgs]
+        if all(v == values[0] for v in values):
+            return None
+        columns = torch.tensor(values, dtype=torch.float64, device=device).unsqueeze(-1).unbind(1)
+        return cls(columns[0].float(), columns[1], columns[2])
+
+
+PER_ROW: dict[str, Callable[[Tensor, RowValues], Tensor]] = {
+    "temperature": lambda logits, values: apply_temperature(logits, values.temperature),
+    "top_p": lambda logits, values: keep_top_p(logits, values.top_p),
+    "min_p": lambda logits, values: keep_min_p(logits, values.min_p),
+}
+"""The stages that read :class:`RowValues` when a chain call has them."""
+
+
+@dataclass(frozen=True)
 class Stage:
     """A stage's logits ``[batch, vocab]``, a removed token ``-inf``. After the chain narrowed (on a
     CPU: :func:`sampler_chain`) the stages compute only the candidates: ``values``
@@ -157,7 +185,7 @@ class Chain:
         return Chain(tuple(s.rows(index) for s in self.stages), self.sampled[index], support)
 
 
-def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Chain:
+def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None = None) -> Chain:
     """``raw, [logit_bias, ban, min_tokens,] penalties, [dry,] [constraint,] temperature, [top_n_sigma,]
     top_k, top_p, [typical_p,] min_p[, xtc]`` — or ``raw, [...,] penalties, [dry,] [constraint,] greedy`` — over
     ``[batch, vocab]`` logits (bracketed stages only when on: :func:`chain_of`). What is sampled is
@@ -167,7 +195,8 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) ->
     the first of top-n-sigma, top-p, typical-p and min-p that leaves at most an eighth of the
     vocabulary: what follows them are all filters of a distribution, which give the same answer on
     the candidates as on a row where every other token is ``-inf``, at a fraction of the passes
-    over a 49k vocabulary."""
+    over a 49k vocabulary. ``values``: the rows' own temperatures, top-p and min-p
+    (:class:`RowValues`), when they differ."""
     logits = logits.float()
     vocab = logits.shape[-1]
     stages = [Stage("raw", logits)]
@@ -176,7 +205,10 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) ->
         if ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)
         else:
-            logits = APPLY[info.name](logits, history, cfg)
+            if values is not None and info.name in PER_ROW:
+                logits = PER_ROW[info.name](logits, values)
+            else:
+                logits = APPLY[info.name](logits, history, cfg)
             if ids is None and info.name in NARROWING and compacts(logits, 1):
                 narrowed = filters.kept_candidates(logits, logits.shape[-1] // 8)
                 if narrowed is not None:

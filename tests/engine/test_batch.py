@@ -23,12 +23,12 @@ CONFIGS = [
 ]
 
 
-def requests(lm) -> list[BatchItem]:
+def requests(lm, configs: list[dict] = CONFIGS) -> list[BatchItem]:
     from llmsample.sampling.config import SamplingConfig
 
     items = []
     for i, prompt in enumerate(PROMPTS):
-        cfg = SamplingConfig(**CONFIGS[i % len(CONFIGS)], max_tokens=4 + 3 * i)
+        cfg = SamplingConfig(**configs[i % len(configs)], max_tokens=4 + 3 * i)
         ids = encode_prompt(lm, prompt, raw=True)[0].tolist()
         items.append(BatchItem(i, ids, cfg, RunStats("tiny", "test", cfg.seed)))
     return items
@@ -54,9 +54,18 @@ def collect(lm, items, batch_size: int):
     return events, summaries, order
 
 
+MIXED = [  # rows that share a chain call, each with its own temperature, top-p and min-p
+    dict(temperature=0.7, top_p=0.9, seed=1),
+    dict(temperature=1.3, min_p=0.1, seed=2),
+    dict(temperature=1.0, top_p=0.5, seed=3),
+    dict(temperature=0.9, top_p=0.8, min_p=0.3, seed=4),
+]
+
+
+@pytest.mark.parametrize("configs", [CONFIGS, MIXED], ids=["own-settings", "per-row-values"])
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 8])
-def test_every_request_decodes_as_it_does_alone(tiny_lm, batch_size: int) -> None:
-    items = requests(tiny_lm)
+def test_every_request_decodes_as_it_does_alone(tiny_lm, batch_size: int, configs: list[dict]) -> None:
+    items = requests(tiny_lm, configs)
     events, summaries, _ = collect(tiny_lm, items, batch_size)
     for item in items:
         expected_events, expected = alone(tiny_lm, dataclasses.replace(item, stats=RunStats("t", "t", None)))

@@ -148,6 +148,8 @@ SAMPLES = 1500
 SETTINGS = {
     "plain": SamplingConfig(temperature=1.0, max_tokens=2),
     "filtered": SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, presence_penalty=0.5, max_tokens=2),
+    # Differs from "filtered" only in what RowValues carries: the two share a chain call.
+    "hotter": SamplingConfig(temperature=1.4, top_k=6, top_p=0.8, min_p=0.05, presence_penalty=0.5, max_tokens=2),
 }
 
 
@@ -181,14 +183,14 @@ def test_speculative_rows_of_a_batch_follow_the_target_distribution(vocab12) -> 
     names = list(SETTINGS)
     requests = [
         BatchItem(
-            (names[i % 2], i),
+            (names[i % len(names)], i),
             prompt,
-            dataclasses.replace(SETTINGS[names[i % 2]], seed=1000 + i),
+            dataclasses.replace(SETTINGS[names[i % len(names)]], seed=1000 + i),
             RunStats("t", "t", None),
             lambda: ModelDrafter(draft, VOCAB, target.sample_device),
             2,
         )
-        for i in range(2 * SAMPLES)
+        for i in range(len(names) * SAMPLES)
     ]
     pairs: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
     tokens: dict[tuple[str, int], list[int]] = {}
@@ -229,20 +231,26 @@ def test_rows_with_their_own_seeds_share_one_chain_call(tiny_lm, monkeypatch: py
     calls: list[int] = []
     real = step.sampler_chain
 
-    def counted(logits, history, cfg):
+    def counted(logits, history, cfg, values=None):
         calls.append(logits.shape[0])
-        return real(logits, history, cfg)
+        return real(logits, history, cfg, values)
 
     monkeypatch.setattr(step, "sampler_chain", counted)
     ids = encode_prompt(tiny_lm, "w5 w9 w3", raw=True)[0].tolist()
-    settings = [dict(temperature=0.7, top_p=0.9), dict(temperature=1.1, top_p=0.8)]
+    # Their temperatures, top-p and min-p are per-row values of one call; a top-k is not.
+    settings = [
+        dict(temperature=0.7, top_p=0.9),
+        dict(temperature=1.1, top_p=0.8, min_p=0.1),
+        dict(temperature=0.9, top_k=5),
+        dict(temperature=1.3, top_p=0.95, top_k=5),
+    ]
     requests = [
-        BatchItem(i, ids, SamplingConfig(**settings[i % 2], seed=i, max_tokens=6), RunStats("t", "t", i))
+        BatchItem(i, ids, SamplingConfig(**settings[i % 4], seed=i, max_tokens=6), RunStats("t", "t", i))
         for i in range(8)
     ]
     records = list(decode_batch(tiny_lm, requests, 8, ignore_eos=True))
     assert sum(isinstance(r, Summary) for _, r in records) == 8
-    assert calls == [4, 4] * 6  # two settings: two chain calls a step, four rows each
+    assert calls == [4, 4] * 6  # two top-k settings: two chain calls a step, four rows each
 
 
 def test_a_broken_sample_of_compare_presets_ends_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,5 +1,6 @@
 """The reductions the chain and the step figures run over every row: the same answers as torch's
-plain ones, ties, NaN and infinities included."""
+plain ones, ties, NaN and infinities included; and the filters that take one setting per row give
+each row what it gets alone."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.sampling.filters import count_true, first_argmax, kept_count
+from llmsample.sampling.filters import (
+    apply_temperature,
+    count_true,
+    first_argmax,
+    keep_finite,
+    keep_min_p,
+    keep_top_p,
+    kept_count,
+)
 
 SPECIAL = (-math.inf, math.inf, math.nan)
 
@@ -43,3 +52,37 @@ def test_counts_are_torchs_sums(x: torch.Tensor) -> None:
     assert torch.equal(count_true(x > 1).long(), (x > 1).sum(-1))
     finite = torch.nan_to_num(x, nan=0.0, posinf=1.0, neginf=0.0)
     assert torch.equal(kept_count(finite).long(), torch.full((x.shape[0],), x.shape[1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(logits(), st.sampled_from([0.05, 0.5, 0.8, 1.0, 1.7, 1e-30]), st.sampled_from([1.0, 1e20, 1e37]))
+def test_the_temperature_clamps_only_what_overflows(x: torch.Tensor, temperature: float, scale: float) -> None:
+    x = x * scale  # logits of 1e37 overflow at a temperature below 1
+    expected = keep_finite(x / temperature, x) if temperature != 1.0 else x
+    assert _same_nan(apply_temperature(x, temperature), expected)
+
+
+def _same_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a[~a.isnan()], b[~b.isnan()])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.integers(0, 2**31),
+    st.lists(st.tuples(st.sampled_from([0.3, 0.8, 1.0, 1.9]), st.sampled_from([0.2, 0.9, 0.999, 1.0]),
+                       st.sampled_from([0.0, 0.02, 0.3])), min_size=1, max_size=5),
+)  # fmt: skip
+def test_per_row_settings_give_each_row_its_own_result(seed: int, settings_: list[tuple[float, float, float]]) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(len(settings_), 3000, generator=generator) * 4
+    x[0, :5] = -math.inf  # a row that a stage before had already narrowed
+    temperature, top_p, min_p = (
+        torch.tensor(column, dtype=torch.float64).view(-1, 1) for column in zip(*settings_, strict=True)
+    )
+    for together, alone in (
+        (apply_temperature(x, temperature.float()), lambda row, t, p, m: apply_temperature(row, t)),
+        (keep_top_p(x, top_p), lambda row, t, p, m: keep_top_p(row, p)),
+        (keep_min_p(x, min_p), lambda row, t, p, m: keep_min_p(row, m)),
+    ):
+        for i, (t, p, m) in enumerate(settings_):
+            assert torch.equal(together[i : i + 1], alone(x[i : i + 1], t, p, m)), (i, t, p, m)
