@@ -78,11 +78,14 @@ class Row:
     @cached_property
     def sampler(self) -> SamplingConfig:
         """What the chain reads of the row's config (not its seed, length, stops, its own
-        grammar's state, nor the values :class:`RowValues` carries per row): rows that share it
-        are sampled by one chain call."""
+        grammar's state, nor the values :class:`RowValues` carries per row, only whether its top-p
+        and min-p are on): rows that share it are sampled by one chain call. A row that truncates
+        nothing would make the call's candidates the whole vocabulary for every row."""
         cfg = self.item.cfg
         constraint = ANY if cfg.constraint is not None else None  # each row's grammar gives its mask
-        own = {} if cfg.is_greedy else {"temperature": 1.0, "top_p": 1.0, "min_p": 0.0}
+        own = {} if cfg.is_greedy else {
+            "temperature": 1.0, "top_p": 1.0 if cfg.top_p >= 1 else 0.5, "min_p": 0.5 if cfg.min_p > 0 else 0.0
+        }  # fmt: skip
         return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint, **own)
 
     @property

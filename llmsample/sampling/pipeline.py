@@ -68,7 +68,9 @@ APPLY: dict[str, StageFunction] = {
 class RowValues:
     """The settings the rows of one chain call may differ in, one value per row ``[batch, 1]``
     (top-p and min-p in float64, as a float setting is): rows that differ only in these and in
-    their seeds share the call. Each row's stages are the ones it gets alone, bit for bit."""
+    their seeds share the call (the engine also keeps apart rows whose top-p or min-p is off, which
+    would widen every row's candidates). Each row's stages are the ones it gets alone, bit for
+    bit."""
 
     temperature: Tensor
     top_p: Tensor

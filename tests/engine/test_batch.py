@@ -55,9 +55,9 @@ def collect(lm, items, batch_size: int):
 
 
 MIXED = [  # rows that share a chain call, each with its own temperature, top-p and min-p
-    dict(temperature=0.7, top_p=0.9, seed=1),
-    dict(temperature=1.3, min_p=0.1, seed=2),
-    dict(temperature=1.0, top_p=0.5, seed=3),
+    dict(temperature=0.7, top_p=0.9, min_p=0.02, seed=1),
+    dict(temperature=1.3, top_p=0.95, min_p=0.1, seed=2),
+    dict(temperature=1.0, top_p=0.5, min_p=0.05, seed=3),
     dict(temperature=0.9, top_p=0.8, min_p=0.3, seed=4),
 ]
 

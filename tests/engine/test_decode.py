@@ -149,7 +149,7 @@ SETTINGS = {
     "plain": SamplingConfig(temperature=1.0, max_tokens=2),
     "filtered": SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, presence_penalty=0.5, max_tokens=2),
     # Differs from "filtered" only in what RowValues carries: the two share a chain call.
-    "hotter": SamplingConfig(temperature=1.4, top_k=6, top_p=0.8, min_p=0.05, presence_penalty=0.5, max_tokens=2),
+    "hotter": SamplingConfig(temperature=1.4, top_k=6, top_p=0.8, presence_penalty=0.5, max_tokens=2),
 }
 
 
@@ -237,20 +237,22 @@ def test_rows_with_their_own_seeds_share_one_chain_call(tiny_lm, monkeypatch: py
 
     monkeypatch.setattr(step, "sampler_chain", counted)
     ids = encode_prompt(tiny_lm, "w5 w9 w3", raw=True)[0].tolist()
-    # Their temperatures, top-p and min-p are per-row values of one call; a top-k is not.
+    # Their temperatures, top-p and min-p are per-row values of one call; a top-k is not, and
+    # neither is whether a top-p or min-p is on (a row that keeps everything widens the call).
     settings = [
-        dict(temperature=0.7, top_p=0.9),
+        dict(temperature=0.7, top_p=0.9, min_p=0.2),
         dict(temperature=1.1, top_p=0.8, min_p=0.1),
         dict(temperature=0.9, top_k=5),
-        dict(temperature=1.3, top_p=0.95, top_k=5),
+        dict(temperature=1.3, top_k=5),
+        dict(temperature=1.3, top_p=0.5),
     ]
     requests = [
-        BatchItem(i, ids, SamplingConfig(**settings[i % 4], seed=i, max_tokens=6), RunStats("t", "t", i))
-        for i in range(8)
+        BatchItem(i, ids, SamplingConfig(**settings[i % 5], seed=i, max_tokens=6), RunStats("t", "t", i))
+        for i in range(10)
     ]
-    records = list(decode_batch(tiny_lm, requests, 8, ignore_eos=True))
-    assert sum(isinstance(r, Summary) for _, r in records) == 8
-    assert calls == [4, 4] * 6  # two top-k settings: two chain calls a step, four rows each
+    records = list(decode_batch(tiny_lm, requests, 10, ignore_eos=True))
+    assert sum(isinstance(r, Summary) for _, r in records) == 10
+    assert calls == [4, 4, 2] * 6  # three calls a step
 
 
 def test_a_broken_sample_of_compare_presets_ends_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
