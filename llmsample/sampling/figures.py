@@ -48,8 +48,8 @@ def step_figures(
         # Only a filter removes tokens: the other stages keep -inf where it was and clamp what they
         # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
         # until a filter sets -inf, so that is all there is to count.
-        same = position > 0 and stage.name not in FILTER_STAGES
-        if same:
+        same = position > 0 and (stage.name not in FILTER_STAGES or stage.values is chain.stages[position - 1].values)
+        if same:  # (or a filter that was off: top-k 0, top-p 1, min-p 0 hand on their input)
             kept.append(kept[-1])
         else:  # a support's -inf are its removed
             kept.append(kept_count(stage.values, low if position == 0 else None))

@@ -181,11 +181,20 @@ def keep_top_p(logits: Tensor, p: float | Tensor) -> Tensor:
     """The smallest set whose probability reaches p (a float, or one per row ``[batch, 1]`` in
     float64): a token stays when the mass strictly before it (in descending order) has not reached
     p yet, so the crossing token stays. A row whose p is 1 keeps everything."""
+    return top_p_kept(logits, p, 0)[0]
+
+
+def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, Tensor | None]:
+    """:func:`keep_top_p`'s logits ``(row, None)``, or, when no row keeps more than ``limit``
+    tokens, what it keeps as candidates ``(values, ids)``, as :func:`kept_candidates` gives them,
+    taken from the tokens it ranked (its kept tokens are a prefix of them) without another pass
+    over the vocabulary. Candidates only on a CPU (the width is a host sync)."""
     whole = p >= 1.0
     if bool(whole.all()) if isinstance(whole, Tensor) else whole:
-        return logits
+        return logits, None
     probs = logits.float().softmax(-1)
-    if host_syncs_are_free(probs):
+    narrows = host_syncs_are_free(probs)
+    if narrows:
         # A row that keeps everything must not widen the search for the others.
         top, order = _nucleus_candidates(probs, torch.where(whole, 0.0, p) if isinstance(p, Tensor) else p)
     else:
@@ -193,8 +202,15 @@ def keep_top_p(logits: Tensor, p: float | Tensor) -> Tensor:
     mass_before = top.double().cumsum(-1) - top.double()
     keep_sorted = mass_before * (1 + TOP_P_ULPS) < p
     keep_sorted[..., 0] = True
+    some_whole = isinstance(whole, Tensor) and bool(whole.any())
+    if narrows and limit and not some_whole:
+        width = int(count_true(keep_sorted).max())  # the mass before a token only grows: a prefix
+        if width <= limit:
+            ids, at = order[..., :width].sort(-1)
+            kept = keep_sorted[..., :width].gather(-1, at)
+            return torch.where(kept, logits.gather(-1, ids), torch.full((), -math.inf)), ids
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_sorted)
-    return remove(logits, ~(keep | whole) if isinstance(whole, Tensor) else ~keep)
+    return remove(logits, ~(keep | whole) if some_whole else ~keep), None
 
 
 def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor]:

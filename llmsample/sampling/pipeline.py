@@ -206,6 +206,8 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     for info in chain_of(cfg)[1:]:
         if ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)
+        elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
+            logits, ids = filters.top_p_kept(logits, cfg.top_p if values is None else values.top_p, vocab // 8)
         else:
             if values is not None and info.name in PER_ROW:
                 logits = PER_ROW[info.name](logits, values)
