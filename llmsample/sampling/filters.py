@@ -89,14 +89,19 @@ def apply_temperature(logits: Tensor, temperature: float | Tensor) -> Tensor:
     """``logits / temperature`` (a float, or one per row ``[batch, 1]``), clamped as
     :func:`keep_finite` clamps. On a CPU one pass over the logits' range tells whether anything
     could overflow (a temperature below 1 on huge logits) or needs clamping (+inf, NaN): nearly
-    never, and then the division is all there is."""
+    never, and then the division is all there is. Off the CPU a float is divided as a tensor: a
+    CUDA kernel multiplies by a float's reciprocal instead, and a row would then differ in the
+    last bit from the same row among rows with their own temperatures."""
     if not isinstance(temperature, Tensor) and temperature == 1.0:
         return logits
-    if host_syncs_are_free(logits) and logits.numel():
+    if not host_syncs_are_free(logits):
+        divisor = temperature if isinstance(temperature, Tensor) else torch.full((), temperature, device=logits.device)
+        return keep_finite(logits / divisor, logits)
+    if logits.numel():
         low, high = logits.aminmax()
         coldest = float(temperature.min()) if isinstance(temperature, Tensor) else temperature
         largest = max(-float(low), float(high))  # inf or NaN: then the whole clamp
-        if largest * max(1.0, 1.0 / coldest) < torch.finfo(torch.float32).max:
+        if coldest > 0 and largest * max(1.0, 1.0 / coldest) < torch.finfo(torch.float32).max:
             return logits / temperature
     return keep_finite(logits / temperature, logits)
 
@@ -186,25 +191,23 @@ def keep_top_p(logits: Tensor, p: float | Tensor) -> Tensor:
 
 def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, Tensor | None]:
     """:func:`keep_top_p`'s logits ``(row, None)``, or, when no row keeps more than ``limit``
-    tokens, what it keeps as candidates ``(values, ids)``, as :func:`kept_candidates` gives them,
-    taken from the tokens it ranked (its kept tokens are a prefix of them) without another pass
-    over the vocabulary. Candidates only on a CPU (the width is a host sync)."""
-    whole = p >= 1.0
-    if bool(whole.all()) if isinstance(whole, Tensor) else whole:
+    tokens, what it keeps as candidates ``(values, ids)`` in ascending id order, taken from the
+    tokens it ranked (its kept tokens are a prefix of them, a row that kept fewer padded with
+    ``-inf``) without another pass over the vocabulary. Candidates only on a CPU (the width is a
+    host sync); there too a row's result does not depend on the rows beside it."""
+    per_row, whole, cpu = isinstance(p, Tensor), p >= 1.0, host_syncs_are_free(logits)
+    if (cpu and bool(whole.all())) if per_row else whole:  # (off the CPU: no host sync)
         return logits, None
     probs = logits.float().softmax(-1)
-    narrows = host_syncs_are_free(probs)
-    if narrows:
+    if cpu:
         # A row that keeps everything must not widen the search for the others.
-        top, order = _nucleus_candidates(probs, torch.where(whole, 0.0, p) if isinstance(p, Tensor) else p)
-    else:
-        top, order = probs.sort(-1, descending=True)
-    mass_before = top.double().cumsum(-1) - top.double()
-    keep_sorted = mass_before * (1 + TOP_P_ULPS) < p
-    keep_sorted[..., 0] = True
-    some_whole = isinstance(whole, Tensor) and bool(whole.any())
-    if narrows and limit and not some_whole:
-        width = int(count_true(keep_sorted).max())  # the mass before a token only grows: a prefix
+        top, order = _nucleus_candidates(probs, torch.where(whole, 0.0, p) if per_row else p)
+    else:  # ties in id order, as on the CPU
+        top, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep_sorted = _kept_prefix(top, p)
+    some_whole = per_row and (not cpu or bool(whole.any()))
+    if cpu and limit and not some_whole:
+        width = int(count_true(keep_sorted).max())
         if width <= limit:
             ids, at = order[..., :width].sort(-1)
             kept = keep_sorted[..., :width].gather(-1, at)
@@ -213,15 +216,34 @@ def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, T
     return remove(logits, ~(keep | whole) if some_whole else ~keep), None
 
 
+def _kept_prefix(top: Tensor, p: float | Tensor) -> Tensor:
+    """Of probabilities in descending order, the ones top-p keeps: those whose mass before them
+    has not reached p (the mass only grows: a prefix), the first always."""
+    mass_before = top.double().cumsum(-1) - top.double()
+    keep = mass_before * (1 + TOP_P_ULPS) < p
+    keep[..., 0] = True
+    return keep
+
+
 def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor]:
-    """The top tokens, descending, enough of them to reach p. Sorting the whole vocabulary costs
-    milliseconds per token on a CPU; the nucleus almost always lies in the top few hundred, so
-    candidates are taken with ``topk`` and widened only when their mass falls short."""
+    """The top tokens, descending, ties in id order, enough of them to hold the nucleus and every
+    token tied with its last one. Sorting the whole vocabulary costs milliseconds per token on a
+    CPU; the nucleus almost always lies in the top few hundred, so candidates are taken with
+    ``topk`` and widened only when they fall short. ``topk`` orders ties by its width, which the
+    widest row of a batch decides: with the whole tie at the cut inside the candidates and ties
+    put in id order, a row keeps the same tokens in any batch (bf16 logits tie often)."""
     vocab = probs.shape[-1]
     k = min(vocab, 256)
     while True:
         top, order = probs.topk(k, dim=-1)
-        if k == vocab or bool((top.double().sum(-1, keepdim=True) * (1 + TOP_P_ULPS) >= p).all()):
+        ids, at = order.sort(-1)
+        top, at = top.gather(-1, at).sort(dim=-1, descending=True, stable=True)
+        order = ids.gather(-1, at)
+        if k == vocab:
+            return top, order
+        last = top.gather(-1, count_true(_kept_prefix(top, p)).long().unsqueeze(-1) - 1)
+        reached = top.double().sum(-1, keepdim=True) * (1 + TOP_P_ULPS) >= p
+        if bool((reached & ((last > top[..., -1:]) | (p <= 0))).all()):
             return top, order
         k = min(vocab, k * 8)
 
@@ -257,7 +279,7 @@ def keep_min_p(logits: Tensor, min_p: float | Tensor) -> Tensor:
     """Drop tokens below ``min_p * p_max`` (a float, or one per row ``[batch, 1]`` in float64);
     compared in log space so tiny probabilities do not underflow to a false tie."""
     if isinstance(min_p, Tensor):
-        if not bool((min_p > 0.0).any()):
+        if host_syncs_are_free(logits) and not bool((min_p > 0.0).any()):
             return logits
         # log(0) is -inf: a row whose min-p is off removes nothing. Rounded to float32 as a float
         # scalar is, so a row gets the threshold it gets alone.

@@ -17,6 +17,7 @@ Every command, the speculative drafter and verifier included, goes through
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,8 +70,9 @@ class RowValues:
     """The settings the rows of one chain call may differ in, one value per row ``[batch, 1]``
     (top-p and min-p in float64, as a float setting is): rows that differ only in these and in
     their seeds share the call (the engine also keeps apart rows whose top-p or min-p is off, which
-    would widen every row's candidates). Each row's stages are the ones it gets alone, bit for
-    bit."""
+    would widen every row's candidates). Each row's stages keep the tokens and logits it gets
+    alone; the softmax over candidates can differ in the last bit with their width
+    (:func:`filters.kept_candidates`)."""
 
     temperature: Tensor
     top_p: Tensor
@@ -79,11 +81,15 @@ class RowValues:
     @classmethod
     def of(cls, cfgs: Sequence[SamplingConfig], device: torch.device) -> RowValues | None:
         """None when every row has the same values (the chain then reads its config's)."""
-        values = [(cfg.temperature, cfg.top_p, cfg.min_p) for cfg in cfgs]
-        if all(v == values[0] for v in values):
-            return None
-        columns = torch.tensor(values, dtype=torch.float64, device=device).unsqueeze(-1).unbind(1)
-        return cls(columns[0].float(), columns[1], columns[2])
+        values = tuple((cfg.temperature, cfg.top_p, cfg.min_p) for cfg in cfgs)
+        return None if all(v == values[0] for v in values) else _row_values(values, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _row_values(values: tuple[tuple[float, float, float], ...], device: torch.device) -> RowValues:
+    """Made once for a group's values (a copy to an accelerator waits on it), not every step."""
+    columns = torch.tensor(values, dtype=torch.float64, device=device).unsqueeze(-1).unbind(1)
+    return RowValues(columns[0].float(), columns[1], columns[2])
 
 
 PER_ROW: dict[str, Callable[[Tensor, RowValues], Tensor]] = {

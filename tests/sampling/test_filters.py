@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,3 +87,26 @@ def test_per_row_settings_give_each_row_its_own_result(seed: int, settings_: lis
     ):
         for i, (t, p, m) in enumerate(settings_):
             assert torch.equal(together[i : i + 1], alone(x[i : i + 1], t, p, m)), (i, t, p, m)
+
+
+@pytest.mark.parametrize("neighbour", ["same settings", "own settings"])
+def test_a_rows_top_p_does_not_depend_on_its_neighbours_under_ties(neighbour: str) -> None:
+    """bf16 logits tie often; a flat neighbour widens the nucleus search (``topk`` of another width,
+    which orders ties its own way): the row still keeps the same tokens."""
+    from llmsample.sampling.config import SamplingConfig
+    from llmsample.sampling.history import NO_HISTORY
+    from llmsample.sampling.pipeline import RowValues, sampler_chain
+
+    generator = torch.Generator().manual_seed(2)
+    mine = SamplingConfig(temperature=0.8, top_p=0.9)
+    theirs = mine if neighbour == "same settings" else SamplingConfig(temperature=1.0, top_p=0.8)
+    values = RowValues.of([mine, theirs], torch.device("cpu"))
+    for _ in range(8):
+        row = torch.randn(1, 49152, generator=generator) * 2
+        row[0, :20] += 6
+        flat = torch.randn(1, 49152, generator=generator) * 0.5
+        row, flat = row.bfloat16().float(), flat.bfloat16().float()
+        alone = sampler_chain(row, NO_HISTORY, mine)
+        together = sampler_chain(torch.cat([row, flat]), NO_HISTORY, mine, values)
+        for a, b in zip(alone.stages, together.stages, strict=True):
+            assert torch.equal(a.logits[0], b.logits[0]), a.name
