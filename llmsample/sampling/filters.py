@@ -200,11 +200,12 @@ def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, T
         return logits, None
     probs = logits.float().softmax(-1)
     if cpu:
-        # A row that keeps everything must not widen the search for the others.
-        top, order = _nucleus_candidates(probs, torch.where(whole, 0.0, p) if per_row else p)
+        # A row that keeps everything must not widen the search for the others (its mask is
+        # all kept below).
+        top, order, keep_sorted = _nucleus_candidates(probs, torch.where(whole, 0.0, p) if per_row else p)
     else:  # ties in id order, as on the CPU
         top, order = probs.sort(dim=-1, descending=True, stable=True)
-    keep_sorted = _kept_prefix(top, p)
+        keep_sorted = _kept_prefix(top, p)
     some_whole = per_row and (not cpu or bool(whole.any()))
     if cpu and limit and not some_whole:
         width = int(count_true(keep_sorted).max())
@@ -225,9 +226,9 @@ def _kept_prefix(top: Tensor, p: float | Tensor) -> Tensor:
     return keep
 
 
-def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor]:
+def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The top tokens, descending, ties in id order, enough of them to hold the nucleus and every
-    token tied with its last one. Sorting the whole vocabulary costs milliseconds per token on a
+    token tied with its last one, and which of them it keeps (:func:`_kept_prefix`). Sorting the whole vocabulary costs milliseconds per token on a
     CPU; the nucleus almost always lies in the top few hundred, so candidates are taken with
     ``topk`` and widened only when they fall short. ``topk`` orders ties by its width, which the
     widest row of a batch decides: with the whole tie at the cut inside the candidates and ties
@@ -239,12 +240,13 @@ def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tenso
         ids, at = order.sort(-1)
         top, at = top.gather(-1, at).sort(dim=-1, descending=True, stable=True)
         order = ids.gather(-1, at)
+        keep = _kept_prefix(top, p)
         if k == vocab:
-            return top, order
-        last = top.gather(-1, count_true(_kept_prefix(top, p)).long().unsqueeze(-1) - 1)
+            return top, order, keep
+        last = top.gather(-1, count_true(keep).long().unsqueeze(-1) - 1)
         reached = top.double().sum(-1, keepdim=True) * (1 + TOP_P_ULPS) >= p
         if bool((reached & ((last > top[..., -1:]) | (p <= 0))).all()):
-            return top, order
+            return top, order, keep
         k = min(vocab, k * 8)
 
 
