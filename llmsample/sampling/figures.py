@@ -9,7 +9,8 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling.filters import count_true, kept_count
+from llmsample.sampling import blocks
+from llmsample.sampling.filters import kept_count
 from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
 
@@ -41,8 +42,12 @@ def step_figures(
     raw, ranked, sampled = chain.raw, chain.penalised, chain.sampled  # sampled: over chain.support
     raw_logprobs = raw.log_softmax(-1)  # one fused pass: faster on a CPU than logsumexp alone
     index = tokens.view(-1, 1)
-    top_ids = ranked.topk(min(top_n, ranked.shape[-1]), dim=-1).indices if top_n > 0 else index[:, :0]
-    low, high = raw.aminmax(dim=-1)  # one pass for the raw row's kept count and finiteness
+    # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
+    maxima = blocks.block_maxima(raw) if blocks.blocks_pay(raw, max(top_n, 1)) else None
+    shared = maxima if ranked is raw else None
+    top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]), shared)[1] if top_n > 0 else index[:, :0]
+    low = raw.amin(-1)  # for the raw row's kept count; its maximum for finiteness
+    high = raw.amax(-1) if maxima is None else maxima.amax(-1)
     kept: list[Tensor] = []
     for position, stage in enumerate(chain.stages):
         # Only a filter removes tokens: the other stages keep -inf where it was and clamp what they
@@ -57,7 +62,7 @@ def step_figures(
         index.float(),
         chain.prob_of(index),
         raw_logprobs.gather(1, index).exp(),
-        count_true(raw > raw.gather(1, index)).unsqueeze(-1).float() + 1,
+        blocks.count_above(raw, raw.gather(1, index), maxima).unsqueeze(-1).float() + 1,
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         sampled.new_zeros(sampled.shape[0], 1) if chain.is_greedy else entropy_bits(sampled).unsqueeze(-1),
         sampled.sum(-1, keepdim=True),
