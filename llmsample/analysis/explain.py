@@ -14,6 +14,7 @@ from torch import Tensor
 from llmsample.engine.emitter import raise_nothing_left
 from llmsample.engine.runner import ModelRunner
 from llmsample.models.loading import LoadedModel
+from llmsample.sampling import blocks
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Chain, entropy_bits, sampler_chain
@@ -85,8 +86,9 @@ def chain_report(
     probs = {stage.name: stage.logits[0].softmax(-1) for stage in chain.stages}
     if "xtc" in probs:  # XTC fires at random: what is sampled after it is the mixture
         probs["xtc"] = chain.probs[0]
-    raw_top = chain.raw[0].topk(top_n).indices.tolist()
-    final_top = [t for t in chain.final[0].topk(top_n).indices.tolist() if chain.probs[0, t] > 0]
+    # Ranked as the events' top lists are (ties among them in the same order).
+    raw_top = blocks.top(chain.raw[:1], top_n)[1][0].tolist()
+    final_top = [t for t in blocks.top(chain.final[:1], top_n)[1][0].tolist() if chain.probs[0, t] > 0]
     ids = list(dict.fromkeys(final_top + raw_top))[:top_n]
     ids += [t for t in dict.fromkeys(watch) if t not in ids]
     candidates = [

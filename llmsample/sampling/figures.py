@@ -10,7 +10,7 @@ from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
 from llmsample.sampling import blocks
-from llmsample.sampling.filters import kept_count
+from llmsample.sampling.filters import host_syncs_are_free, kept_count
 from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
 
@@ -46,8 +46,13 @@ def step_figures(
     maxima = blocks.block_maxima(raw) if blocks.blocks_pay(raw, max(top_n, 1)) else None
     shared = maxima if ranked is raw else None
     top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]), shared)[1] if top_n > 0 else index[:, :0]
-    low = raw.amin(-1)  # for the raw row's kept count; its maximum for finiteness
-    high = raw.amax(-1) if maxima is None else maxima.amax(-1)
+    # The raw row's minimum for its kept count, its maximum for finiteness.
+    if maxima is not None:
+        low, high = raw.amin(-1), maxima.amax(-1)
+    elif host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
+        low, high = raw.amin(-1), raw.amax(-1)
+    else:  # an accelerator's is one kernel
+        low, high = raw.aminmax(dim=-1)
     kept: list[Tensor] = []
     for position, stage in enumerate(chain.stages):
         # Only a filter removes tokens: the other stages keep -inf where it was and clamp what they
