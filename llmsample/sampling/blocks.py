@@ -33,7 +33,7 @@ def top(logits: Tensor, m: int, maxima: Tensor | None = None) -> tuple[Tensor, T
         return logits.topk(m, dim=-1)
     maxima = block_maxima(logits) if maxima is None else maxima
     chosen = maxima.topk(m, dim=-1).indices  # [batch, m]
-    ids = (chosen.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=logits.device)).flatten(-2)
+    ids = _tokens_of(chosen)
     values, at = logits.gather(-1, ids).topk(m, dim=-1)
     return values, ids.gather(-1, at)
 
@@ -56,8 +56,13 @@ def count_above(logits: Tensor, value: Tensor, maxima: Tensor | None = None) -> 
     # The blocks above come first (a stable sort of the mask puts them in front); a row with fewer
     # pads with blocks below, whose tokens are not above the value.
     chosen = above.to(torch.uint8).sort(dim=-1, descending=True, stable=True).indices[..., :width]
-    ids = (chosen.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=logits.device)).flatten(-2)
+    ids = _tokens_of(chosen)
     return count_true(logits.gather(-1, ids) > value)
+
+
+def _tokens_of(chosen: Tensor) -> Tensor:
+    """The token ids of the blocks ``chosen`` ``[batch, n]``, block by block ``[batch, n * BLOCK]``."""
+    return (chosen.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=chosen.device)).flatten(-2)
 
 
 def count_true(mask: Tensor) -> Tensor:

@@ -47,10 +47,8 @@ def step_figures(
     shared = maxima if ranked is raw else None
     top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]), shared)[1] if top_n > 0 else index[:, :0]
     # The raw row's minimum for its kept count, its maximum for finiteness.
-    if maxima is not None:
-        low, high = raw.amin(-1), maxima.amax(-1)
-    elif host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
-        low, high = raw.amin(-1), raw.amax(-1)
+    if host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
+        low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
     else:  # an accelerator's is one kernel
         low, high = raw.aminmax(dim=-1)
     kept: list[Tensor] = []
