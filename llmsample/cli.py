@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -53,6 +54,13 @@ def passive_openmp(argv: list[str]) -> None:
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
+def leave_objects_to_the_exit() -> None:
+    """A process of its own is about to end: the interpreter's last collections would walk every
+    object torch and transformers made (0.4-0.6 s of every command's exit on a slow CPU) to free
+    memory the process gives back at once. Frozen, they are skipped; embedded callers keep theirs."""
+    gc.freeze()
+
+
 class LlmsampleGroup(click.Group):
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         """Run the command, then report how it ended in at most one line on stderr; from then
@@ -69,6 +77,8 @@ class LlmsampleGroup(click.Group):
         else:
             message, code = "stdout is closed; redirect it (e.g. > /dev/null) instead of closing it", 1
         ignore_further_interrupts()
+        if args is None:
+            leave_objects_to_the_exit()
         try:
             if message:
                 click.echo(f"Error: {message}", err=True)

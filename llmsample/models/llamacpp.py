@@ -104,13 +104,16 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
     The kept config is read as a plain ``PretrainedConfig`` (it holds every key the engine reads)
     and handed to the tokenizer: the architecture's own config class imports transformers'
     model-loading machinery and torch.distributed with it, 1.5-2 s of a start that needs none of it."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PretrainedConfig
+    from transformers.configuration_utils import PretrainedConfig
+    from transformers.generation.configuration_utils import GenerationConfig
 
     target = sidecar_dir(source)
     if not all((target / f).is_file() for f in SIDECAR_FILES):
         if progress is not None:
             progress.console.print(f"reading the tokenizer of {source.name} once")
         try:
+            from transformers import AutoConfig, AutoTokenizer
+
             with gguf_progress(None):
                 tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
                 config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
@@ -122,12 +125,27 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
     try:
         config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text()))
         return (
-            AutoTokenizer.from_pretrained(str(target), config=config),
+            kept_tokenizer(target, config),
             config,
             GenerationConfig.from_pretrained(str(target)),
         )
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {target} ({first_line(exc)}); remove it and run again") from exc
+
+
+def kept_tokenizer(target: Path, config: Any) -> Any:
+    """The kept tokenizer. When transformers chose its generic class for it (``tokenizer.json``
+    read as it is, as for the default model), that class loads it directly: ``AutoTokenizer``
+    would import its class and config tables first, about a second of a start on a slow CPU
+    (half of what llama.cpp's start spent beyond importing torch)."""
+    saved = json.loads((target / "tokenizer_config.json").read_text()).get("tokenizer_class")
+    if saved == "TokenizersBackend":
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(target))
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(target), config=config)
 
 
 def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> None:

@@ -115,3 +115,25 @@ def test_compare_accepts_every_seed_the_config_does(tiny_model_dir: Path) -> Non
     result = invoke(*args, "--presets", "balanced", "--samples", "2", "--seed", str(2**63 - 2))
     assert result.exit_code == 0, result.output
     assert [json.loads(line)["seed"] for line in result.stdout.splitlines()] == [2**63 - 2, 2**63 - 1]
+
+
+FROZEN_AT_EXIT = """
+import atexit, gc, sys
+from llmsample.cli import main
+atexit.register(lambda: print("frozen", gc.get_freeze_count() > 0, file=sys.stderr))
+sys.argv = ["llmsample", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_process_of_its_own_leaves_its_objects_to_the_exit() -> None:
+    """The interpreter's last collections are skipped in a process of its own; an embedded call
+    (arguments given) keeps its objects collectable."""
+    done = subprocess.run([sys.executable, "-c", FROZEN_AT_EXIT, "presets", "list"], capture_output=True, text=True)
+    assert done.returncode == 0 and "creative" in done.stdout
+    assert done.stderr.strip() == "frozen True"
+    import gc
+
+    before = gc.get_freeze_count()
+    assert CliRunner().invoke(main, ["presets", "list"]).exit_code == 0
+    assert gc.get_freeze_count() == before
