@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
 from llmsample.models.conversion import gguf_key, gguf_path, gguf_progress, install, models_dir, new_staging_dir
+from llmsample.models.tokenizer import saved_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -125,27 +126,12 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
     try:
         config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text()))
         return (
-            kept_tokenizer(target, config),
+            saved_tokenizer(target, config),
             config,
             GenerationConfig.from_pretrained(str(target)),
         )
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {target} ({first_line(exc)}); remove it and run again") from exc
-
-
-def kept_tokenizer(target: Path, config: Any) -> Any:
-    """The kept tokenizer. When transformers chose its generic class for it (``tokenizer.json``
-    read as it is, as for the default model), that class loads it directly: ``AutoTokenizer``
-    would import its class and config tables first, about a second of a start on a slow CPU
-    (half of what llama.cpp's start spent beyond importing torch)."""
-    saved = json.loads((target / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    if saved == "TokenizersBackend":
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-
-        return TokenizersBackend.from_pretrained(str(target))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(target), config=config)
 
 
 def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> None:
