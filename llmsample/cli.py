@@ -57,7 +57,8 @@ def passive_openmp(argv: list[str]) -> None:
 def leave_objects_to_the_exit() -> None:
     """A process of its own is about to end: the interpreter's last collections would walk every
     object torch and transformers made (0.4-0.6 s of every command's exit on a slow CPU) to free
-    memory the process gives back at once. Frozen, they are skipped; embedded callers keep theirs."""
+    memory the process gives back at once. Frozen, they are skipped; embedded callers keep theirs.
+    So whatever a command writes is closed by the command, never left to a collection at exit."""
     gc.freeze()
 
 

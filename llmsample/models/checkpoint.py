@@ -103,12 +103,10 @@ def read_weights(source: str, config: Any, dtype: torch.dtype, name: str, **load
     would initialise them at random), are one line. ``load``: placement and quantization
     arguments for ``from_pretrained``."""
     from safetensors import SafetensorError
-    from transformers import AutoModelForCausalLM
-
-    from llmsample.models.tokenizer import saved_tokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        tokenizer = saved_tokenizer(source)
+        tokenizer = AutoTokenizer.from_pretrained(source)
         model, info = AutoModelForCausalLM.from_pretrained(
             source, config=config, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True, **load
         )

@@ -124,7 +124,7 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
             del config.quantization_config
         keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))
     try:
-        config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text()))
+        config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text(encoding="utf-8")))
         return (
             saved_tokenizer(target, config),
             config,

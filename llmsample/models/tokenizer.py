@@ -1,4 +1,5 @@
-"""Reading a saved tokenizer by the class it was saved with, when that is transformers' generic one."""
+"""Reading a tokenizer llmsample saved itself by the class it was saved with, when that is
+transformers' generic one."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ GENERIC = "TokenizersBackend"
 
 
 def saved_tokenizer(source: str | Path, config: Any = None) -> Any:
-    """The tokenizer of a local folder or hub id. When transformers chose its generic class for
-    it (``tokenizer.json`` read as it is, as for the default model), that class loads it directly:
-    ``AutoTokenizer`` would import its class and config tables and read the model's config
-    first, 0.7-1.2 s of a start on a slow CPU. Any other class, or a hub id, goes through it."""
+    """The tokenizer of a folder llmsample wrote with ``AutoTokenizer``'s choice of class (a GGUF's
+    kept folder). When that choice was transformers' generic class (``tokenizer.json`` read as it
+    is, as for the default model), the class loads it directly: ``AutoTokenizer`` would import its
+    class and config tables first, about a second of a start on a slow CPU. Not for a user's
+    folder: there ``AutoTokenizer`` also reads the model's config, and for some model types
+    (qwen2) loads their own class whatever the folder says. Any other class goes through it."""
     if saved_class(Path(source)) == GENERIC:
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
@@ -28,4 +31,4 @@ def saved_class(folder: Path) -> str | None:
     saved = folder / "tokenizer_config.json"
     if not (saved.is_file() and (folder / "tokenizer.json").is_file()):
         return None
-    return json.loads(saved.read_text()).get("tokenizer_class")
+    return json.loads(saved.read_text(encoding="utf-8")).get("tokenizer_class")

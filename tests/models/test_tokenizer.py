@@ -24,7 +24,10 @@ def test_the_generic_class_loads_directly_as_auto_tokenizer_does(
         patch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **kw: pytest.fail("went through AutoTokenizer"))
         mine = saved_tokenizer(tiny_model_dir)
     theirs = AutoTokenizer.from_pretrained(str(tiny_model_dir))
-    assert type(mine) is TokenizersBackend and mine.get_vocab() == theirs.get_vocab()
+    assert type(mine) is type(theirs) is TokenizersBackend and mine.get_vocab() == theirs.get_vocab()
+    assert (mine.model_max_length, mine.padding_side, mine.chat_template) == (
+        theirs.model_max_length, theirs.padding_side, theirs.chat_template,
+    )  # fmt: skip
     for text in TEXTS:
         ids = theirs(text)["input_ids"]
         assert mine(text)["input_ids"] == ids and mine.decode(ids) == theirs.decode(ids)
@@ -47,6 +50,7 @@ def test_anything_else_goes_through_auto_tokenizer(
     elif kind == "no tokenizer.json":
         (source / "tokenizer.json").unlink()
     calls = []
-    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: calls.append(path))
-    saved_tokenizer("someone/some-model" if kind == "hub id" else source)
-    assert calls == ["someone/some-model" if kind == "hub id" else str(source)]
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda path, **kw: calls.append((path, kw)))
+    config = object()
+    saved_tokenizer("someone/some-model" if kind == "hub id" else source, config)
+    assert calls == [("someone/some-model" if kind == "hub id" else str(source), {"config": config})]
