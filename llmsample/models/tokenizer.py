@@ -10,7 +10,7 @@ from typing import Any
 GENERIC = "TokenizersBackend"
 
 
-def saved_tokenizer(source: str | Path, config: Any = None) -> Any:
+def saved_tokenizer(source: str | Path, config: Any) -> Any:
     """The tokenizer of a folder llmsample wrote with ``AutoTokenizer``'s choice of class (a GGUF's
     kept folder). When that choice was transformers' generic class (``tokenizer.json`` read as it
     is, as for the default model), the class loads it directly: ``AutoTokenizer`` would import its
@@ -23,7 +23,7 @@ def saved_tokenizer(source: str | Path, config: Any = None) -> Any:
         return TokenizersBackend.from_pretrained(str(source))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(source), **({} if config is None else {"config": config}))
+    return AutoTokenizer.from_pretrained(str(source), config=config)
 
 
 def saved_class(folder: Path) -> str | None:

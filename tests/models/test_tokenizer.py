@@ -22,7 +22,7 @@ def test_the_generic_class_loads_directly_as_auto_tokenizer_does(
     assert saved_class(tiny_model_dir) == GENERIC
     with monkeypatch.context() as patch:
         patch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **kw: pytest.fail("went through AutoTokenizer"))
-        mine = saved_tokenizer(tiny_model_dir)
+        mine = saved_tokenizer(tiny_model_dir, None)
     theirs = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     assert type(mine) is type(theirs) is TokenizersBackend and mine.get_vocab() == theirs.get_vocab()
     assert (mine.model_max_length, mine.padding_side, mine.chat_template) == (
