@@ -124,7 +124,7 @@ def load_model(
     load = load_arguments(placement, tensor_parallel, quantize, dtype, device)
     tokenizer, model = read_weights_to_run(source, config, dtype, name, device, quantize, load)
     device, placed = place(model, name, device, load, placement, quantize)
-    prepare(model, device, dtype, quantize, stored)
+    prepare(model, device, dtype, quantize, stored, whole=not (compile or placement or tensor_parallel))
     from llmsample.models.compiled import CompiledSteps
 
     compiled = CompiledSteps(model, str(cache_home() / "inductor")) if compile else None
@@ -256,15 +256,22 @@ def place(
     return device, placed
 
 
-def prepare(model: Any, device: torch.device, dtype: torch.dtype, quantize: str | None, stored: str | None) -> None:
+def prepare(
+    model: Any, device: torch.device, dtype: torch.dtype, quantize: str | None, stored: str | None, whole: bool
+) -> None:
     """Ready to decode: a quantized model proven to run one token, bf16 emulated on a CPU without
-    it given wide products, evaluation mode."""
+    it given wide products, bf16 on a CPU with it given weights in oneDNN's layout (``whole``: an
+    eager model on one device, not compiled, placed or split), evaluation mode."""
     from llmsample.models.precision import emulated_bf16, upcast_wide_products
+    from llmsample.models.prepacked import prepack_linears, prepacks
 
     if quantize:
         check_quantized_forward(model, device, quantize)
-    if emulated_bf16(device, dtype) and not quantize and stored is None:
+    plain = not quantize and stored is None
+    if emulated_bf16(device, dtype) and plain:
         upcast_wide_products(model)
+    elif whole and plain and prepacks(device, dtype):
+        prepack_linears(model)
     model.eval()
 
 

@@ -5,13 +5,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from llmsample.engine import growing_cache as growing_cache_module
 from llmsample.engine.growing_cache import GrowingLayer, growing_cache
 from llmsample.engine.padded import PaddedBatch
 from tests.conftest import make_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _restore_threshold():
+    before = growing_cache_module.CONCAT_BELOW
+    yield
+    growing_cache_module.CONCAT_BELOW = before
+
 
 EDITS = st.lists(
     st.one_of(
@@ -24,8 +34,10 @@ EDITS = st.lists(
 )
 
 
-@given(EDITS)
-def test_a_growing_layer_holds_what_concatenation_holds(edits: list[tuple[str, Any]]) -> None:
+@pytest.mark.parametrize("concat_below", [0, 200], ids=["in-place", "concatenated-while-small"])
+@given(edits=EDITS)
+def test_a_growing_layer_holds_what_concatenation_holds(concat_below: int, edits: list[tuple[str, Any]]) -> None:
+    growing_cache_module.CONCAT_BELOW = concat_below  # restored by the fixture below
     layer, keys = GrowingLayer(), torch.zeros(3, 2, 0, 4)
     rows = 3
     for kind, n in edits:
@@ -56,6 +68,8 @@ def test_a_step_writes_in_place(tmp_path) -> None:
     """The point of it: a one-token step copies none of the cache (the buffer stays, the view grows)."""
     from llmsample.models.loading import load_model
 
+    growing_cache_module.CONCAT_BELOW = 0  # the tiny model's cache is far below the threshold
+
     lm = load_model(str(make_tiny_model(tmp_path)), "cpu", "float32")
     batch = PaddedBatch(lm.model)
     batch.admit([[3, 4, 5], [6, 7]])
@@ -65,3 +79,20 @@ def test_a_step_writes_in_place(tmp_path) -> None:
         batch.step(torch.tensor([1, 2]))
     assert first.keys.shape[2] == 8 and first._key_buffer.data_ptr() == before
     assert all(type(layer) is GrowingLayer for layer in growing_cache(lm.model.config).layers)
+
+
+def test_a_small_cache_is_concatenated_until_it_is_worth_a_buffer() -> None:
+    """Below the threshold an update copies (no buffer, as transformers' layer); the update that
+    crosses it moves the cache into a buffer, and the next one writes in place."""
+    growing_cache_module.CONCAT_BELOW = 2 * 2 * 4 * 4  # rows x heads x 4 positions x dim
+    layer = GrowingLayer()
+    keys = torch.randn(2, 2, 3, 4)
+    layer.update(keys, keys)
+    assert layer._key_buffer is None and torch.equal(layer.keys, keys)
+    step = torch.randn(2, 2, 1, 4)
+    layer.update(step, step)  # 4 positions: at the threshold, into a buffer
+    assert layer._key_buffer is not None
+    buffer = layer._key_buffer.data_ptr()
+    layer.update(step, step)
+    assert layer._key_buffer.data_ptr() == buffer and layer.keys.data_ptr() == buffer
+    assert torch.equal(layer.keys, torch.cat([keys, step, step], 2))

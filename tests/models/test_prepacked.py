@@ -1,0 +1,90 @@
+"""bf16 linear layers with weights in oneDNN's layout compute what ``nn.Linear`` computes, bit for
+bit, and a model decodes the same tokens with them; the load applies them only where they run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from llmsample.engine.loop import generate, run_to_end
+from llmsample.events import RunStats
+from llmsample.models import prepacked
+from llmsample.models.loading import load_model
+from llmsample.models.prepacked import PrepackedLinear, prepack_linears, prepacks
+from llmsample.sampling.config import SamplingConfig
+from tests.conftest import make_tiny_model
+
+needs_native_bf16 = pytest.mark.skipif(
+    not prepacks(torch.device("cpu"), torch.bfloat16), reason="this CPU has no native bf16 kernels in oneDNN"
+)
+
+
+@needs_native_bf16
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 16), (3, 7), (1, 300)], ids=["step", "16-rows", "3x7", "prefill"])
+def test_a_prepacked_layer_computes_what_the_plain_one_does(bias: bool, shape: tuple[int, int]) -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 200, bias=bias).to(torch.bfloat16)
+    x = torch.randn(*shape, 96, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(PrepackedLinear(linear)(x), linear(x))
+
+
+def tiny_pair(tmp_path, dtype: str = "bfloat16", tie: bool = True) -> tuple:
+    """The tiny model loaded twice: as the load leaves it, and with prepacking off."""
+    path = make_tiny_model(tmp_path)
+    if not tie:
+        import json
+
+        config = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    lm = load_model(str(path), "cpu", dtype)
+    original = prepacked.prepacks
+    prepacked.prepacks = lambda device, dtype: False
+    try:
+        plain = load_model(str(path), "cpu", dtype)
+    finally:
+        prepacked.prepacks = original
+    return lm, plain
+
+
+@needs_native_bf16
+@pytest.mark.parametrize("tie", [True, False], ids=["tied-head", "own-head"])
+def test_a_bf16_model_on_this_cpu_decodes_the_same_tokens_prepacked(tmp_path, tie: bool) -> None:
+    lm, plain = tiny_pair(tmp_path, tie=tie)
+    linears = [m for m in lm.model.modules() if isinstance(m, nn.Linear)]
+    assert not linears and isinstance(lm.model.lm_head, PrepackedLinear)
+    assert all(type(m) is not PrepackedLinear for m in plain.model.modules())
+    # A tied head's embedding keeps the plain weight; an untied head's plain weight is gone.
+    assert lm.model.model.embed_tokens.weight.shape == (32, 32)
+    assert not any(p.dtype == torch.bfloat16 and p.shape == (32, 32) for p in lm.model.lm_head.parameters())
+    prompt = torch.tensor([[0, 5, 9, 3, 17]])
+    for cfg in (
+        SamplingConfig(temperature=0, max_tokens=24),
+        SamplingConfig(temperature=1.0, top_k=0, max_tokens=24, seed=7),
+    ):
+        ours, _ = run_to_end(generate(lm, prompt, cfg, RunStats("x", "t", cfg.seed), ignore_eos=True))
+        theirs, _ = run_to_end(generate(plain, prompt, cfg, RunStats("x", "t", cfg.seed), ignore_eos=True))
+        assert [(e.token_id, e.prob) for e in ours] == [(e.token_id, e.prob) for e in theirs]
+        assert len(ours) == 24
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_load_prepacks_only_bf16_with_native_kernels(tmp_path, dtype: str) -> None:
+    lm = load_model(str(make_tiny_model(tmp_path)), "cpu", dtype)
+    expected = dtype == "bfloat16" and prepacks(torch.device("cpu"), torch.bfloat16)
+    assert isinstance(lm.model.lm_head, PrepackedLinear) == expected
+
+
+@needs_native_bf16
+def test_a_onednn_that_computes_otherwise_leaves_the_model_alone(tmp_path, monkeypatch) -> None:
+    """A probe row through the first layer must match ``F.linear`` bit for bit, or nothing changes."""
+    lm = load_model(str(make_tiny_model(tmp_path)), "cpu", "float32")
+    model = lm.model.to(torch.bfloat16)
+    forward = PrepackedLinear.forward
+    monkeypatch.setattr(PrepackedLinear, "forward", lambda self, x: forward(self, x) * 1.5)
+    assert prepack_linears(model) == 0
+    assert all(type(m) is not PrepackedLinear for m in model.modules())
+    monkeypatch.undo()
+    assert prepack_linears(model) == len([m for m in model.modules() if type(m) is PrepackedLinear]) > 0
