@@ -77,13 +77,21 @@ def test_the_load_prepacks_only_bf16_with_native_kernels(tmp_path, dtype: str) -
     assert isinstance(lm.model.lm_head, PrepackedLinear) == expected
 
 
+def _off(self, x):
+    raise RuntimeError("mkldnn: unsupported")
+
+
 @needs_native_bf16
-def test_a_onednn_that_computes_otherwise_leaves_the_model_alone(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "broken",
+    [lambda forward: lambda self, x: forward(self, x) * 1.5, lambda forward: _off],
+    ids=["other-values", "refused"],
+)
+def test_a_onednn_that_computes_otherwise_leaves_the_model_alone(tmp_path, monkeypatch, broken) -> None:
     """A probe row through the first layer must match ``F.linear`` bit for bit, or nothing changes."""
     lm = load_model(str(make_tiny_model(tmp_path)), "cpu", "float32")
     model = lm.model.to(torch.bfloat16)
-    forward = PrepackedLinear.forward
-    monkeypatch.setattr(PrepackedLinear, "forward", lambda self, x: forward(self, x) * 1.5)
+    monkeypatch.setattr(PrepackedLinear, "forward", broken(PrepackedLinear.forward))
     assert prepack_linears(model) == 0
     assert all(type(m) is not PrepackedLinear for m in model.modules())
     monkeypatch.undo()
