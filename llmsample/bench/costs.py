@@ -45,13 +45,12 @@ def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5, device: torch.device 
 
 
 def weight_bytes(lm: LoadedModel) -> int:
-    """Bytes read per decode step: every weight once (a tied embedding is read as the LM head)."""
-    seen, total = set(), 0
-    for p in lm.model.parameters():
-        if p.data_ptr() not in seen:
-            seen.add(p.data_ptr())
-            total += p.numel() * p.element_size()
-    return total
+    """Bytes read per decode step: every weight once, the input embedding only where it is the LM
+    head's too (a step reads one row of it; a prepacked head holds a copy of its own)."""
+    model = lm.model
+    embedding = getattr(model.get_input_embeddings(), "weight", None)
+    head = {id(p) for p in model.get_output_embeddings().parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding or id(p) in head)
 
 
 def bench_bandwidth(lm: LoadedModel, rows: list[Workload]) -> Bandwidth:

@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from llmsample.bench.costs import weight_bytes
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.events import RunStats
 from llmsample.models import prepacked
@@ -58,7 +59,10 @@ def test_a_bf16_model_on_this_cpu_decodes_the_same_tokens_prepacked(tmp_path, ti
     assert all(type(m) is not PrepackedLinear for m in plain.model.modules())
     # A tied head's embedding keeps the plain weight; an untied head's plain weight is gone.
     assert lm.model.model.embed_tokens.weight.shape == (32, 32)
-    assert not any(p.dtype == torch.bfloat16 and p.shape == (32, 32) for p in lm.model.lm_head.parameters())
+    assert [p.is_mkldnn for p in lm.model.lm_head.parameters()] == [True]
+    plain_32x32 = [p for p in lm.model.parameters() if p.shape == (32, 32) and not p.is_mkldnn]
+    assert len(plain_32x32) == 1 and plain_32x32[0] is lm.model.model.embed_tokens.weight
+    assert weight_bytes(lm) == weight_bytes(plain)  # the benchmark's bytes a step: the same weights
     prompt = torch.tensor([[0, 5, 9, 3, 17]])
     for cfg in (
         SamplingConfig(temperature=0, max_tokens=24),
