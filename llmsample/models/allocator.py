@@ -43,3 +43,16 @@ def keep_freed_blocks() -> bool:
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     _done = bool(mallopt(M_MMAP_THRESHOLD, MMAP)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM))
     return _done
+
+
+def return_freed_memory() -> bool:
+    """Hand the heap's free memory back to the kernel now (glibc's ``malloc_trim``): after a load
+    that freed a model's worth of blocks (weights replaced by reordered copies), which the raised
+    trim threshold would otherwise keep resident. Returns whether anything was released."""
+    if not sys.platform.startswith("linux"):
+        return False
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is None:
+        return False
+    trim.argtypes = [ctypes.c_size_t]
+    return bool(trim(0))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import RuntimeFailure, UserError, first_line
-from llmsample.models.allocator import keep_freed_blocks
+from llmsample.models.allocator import keep_freed_blocks, return_freed_memory
 from llmsample.models.checkpoint import (
     check_local_model,
     check_tokenizer_files,
@@ -270,8 +270,8 @@ def prepare(
     plain = not quantize and stored is None
     if emulated_bf16(device, dtype) and plain:
         upcast_wide_products(model)
-    elif whole and plain and prepacks(device, dtype):
-        prepack_linears(model)
+    elif whole and plain and prepacks(device, dtype) and prepack_linears(model):
+        return_freed_memory()  # the plain weights the reordered ones replaced
     model.eval()
 
 

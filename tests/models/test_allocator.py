@@ -65,3 +65,31 @@ def test_thresholds_the_user_set_are_kept(env: dict[str, str]) -> None:
     code = "from llmsample.models.allocator import keep_freed_blocks; print(keep_freed_blocks())"
     done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True)
     assert done.stdout.split() == ["False"]
+
+
+TRIMMED = textwrap.dedent(
+    """
+    import torch
+    from llmsample.models.allocator import keep_freed_blocks, return_freed_memory
+
+    def resident_mb():
+        return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+    assert keep_freed_blocks()
+    blocks = [torch.ones(1 << 20) for _ in range(48)]  # 48 blocks of 4 MiB from the heap, touched
+    loaded = resident_mb()
+    del blocks
+    kept = resident_mb()  # freed below the raised trim threshold: still resident
+    return_freed_memory()
+    print(loaded - kept, kept - resident_mb())
+    """
+)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim")
+def test_memory_a_load_freed_goes_back_to_the_kernel() -> None:
+    """What the raised thresholds keep for a step's temporaries, a load that replaced its weights
+    hands back: 192 MiB freed stay resident until the trim, and leave with it."""
+    done = subprocess.run([sys.executable, "-c", TRIMMED], capture_output=True, text=True, check=True)
+    kept_back, released = (float(x) for x in done.stdout.split())
+    assert kept_back < 32 and released > 150
