@@ -97,9 +97,13 @@ class PaddedBatch:
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row in (``[rows]``), next-token logits ``[rows, vocab]`` out."""
         self._crop_holes()
+        # No row has padding or holes (a single stream, one prompt's rows): the model is given no
+        # mask, as transformers would drop an all-ones one only after checking every entry of it.
+        dense = min(self._lengths, default=0) == self.mask.shape[1]
         self.mask = torch.cat([self.mask, self.mask.new_ones(self.rows, 1)], dim=1)
         tokens = tokens.view(-1, 1).to(self.device)
-        logits = self._forward(tokens, self.mask, self.positions.view(-1, 1), self.cache)[:, -1]
+        mask = None if dense else self.mask
+        logits = self._forward(tokens, mask, self.positions.view(-1, 1), self.cache)[:, -1]
         self.positions = self.positions + 1
         self._lengths = [n + 1 for n in self._lengths]
         self._tails = [0] * self.rows
@@ -178,8 +182,11 @@ class PaddedBatch:
             here = index.to(layer.keys.device)
             layer.keys, layer.values = layer.keys[here], layer.values[here]
 
-    def _forward(self, ids: Tensor, mask: Tensor, positions: Tensor, cache: Any, keep_last: bool = False) -> Tensor:
+    def _forward(
+        self, ids: Tensor, mask: Tensor | None, positions: Tensor, cache: Any, keep_last: bool = False
+    ) -> Tensor:
         start = time.perf_counter()
+        width = (self.mask if mask is None else mask).shape[1]  # a dense step passes no mask
         try:
             out = self.model(
                 input_ids=ids,
@@ -191,7 +198,7 @@ class PaddedBatch:
             )
         except torch.OutOfMemoryError as exc:
             raise RuntimeFailure(
-                f"out of memory on {ids.device} with {ids.shape[0]} rows of {mask.shape[1]} positions; "
+                f"out of memory on {ids.device} with {ids.shape[0]} rows of {width} positions; "
                 "try a smaller --batch-size"
             ) from exc
         logits = out.logits.float().to(self.sample_device)
