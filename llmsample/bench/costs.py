@@ -49,7 +49,8 @@ def weight_bytes(lm: LoadedModel) -> int:
     head's too (a step reads one row of it; a prepacked head holds a copy of its own)."""
     model = lm.model
     embedding = getattr(model.get_input_embeddings(), "weight", None)
-    head = {id(p) for p in model.get_output_embeddings().parameters()}
+    head_module = model.get_output_embeddings()
+    head = {id(p) for p in head_module.parameters()} if head_module is not None else set()
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not embedding or id(p) in head)
 
 
