@@ -75,11 +75,12 @@ class GrowingLayer(DynamicLayer):
         view = None
         if self.__dict__.get(fresh_name) and current is not None and buffer is not None:
             view = _grown_in_place(current, buffer, new)
-        if view is None and buffer is None and _small(current, new):
-            view = new if current is None or not current.numel() else torch.cat([current, new], dim=2)
-        elif view is None:
-            view, buffer = appended(current, buffer, new)
-            object.__setattr__(self, buffer_name, buffer)
+        if view is None:
+            if buffer is None and _small(current, new):
+                view = new if current is None or not current.numel() else torch.cat([current, new], dim=2)
+            else:
+                view, buffer = appended(current, buffer, new)
+                object.__setattr__(self, buffer_name, buffer)
         object.__setattr__(self, name, view)
         object.__setattr__(self, fresh_name, True)
 
