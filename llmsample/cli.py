@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import signal
 import sys
 from typing import Any
@@ -42,18 +41,6 @@ for _noisy in ("torchao", "torch.utils._pytree"):
     logging.getLogger(_noisy).setLevel(logging.ERROR)
 
 
-def passive_openmp(argv: list[str]) -> None:
-    """``--backend llama.cpp``: OpenMP threads sleep between parallel regions instead of spinning.
-    ggml and torch share one libgomp, whose idle threads spin by default; on a CPU with no core to
-    spare that spinning takes the cores llama.cpp's threads wait on at every barrier: a 37-token
-    prefill took 6.5 s instead of 0.26 s on 2 threads of a loaded 2-core machine. libgomp reads
-    the policy once, when it is loaded (with torch), hence first thing in
-    :meth:`LlmsampleGroup.main`, before a command imports torch (nothing here does). A policy the
-    user set is kept."""
-    if "llama.cpp" in argv:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
 def leave_objects_to_the_exit() -> None:
     """A process of its own is about to end: the interpreter's last collections would walk every
     object torch and transformers made (0.4-0.6 s of every command's exit on a slow CPU) to free
@@ -67,7 +54,6 @@ class LlmsampleGroup(click.Group):
         """Run the command, then report how it ended in at most one line on stderr; from then
         on interrupts are ignored, so a second Ctrl-C cannot turn the ending into a traceback.
         Called with explicit arguments (embedded, tests) it gives the caller's handlers back."""
-        passive_openmp(list(args) if args is not None else sys.argv[1:])
         previous = {signum: signal.getsignal(signum) for signum in ENDING_SIGNALS}
         stdout_open = prepare_streams()
         for signum in ENDING_SIGNALS:
