@@ -51,20 +51,14 @@ def step_figures(
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
     else:  # an accelerator's is one kernel
         low, high = raw.aminmax(dim=-1)
-    kept: list[Tensor] = []
-    for position, stage in enumerate(chain.stages):
-        # Only a filter removes tokens: the other stages keep -inf where it was and clamp what they
-        # change to finite values (``keep_finite``), so they keep what came in. Logits are finite
-        # until a filter sets -inf, so that is all there is to count.
-        same = position > 0 and (stage.name not in FILTER_STAGES or stage.values is chain.stages[position - 1].values)
-        if same:  # (or a filter that was off: top-k 0, top-p 1, min-p 0 hand on their input)
-            kept.append(kept[-1])
-        else:  # a support's -inf are its removed
-            kept.append(kept_count(stage.values, low if position == 0 else None))
+    asked = [index, top_ids]  # the drawn token, the top list, the watched: their probabilities in one lookup
+    if watch is not None:
+        asked.append(watch.tensor.expand(index.shape[0], -1))
+    ids = torch.cat(asked, -1)
     columns = [
-        index.float(),
-        chain.prob_of(index),
-        raw_logprobs.gather(1, index).exp(),
+        ids.float(),
+        chain.prob_of(ids),
+        raw_logprobs.gather(1, ids).exp(),
         blocks.count_above(raw, raw.gather(1, index), maxima).unsqueeze(-1).float() + 1,
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         sampled.new_zeros(sampled.shape[0], 1) if chain.is_greedy else entropy_bits(sampled).unsqueeze(-1),
@@ -72,54 +66,70 @@ def step_figures(
         # Checked here, in the step's one transfer, rather than with a host sync of its own: the
         # maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
         high.isfinite().float().unsqueeze(-1),
-        torch.stack(kept, -1).float(),
-        top_ids.float(),
-        chain.prob_of(top_ids),
-        raw_logprobs.gather(1, top_ids).exp(),
+        kept_counts(chain, low).float(),
     ]
-    n_watch = 0 if watch is None else len(watch.ids)
     if watch is not None:
-        watched = watch.tensor.expand(index.shape[0], -1)
-        watched_raw = raw.gather(1, watched)
-        columns += [
-            chain.prob_of(watched),
-            raw_logprobs.gather(1, watched).exp(),
-            (raw.unsqueeze(1) > watched_raw.unsqueeze(-1)).sum(-1).float() + 1,
-        ]
+        watched_raw = raw.gather(1, asked[-1])
+        columns.append((raw.unsqueeze(1) > watched_raw.unsqueeze(-1)).sum(-1).float() + 1)
     if accepted is not None:
         columns.append(accepted.view(-1, 1).to(sampled.dtype))
     rows = torch.cat(columns, -1).tolist()
-    names = chain.names
-    n_stages, n_top = len(names), top_ids.shape[-1]
-    figures = []
-    for row in rows:
-        kept_counts = row[7 : 7 + n_stages]
-        removed = {
-            name: int(kept_counts[i - 1] - kept_counts[i]) for i, name in enumerate(names) if name in FILTER_STAGES
-        }
-        top = row[7 + n_stages : 7 + n_stages + 3 * n_top]
-        tail = row[7 + n_stages + 3 * n_top :]
-        ids = () if watch is None else watch.ids
-        watched_rows = tuple(
-            Watched(token_id=t, prob=tail[i], model_prob=tail[n_watch + i], model_rank=int(tail[2 * n_watch + i]))
-            for i, t in enumerate(ids)
-        )
-        figures.append(
-            StepFigures(
-                token_id=int(row[0]),
-                prob=row[1],
-                model_prob=row[2],
-                model_rank=int(row[3]),
-                entropy=max(row[4], 0.0) + 0.0,  # no -0.0 in the output
-                top_ids=[int(t) for t in top[:n_top]],
-                top_probs=top[n_top : 2 * n_top],
-                top_model_probs=top[2 * n_top :],
-                removed=removed,
-                mass=row[5],
-                finite_logits=row[6] == 1.0,
-                candidates=int(kept_counts[-1]),
-                watch=watched_rows,
-                accepted=int(row[-1]) if accepted is not None else 0,
-            )
-        )
-    return figures
+    watched_ids = () if watch is None else watch.ids
+    return [_figures_of(row, chain.names, top_ids.shape[-1], watched_ids, accepted is not None) for row in rows]
+
+
+def _figures_of(
+    row: list[float], names: tuple[str, ...], n_top: int, watched_ids: tuple[int, ...], drafted: bool
+) -> StepFigures:
+    """One row of the step's transfer: the asked ids, their sampled and raw probabilities, then
+    the rank, entropy, mass, finiteness, each stage's kept count, the watched ranks, the drafts
+    accepted."""
+    m, n_stages = 1 + n_top + len(watched_ids), len(names)
+    ids, probs, model = row[:m], row[m : 2 * m], row[2 * m : 3 * m]
+    rank, entropy, mass, finite = row[3 * m : 3 * m + 4]
+    kept = row[3 * m + 4 : 3 * m + 4 + n_stages]
+    watch_ranks = row[3 * m + 4 + n_stages :]
+    at = 1 + n_top  # the watched ids follow the top list
+    return StepFigures(
+        token_id=int(ids[0]),
+        prob=probs[0],
+        model_prob=model[0],
+        model_rank=int(rank),
+        entropy=max(entropy, 0.0) + 0.0,  # no -0.0 in the output
+        top_ids=[int(t) for t in ids[1:at]],
+        top_probs=probs[1:at],
+        top_model_probs=model[1:at],
+        removed={name: int(kept[i - 1] - kept[i]) for i, name in enumerate(names) if name in FILTER_STAGES},
+        mass=mass,
+        finite_logits=finite == 1.0,
+        candidates=int(kept[-1]),
+        watch=tuple(
+            Watched(token_id=t, prob=probs[at + i], model_prob=model[at + i], model_rank=int(watch_ranks[i]))
+            for i, t in enumerate(watched_ids)
+        ),
+        accepted=int(row[-1]) if drafted else 0,
+    )
+
+
+def kept_counts(chain: Chain, low: Tensor) -> Tensor:
+    """Per row, the tokens each stage keeps ``[batch, stages]`` (int32); ``low``: the raw row's
+    minimum. Only a filter removes tokens: the other stages keep -inf where it was and clamp what
+    they change to finite values (``keep_finite``), so they keep what came in; so does a filter
+    that was off (top-k 0, top-p 1, min-p 0 hand on their input). Logits are finite until a
+    filter sets -inf, so that is all there is to count. The stages on the chain's candidates are
+    counted together, in one pass over their stacked values."""
+    stages = chain.stages
+    source: list[int] = []  # per stage, the stage whose count it has
+    for position, stage in enumerate(stages):
+        same = position > 0 and (stage.name not in FILTER_STAGES or stage.values is stages[position - 1].values)
+        source.append(source[-1] if same else position)
+    counted = sorted(set(source))
+    narrow = [p for p in counted if stages[p].ids is not None]
+    counts: dict[int, Tensor] = {
+        p: kept_count(stages[p].values, low if p == 0 else None) for p in counted if p not in narrow
+    }
+    if narrow:
+        values = torch.stack([stages[p].values for p in narrow])  # [stages, batch, candidates]
+        removed = blocks.count_true(values.isneginf())
+        counts.update((p, values.shape[-1] - removed[i]) for i, p in enumerate(narrow))
+    return torch.stack([counts[p] for p in source], -1)
