@@ -182,7 +182,7 @@ class Chain:
         surviving token, so that is read off without a cumulative sum or a random number. Over a
         support the draw walks the candidates in id order, as it would walk the whole row."""
         if self.is_greedy:
-            return filters.first_argmax(self.final).squeeze(-1)
+            return self.support[:, 0] if self.support is not None else filters.first_argmax(self.final).squeeze(-1)
         index = draw(self.sampled, generator)
         return index if self.support is None else self.support.gather(-1, index.unsqueeze(-1)).squeeze(-1)
 
@@ -199,7 +199,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     ``[batch, vocab]`` logits (bracketed stages only when on: :func:`chain_of`). What is sampled is
     the last stage's softmax, or with XTC the mixture of its two branches.
 
-    On a CPU, top-k hands the stages after it only its k candidates (:class:`Stage`), and so does
+    On a CPU, greedy hands on its one token and top-k its k candidates (:class:`Stage`), and so does
     the first of top-n-sigma, top-p, typical-p and min-p that leaves at most an eighth of the
     vocabulary: what follows them are all filters of a distribution, which give the same answer on
     the candidates as on a row where every other token is ``-inf``, at a fraction of the passes
@@ -210,7 +210,10 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
     for info in chain_of(cfg)[1:]:
-        if ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
+        if ids is None and info.name == "greedy" and compacts(logits, 1):
+            ids = filters.first_argmax(logits)  # the one token keep_argmax keeps
+            logits = logits.gather(-1, ids)
+        elif ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)
         elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
             logits, ids = filters.top_p_kept(logits, cfg.top_p if values is None else values.top_p, vocab // 8)

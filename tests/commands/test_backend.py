@@ -64,8 +64,6 @@ def test_bench_on_llama_cpp_is_a_section_of_its_own(extra: list[str], named: str
     assert result.stderr.count("\n") == 1 and f"leave out {named}" in result.stderr, result.stderr
 
 
-
-
 def test_llama_cpp_runs_leave_openmp_waiting_to_libgomp(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """ggml's barriers are OpenMP barriers: told to sleep (``PASSIVE``) its threads ran the
     default model 3x slower on a quiet 2-core machine (30 against 100 tok/s)."""

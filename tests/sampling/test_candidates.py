@@ -41,7 +41,7 @@ def logits(draw: st.DrawFn) -> torch.Tensor:
 def configs() -> st.SearchStrategy[SamplingConfig]:
     return st.builds(
         SamplingConfig,
-        temperature=st.sampled_from([0.3, 0.8, 1.0, 1.5]),
+        temperature=st.sampled_from([0.0, 0.3, 0.8, 1.0, 1.5]),
         top_k=st.sampled_from([0, 1, 5, 40, 128]),
         top_p=st.sampled_from([0.5, 0.9, 1.0]),
         top_n_sigma=st.sampled_from([0.0, 1.0]),
@@ -156,12 +156,13 @@ def test_a_row_of_nan_or_inf_narrows_without_failing_the_others(bad: float, cfg:
     assert not figures[1].finite_logits and figures[0].finite_logits and figures[2].finite_logits
 
 
-def test_only_a_small_k_on_a_cpu_hands_on_candidates() -> None:
+def test_only_greedy_and_a_small_k_on_a_cpu_hand_on_candidates() -> None:
     x = torch.randn(2, VOCAB)
     assert pipeline.compacts(x, 40) and pipeline.compacts(x, VOCAB // 8)
     assert not pipeline.compacts(x, 0) and not pipeline.compacts(x, VOCAB // 8 + 1)
     greedy = sampler_chain(x, INERT, SamplingConfig(temperature=0.0, top_k=40))
-    assert greedy.support is None
+    assert greedy.names[-1] == "greedy" and torch.equal(greedy.support, x.argmax(-1, keepdim=True))
+    assert torch.equal(greedy.sampled, torch.ones(2, 1)) and torch.equal(greedy.draw(None), x.argmax(-1))
     narrow, wide = (
         sampler_chain(x * 4, INERT, SamplingConfig(top_p=0.1)),
         sampler_chain(x, INERT, SamplingConfig(top_p=0.999)),
