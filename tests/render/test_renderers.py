@@ -95,13 +95,14 @@ def test_head_closes_the_pipe_quietly(tiny_model_dir: Path) -> None:
 def test_interrupt_keeps_output_and_ends_with_a_summary(tiny_model_dir: Path, sig: int, code: int) -> None:
     args = ["-m", "llmsample", "generate", "-m", str(tiny_model_dir), "--raw", "-p", "w3", "-n", "100000",
             "--ignore-eos", "--format", "jsonl"]  # fmt: skip
+    # Unbuffered: a buffered readline reads ahead, and communicate() then skips what it buffered.
     proc = subprocess.Popen(
-        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env()
+        [sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env(), bufsize=0
     )
-    first = proc.stdout.readline()
+    first = proc.stdout.readline().decode()
     assert json.loads(first)["type"] == "token"
     proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
+    out, err = (stream.decode() for stream in proc.communicate(timeout=60))
     lines = [first, *out.splitlines()]
     summary = json.loads(lines[-1])
     assert proc.returncode == code
