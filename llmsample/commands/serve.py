@@ -86,15 +86,15 @@ def serve(**options: Any) -> None:
     engine = Engine(lm, batch_size, options["max_queue"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
                        drafter=drafter)  # fmt: skip
-    engine.start()
     host, port = sock.getsockname()[:2]
-    if not options["quiet"]:
-        shown = f"[{host}]" if ":" in host else host
-        click.echo(f"llmsample serve: {lm.name} on http://{shown}:{port}/v1 (batch size {batch_size})", err=True)
-    sys.stderr.flush()
+
+    def ready() -> None:  # once a signal stops the server cleanly: whoever waits for this line may stop it
+        if not options["quiet"]:
+            shown = f"[{host}]" if ":" in host else host
+            click.echo(f"llmsample serve: {lm.name} on http://{shown}:{port}/v1 (batch size {batch_size})", err=True)
+        sys.stderr.flush()
+
     try:
-        serve_forever(create_app(state), sock, engine.shutdown)
+        serve_forever(create_app(state), sock, engine, ready)
     finally:
-        engine.shutdown()
-        engine.join(timeout=30)
         sock.close()

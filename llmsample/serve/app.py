@@ -25,7 +25,7 @@ from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
-from llmsample.sampling.config import ConfigError
+from llmsample.sampling.vocabulary import Vocabulary
 from llmsample.serve.engine import Busy, Closing, Engine
 from llmsample.serve.errors import ApiError, bad_request
 from llmsample.serve.mailbox import Mailbox
@@ -118,7 +118,7 @@ def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[Batc
                 name,
             )
         cfg = dataclasses.replace(cfg, max_tokens=room)
-    _check_vocabulary(lm, ids, cfg)
+    _check_logit_bias(lm, cfg)
     items = []
     for i in range(serve.n):
         row_cfg = dataclasses.replace(cfg, seed=((cfg.seed or 0) + i) % 2**63) if i else cfg
@@ -139,19 +139,19 @@ def _top_n(state: ServeState, serve: ServeRequest) -> int:
     return request.top_logprobs if request.logprobs else 0
 
 
-def _check_vocabulary(lm: LoadedModel, ids: list[int], cfg: Any) -> None:
+def _check_logit_bias(lm: LoadedModel, cfg: Any) -> None:
     """Texts in ``logit_bias`` must be one token each: checked here, so a bad one is this
-    request's 400 and never a failure in the loop that every other request shares."""
-    if not cfg.needs_vocabulary:
+    request's 400 and never a failure in the loop that every other request shares. With the
+    tokenizer alone: a torch operation on this thread would start an OpenMP team of its own and
+    slow every forward pass of the engine's (see :mod:`llmsample.serve.engine`)."""
+    if not cfg.logit_bias:
         return
-    import torch
-
-    from llmsample.sampling.history import TokenHistory
-
-    try:
-        TokenHistory.for_config(torch.tensor([ids]), lm.model.config.vocab_size, cfg, lm.tokenizer, lm.eos_ids)
-    except (UserError, ConfigError) as exc:
-        raise ApiError(400, str(exc).replace(" (--logit-bias or the preset)", ""), "logit_bias") from None
+    vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
+    for token, _ in cfg.logit_bias:
+        try:
+            vocabulary.token_id(token)
+        except ValueError as exc:
+            raise ApiError(400, f"logit_bias: {exc}", "logit_bias") from None
 
 
 async def completions(state: ServeState, request: HttpRequest, url: str) -> Response:

@@ -1,9 +1,12 @@
-"""The server's one decoding loop: a background thread runs :func:`llmsample.engine.decode.decode`
+"""The server's one decoding loop: :meth:`Engine.run` runs :func:`llmsample.engine.decode.decode`
 over a :class:`QueueFeed` for as long as the server lives, so every in-flight HTTP request is a
-row of one continuous batch (requests that arrive join at the next step). Each row's records
-go back to the request that owns its key, on that request's event loop, a step at a time: the
-loop's thread gathers a step's records and hands them over in one call when the step ends (when
-the loop looks at its feed), so the HTTP side wakes once per step, whatever the rows."""
+row of one continuous batch (requests that arrive join at the next step). It runs on the thread
+that loaded the model (the main thread; the HTTP side has a thread of its own): an OpenMP team
+belongs to the thread that starts it, and a second thread's team made libgomp count more threads
+than cores and stop spinning between parallel regions, each forward pass then ~35 % slower on a
+2-core CPU. Each row's records go back to the request that owns its key, on that request's event
+loop, a step at a time: the loop gathers a step's records and hands them over in one call when
+the step ends (when it looks at its feed), so the HTTP side wakes once per step, whatever the rows."""
 
 from __future__ import annotations
 
@@ -58,7 +61,8 @@ class _TrackedFeed:
 
 
 class Engine:
-    """Owns the loop's thread; ``submit`` puts rows on the queue, ``cancel`` drops them."""
+    """``run`` decodes until ``shutdown``; ``submit`` puts rows on the queue, ``cancel`` drops
+    them (from any thread)."""
 
     def __init__(self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20) -> None:
         self.lm = lm
@@ -73,10 +77,6 @@ class Engine:
         self.closing = False
         self.counts = {"finished": 0, "cancelled": 0, "failed": 0}  # rows, since the start
         self.keys = itertools.count()
-        self.thread = threading.Thread(target=self._run, name="llmsample-engine", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
 
     def new_key(self) -> int:
         with self.lock:
@@ -115,10 +115,8 @@ class Engine:
         self.cancel(keys)
         self.feed.close()
 
-    def join(self, timeout: float | None = None) -> None:
-        self.thread.join(timeout)
-
-    def _run(self) -> None:
+    def run(self) -> None:
+        """Decode every request that comes until :meth:`shutdown`; on the thread that loaded the model."""
         feed = _TrackedFeed(self.feed, self.started, self.lock, self._flush)
         while True:
             try:

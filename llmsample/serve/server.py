@@ -1,5 +1,5 @@
-"""Running the app: uvicorn on a socket bound here (so ``--port 0`` reports the port it got), the
-engine's thread beside it, and SIGTERM as a clean ending: no new connections, every in-flight
+"""Running the app: uvicorn on a socket bound here (so ``--port 0`` reports the port it got) on a
+thread beside the engine's loop, and SIGTERM as a clean ending: no new connections, every in-flight
 row cancelled so its stream ends with a final chunk and ``[DONE]``, then exit 0."""
 
 from __future__ import annotations
@@ -7,10 +7,15 @@ from __future__ import annotations
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from llmsample.errors import UserError
+
+if TYPE_CHECKING:
+    from llmsample.serve.engine import Engine
 
 EVERY_INTERFACE = ("0.0.0.0", "::", "")
 
@@ -40,29 +45,41 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_forever(app: object, sock: socket.socket, on_stop: Callable[[], None], log_level: str = "warning") -> None:
-    """Serve until SIGTERM or Ctrl-C; ``on_stop`` (the engine's shutdown) runs on the first one."""
-    import asyncio
-
+def serve_forever(
+    app: object, sock: socket.socket, engine: Engine, ready: Callable[[], None], log_level: str = "warning"
+) -> None:
+    """Serve until SIGTERM or Ctrl-C: uvicorn on a thread of its own, the engine on this one (the
+    thread that loaded the model, see :mod:`llmsample.serve.engine`). ``ready`` is called once a
+    signal stops the server cleanly. The first signal stops accepting and ends every row
+    (``engine.shutdown``, on a thread of its own: a handler must not wait for a lock the
+    interrupted loop may hold); a second Ctrl-C stops waiting for streams."""
     import uvicorn
 
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            if not self.should_exit:
-                try:
-                    asyncio.get_running_loop().call_soon_threadsafe(on_stop)
-                except RuntimeError:
-                    on_stop()
-            if self.should_exit and sig == signal.SIGINT:
-                self.force_exit = True
-            self.should_exit = True  # not re-raised afterwards: a requested stop exits 0
-
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=10)
-    server = Server(config)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    server = uvicorn.Server(config)  # off the main thread it installs no signal handlers
+
+    def stop(sig: int, frame: FrameType | None) -> None:
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True
+        if not server.should_exit:
+            server.should_exit = True  # a requested stop exits 0
+            threading.Thread(target=engine.shutdown, name="llmsample-stop").start()
+
+    def http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            engine.shutdown()  # however uvicorn ended, the engine's loop ends with it
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    thread = threading.Thread(target=http, name="llmsample-http")
     try:
-        server.run(sockets=[sock])
+        ready()
+        thread.start()
+        engine.run()
     finally:
+        server.should_exit = True  # the loop ended (shutdown, or a failure of its own): so does the HTTP side
+        thread.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.stderr.flush()
