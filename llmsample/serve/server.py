@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from llmsample.errors import UserError
+from llmsample.errors import ENDING_SIGNALS, UserError
 
 if TYPE_CHECKING:
     from llmsample.serve.engine import Engine
@@ -48,7 +48,7 @@ def bind(host: str, port: int) -> socket.socket:
 def serve_forever(
     app: object, sock: socket.socket, engine: Engine, ready: Callable[[], None], log_level: str = "warning"
 ) -> None:
-    """Serve until SIGTERM or Ctrl-C: uvicorn on a thread of its own, the engine on this one (the
+    """Serve until SIGTERM, SIGHUP or Ctrl-C: uvicorn on a thread of its own, the engine on this one (the
     thread that loaded the model, see :mod:`llmsample.serve.engine`). ``ready`` is called once a
     signal stops the server cleanly. The first signal stops accepting and ends every row
     (``engine.shutdown``, on a thread of its own: a handler must not wait for a lock the
@@ -71,7 +71,7 @@ def serve_forever(
         finally:
             engine.shutdown()  # however uvicorn ended, the engine's loop ends with it
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop) for sig in ENDING_SIGNALS}  # SIGHUP too: the terminal went away
     thread = threading.Thread(target=http, name="llmsample-http")
     try:
         ready()

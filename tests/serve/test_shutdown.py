@@ -39,7 +39,7 @@ def test_sigterm_ends_streams_with_a_final_chunk_and_exits_0(chat_model_dir: Pat
         server.stop()
 
 
-@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGINT, signal.SIGINT]])
+@pytest.mark.parametrize("signals", [[signal.SIGTERM], [signal.SIGHUP], [signal.SIGINT, signal.SIGINT]])
 def test_a_signal_as_soon_as_it_says_where_it_listens_stops_it_cleanly(
     chat_model_dir: Path, signals: list[int]
 ) -> None:
