@@ -48,9 +48,9 @@ def bind(host: str, port: int) -> socket.socket:
 def serve_forever(
     app: object, sock: socket.socket, engine: Engine, ready: Callable[[], None], log_level: str = "warning"
 ) -> None:
-    """Serve until SIGTERM, SIGHUP or Ctrl-C: uvicorn on a thread of its own, the engine on this one (the
-    thread that loaded the model, see :mod:`llmsample.serve.engine`). ``ready`` is called once a
-    signal stops the server cleanly. The first signal stops accepting and ends every row
+    """Serve until SIGTERM, SIGHUP or Ctrl-C: uvicorn on a thread of its own, the engine on this
+    one (the thread that loaded the model, see :mod:`llmsample.serve.engine`). ``ready`` is called
+    once a signal stops the server cleanly. The first signal stops accepting and ends every row
     (``engine.shutdown``, on a thread of its own: a handler must not wait for a lock the
     interrupted loop may hold); a second Ctrl-C stops waiting for streams."""
     import uvicorn
