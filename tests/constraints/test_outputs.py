@@ -98,7 +98,7 @@ def finished(summaries: list[Summary]) -> list[str]:
     return texts
 
 
-@pytest.mark.parametrize(("name", "temperature"), zip(SCHEMAS, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], strict=True))
+@pytest.mark.parametrize(("name", "temperature"), list(zip(SCHEMAS, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], strict=True)))
 def test_every_finished_output_validates_under_its_schema(byte_lm, name: str, temperature: float) -> None:
     schema = SCHEMAS[name]
     for text in finished(decode_many(byte_lm, constraints.json_schema(json.dumps(schema)), temperature)):
