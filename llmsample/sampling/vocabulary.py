@@ -66,6 +66,8 @@ class Vocabulary:
             raise ValueError(
                 f"{token!r} encodes to {len(ids)} tokens {ids}; give a token id, or a text that is one token"
             )
+        if not 0 <= ids[0] < self.size:  # a token the tokenizer added past the model's vocabulary
+            raise ValueError(f"{token!r} is token {ids[0]}, outside the model's vocabulary (0..{self.size - 1})")
         return int(ids[0])
 
     def generated_text_tail(self, tokens: Sequence[int], chars: int) -> str:

@@ -89,10 +89,9 @@ class Engine:
                 raise Closing
             if len(self.feed) + len(items) > self.max_queue:
                 raise Busy
-            for item in items:
+            for item in items:  # under the lock: a shutdown lands before these rows or after them
                 self.routes[item.key] = mailbox
-        for item in items:
-            self.feed.put(item)
+                self.feed.put(item)
 
     def cancel(self, keys: list[Any]) -> None:
         """The client went away: rows still queued never start, decoding ones leave after the step."""

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from llmsample.errors import ENDING_SIGNALS, UserError
+from llmsample.errors import ENDING_SIGNALS, RuntimeFailure, UserError, first_line
 
 if TYPE_CHECKING:
     from llmsample.serve.engine import Engine
@@ -52,15 +52,20 @@ def serve_forever(
     one (the thread that loaded the model, see :mod:`llmsample.serve.engine`). ``ready`` is called
     once a signal stops the server cleanly. The first signal stops accepting and ends every row
     (``engine.shutdown``, on a thread of its own: a handler must not wait for a lock the
-    interrupted loop may hold); a second Ctrl-C stops waiting for streams."""
+    interrupted loop may hold); a second Ctrl-C stops waiting for streams. Uvicorn ending by
+    itself ends the engine too and raises :class:`RuntimeFailure` (exit 1)."""
     import uvicorn
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=10)
     server = uvicorn.Server(config)  # off the main thread it installs no signal handlers
 
+    requested: list[int] = []  # the signals that asked for the stop
+    failed: list[BaseException] = []  # what ended uvicorn, when it ended on its own
+
     def stop(sig: int, frame: FrameType | None) -> None:
         if server.should_exit and sig == signal.SIGINT:
             server.force_exit = True
+        requested.append(sig)
         if not server.should_exit:
             server.should_exit = True  # a requested stop exits 0
             threading.Thread(target=engine.shutdown, name="llmsample-stop").start()
@@ -68,6 +73,8 @@ def serve_forever(
     def http() -> None:
         try:
             server.run(sockets=[sock])
+        except BaseException as exc:  # uvicorn's sys.exit too: the main thread reports it
+            failed.append(exc)
         finally:
             engine.shutdown()  # however uvicorn ended, the engine's loop ends with it
 
@@ -79,7 +86,15 @@ def serve_forever(
         engine.run()
     finally:
         server.should_exit = True  # the loop ended (shutdown, or a failure of its own): so does the HTTP side
-        thread.join()
+        engine.shutdown()
+        if thread.ident is not None:
+            thread.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         sys.stderr.flush()
+    if not requested:
+        ended = failed[0] if failed else None  # uvicorn logs why it could not start, then returns or exits
+        reason = (
+            first_line(ended) if ended and not isinstance(ended, SystemExit) else "uvicorn could not go on (see above)"
+        )
+        raise RuntimeFailure(f"the HTTP server stopped on its own: {reason}")

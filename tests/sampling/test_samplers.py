@@ -171,6 +171,9 @@ def test_logit_bias_by_id_and_by_text() -> None:
         history_of([1], [], SamplingConfig(logit_bias={"Hello world": 1}))
     with pytest.raises(UserError, match="outside the vocabulary"):
         history_of([1], [], SamplingConfig(logit_bias={"99": 1}))
+    # a text the tokenizer knows as a token past the model's logits (an added token)
+    with pytest.raises(ValueError, match=r"'OP' is token 11, outside the model's vocabulary \(0\.\.9\)"):
+        Vocabulary(TOKENIZER, 10).token_id("OP")
 
 
 def test_ban_tables_and_masks_across_token_boundaries() -> None:

@@ -1,5 +1,6 @@
-"""The server's threads: the engine decodes on the thread that loaded the model, and the HTTP
-side's work on a request starts no OpenMP team of its own (a second team made libgomp count more
+"""The server's threads: the engine decodes on the thread that loaded the model, uvicorn on a
+thread beside it whose end ends the server, and the HTTP side's work on a request starts no
+OpenMP team of its own (a second team made libgomp count more
 threads than cores and stop spinning between the engine's parallel regions: forward passes ~35 %
 slower on a 2-core CPU)."""
 
@@ -13,10 +14,12 @@ import pytest
 
 from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
 from llmsample.batch.run import BatchSettings
+from llmsample.errors import RuntimeFailure
 from llmsample.models.loading import load_model
 from llmsample.serve.app import ServeState, build_items
 from llmsample.serve.engine import Engine
 from llmsample.serve.parsing import parse_body
+from llmsample.serve.server import bind, serve_forever
 from tests.conftest import make_tiny_model
 
 # Every setting that reads the vocabulary (a ban on <eos> until min_tokens, penalties, a bias, DRY,
@@ -57,3 +60,23 @@ def test_preparing_requests_starts_no_openmp_team(tmp_path: Path) -> None:
     finally:
         torch.set_num_threads(previous)
     assert seen[-1] == before + 1  # the thread itself and nothing else
+
+
+class IdleEngine:
+    """An engine's run and shutdown, with no model."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        assert self.stopped.wait(60)
+
+    def shutdown(self) -> None:
+        self.stopped.set()
+
+
+def test_an_http_side_that_ends_on_its_own_ends_the_server_as_a_failure() -> None:
+    sock = bind("127.0.0.1", 0)
+    sock.close()  # uvicorn cannot serve on it
+    with pytest.raises(RuntimeFailure, match="the HTTP server stopped on its own"):
+        serve_forever(object(), sock, IdleEngine(), lambda: None)  # type: ignore[arg-type]
