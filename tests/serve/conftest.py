@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,17 +47,20 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
-    """``llmsample serve`` on port 0 (the kernel picks a free one), ready once it says where it listens."""
+def serve_process(model_dir: Path, err: Any, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """``llmsample serve`` on port 0 (the kernel picks a free one), its stderr to ``err``."""
     environment = {**os.environ, "LLMSAMPLE_HOME": str(TEST_HOME), "HF_HUB_OFFLINE": "1"}
     environment.pop("LLMSAMPLE_API_KEY", None)
     environment.update(env or {})
     command = [sys.executable, "-m", "llmsample", "serve", "-m", str(model_dir), "--host", "127.0.0.1",
                "--port", "0", "--device", "cpu", "--dtype", "float32", *args]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=environment)
+
+
+def start_server(model_dir: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> Server:
+    """A server logging to ``log``, ready once it says where it listens."""
     with open(log, "wb") as err:
-        proc = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=environment
-        )
+        proc = serve_process(model_dir, err, *args, env=env)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         found = re.search(r"on (http://127\.0\.0\.1:\d+)/v1", log.read_text(errors="replace"))

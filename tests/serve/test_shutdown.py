@@ -4,17 +4,14 @@ and ``[DONE]``, and exits 0."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import TEST_HOME
-from tests.serve.conftest import NO_EOS, start_server
+from tests.serve.conftest import NO_EOS, serve_process, start_server
 
 
 def test_sigterm_ends_streams_with_a_final_chunk_and_exits_0(chat_model_dir: Path, tmp_path: Path) -> None:
@@ -45,11 +42,9 @@ def test_a_signal_as_soon_as_it_says_where_it_listens_stops_it_cleanly(
 ) -> None:
     """The line a script waits for comes once the server's own handlers are in place (read from a
     pipe, so the signal follows the line at once)."""
-    command = [sys.executable, "-m", "llmsample", "serve", "-m", str(chat_model_dir), "--port", "0", "--device", "cpu"]
-    env = {**os.environ, "LLMSAMPLE_HOME": str(TEST_HOME), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    proc = serve_process(chat_model_dir, subprocess.PIPE)
     try:
-        assert "llmsample serve:" in proc.stderr.readline()
+        assert b"llmsample serve:" in proc.stderr.readline()
         for sig in signals:
             proc.send_signal(sig)
         assert proc.wait(30) == 0, proc.stderr.read()

@@ -1,8 +1,7 @@
 """The server's threads: the engine decodes on the thread that loaded the model, uvicorn on a
 thread beside it whose end ends the server, and the HTTP side's work on a request starts no
-OpenMP team of its own (a second team made libgomp count more
-threads than cores and stop spinning between the engine's parallel regions: forward passes ~35 %
-slower on a 2-core CPU)."""
+OpenMP team of its own (a second team made libgomp count more threads than cores and stop
+spinning between the engine's parallel regions: forward passes ~35 % slower on a 2-core CPU)."""
 
 from __future__ import annotations
 
