@@ -292,7 +292,7 @@ def measure_batches(step: Step, out: Path, name: str, model_dir: Path, device: s
         rows = [
             row
             for size in profile.batch_sizes
-            for row in run_batch_benchmark(lm, [size], runs=profile.runs, tokens=profile.batch_tokens, count=size)
+            for row in run_batch_benchmark(lm, None, [size], runs=profile.runs, tokens=profile.batch_tokens, count=size)
         ]
         document = {"kind": "bench-batch", "model": name, "device": str(lm.device), "dtype": dtype_name(lm.dtype),
                     "machine": machine_info().__dict__, "prompts": "one full batch per size",

@@ -1,7 +1,7 @@
 """The batch benchmark: many chat prompts of mixed lengths through ``decode_batch`` (every token's
-record built) against transformers' padded batch ``generate``, at several batch sizes, in one
-process on one model. Aggregate tokens/s, EOS ignored, greedy, medians
-of rotating rounds (:mod:`llmsample.bench.timing`)."""
+record built) against transformers' padded batch ``generate``, on our loaded model and on the
+model as transformers' users load it, at several batch sizes, in one process. Aggregate
+tokens/s, EOS ignored, greedy, medians of rotating rounds (:mod:`llmsample.bench.timing`)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ class BatchRow:
     reference_tok_s: float
     ratio: float
     model_share: float  # of our run's time, the model's forward passes; the rest is sampling and records
+    loaded_reference_tok_s: float | None  # generate on the model as transformers' users load it
+    loaded_ratio: float | None
 
 
 def ours(lm: LoadedModel, prompts: list[list[int]], tokens: int, batch_size: int) -> tuple[int, float]:
@@ -64,20 +66,23 @@ def theirs(lm: LoadedModel, prompts: list[list[int]], tokens: int, batch_size: i
 
 
 def run_batch_benchmark(
-    lm: LoadedModel, sizes: list[int], runs: int = 3, tokens: int = 64, count: int = 32,
+    lm: LoadedModel, loaded: LoadedModel | None, sizes: list[int], runs: int = 3, tokens: int = 64, count: int = 32,
     log: Callable[[str], None] = lambda step: None,
 ) -> list[BatchRow]:  # fmt: skip
-    """Per batch size, both sides in ``runs`` rotating rounds over ``count`` prompts: medians, and
-    the ratio paired by round."""
+    """Per batch size, the sides (``loaded``: transformers' model as its users load it, when
+    given) in ``runs`` rotating rounds over ``count`` prompts: medians, and the ratios paired by
+    round."""
     prompts = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(count)]
     rows = []
     for size in sizes:
         log(f"batch size {size}")
-        rows.append(_batch_row(lm, prompts, tokens, size, runs))
+        rows.append(_batch_row(lm, loaded, prompts, tokens, size, runs))
     return rows
 
 
-def _batch_row(lm: LoadedModel, prompts: list[list[int]], tokens: int, size: int, runs: int) -> BatchRow:
+def _batch_row(
+    lm: LoadedModel, loaded: LoadedModel | None, prompts: list[list[int]], tokens: int, size: int, runs: int
+) -> BatchRow:
     shares = []
 
     def mine() -> float:
@@ -87,13 +92,17 @@ def _batch_row(lm: LoadedModel, prompts: list[list[int]], tokens: int, size: int
         shares.append(model_s / elapsed)
         return generated / elapsed
 
-    def reference() -> float:
+    def reference(on: LoadedModel) -> float:
         start = time.perf_counter()
-        return theirs(lm, prompts, tokens, size) / (time.perf_counter() - start)
+        return theirs(on, prompts, tokens, size) / (time.perf_counter() - start)
 
-    rates, their_rates = rounds(runs, [mine, reference])
+    sides = [mine, lambda: reference(lm)] + ([lambda: reference(loaded)] if loaded else [])
+    rates, their_rates, *loaded_rates = rounds(runs, sides)
     median = statistics.median
-    return BatchRow(size, median(rates), median(their_rates), paired_ratio(rates, their_rates), median(shares))
+    return BatchRow(
+        size, median(rates), median(their_rates), paired_ratio(rates, their_rates), median(shares),
+        median(loaded_rates[0]) if loaded else None, paired_ratio(rates, loaded_rates[0]) if loaded else None,
+    )  # fmt: skip
 
 
 def rows_to_dict(rows: list[BatchRow]) -> list[dict[str, Any]]:

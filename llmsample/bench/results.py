@@ -43,6 +43,17 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class Generate(Workload):
+    """A single-stream row: ``ratio`` against ``generate`` on our loaded model (the loops alone),
+    ``loaded_ratio`` against ``generate`` on the model as transformers' users load it at the same
+    dtype (what a user of either gets: our load reorders the weights for the CPU's kernels,
+    :mod:`llmsample.models.prepacked`)."""
+
+    loaded_reference_tok_s: float
+    loaded_ratio: float
+
+
+@dataclass(frozen=True)
 class Speculation(Workload):
     """n-gram speculation against transformers' prompt lookup, and against our plain loop."""
 
@@ -109,7 +120,7 @@ class BenchResults:
     runs: int
     compile: bool
     start_up: StartUp
-    generate: tuple[Workload, ...]
+    generate: tuple[Generate, ...]
     compile_s: float | None
     speculative: Speculation
     inspection: Inspection

@@ -5,6 +5,7 @@ tokens it made."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -90,3 +91,10 @@ def reference_model(model: str | None, device: torch.device, dtype: torch.dtype 
     config = read_config(source, model or "default")  # without an old conversion's GGUF quantization entry
     kwargs = {} if dtype is None else {"dtype": dtype}
     return AutoModelForCausalLM.from_pretrained(source, config=config, **kwargs).to(device).eval()
+
+
+def as_transformers_loads(lm: LoadedModel, model: str | None, dtype: torch.dtype | None) -> LoadedModel:
+    """``lm`` with the model as transformers' users load it (``from_pretrained`` at ``dtype``, its
+    own default when None): no reordered weights, eager."""
+    reference = reference_model(model, lm.device, dtype)
+    return dataclasses.replace(lm, model=reference, dtype=reference.dtype, compiled=None)

@@ -1,7 +1,8 @@
 """The single-stream benchmark: our token loop side by side with transformers' ``generate`` on
-the same model, dtype, prompt and settings, interleaved, medians of several runs, ratios first (a
-shared machine is noisy; ratios hold). Also n-gram speculation, the inspection cost, the
-bandwidth bound, start-up times and, at the defaults, defaults against defaults."""
+the same model, dtype, prompt and settings, and on the model as transformers' users load it at
+that dtype, interleaved, medians of several runs, ratios first (a shared machine is noisy; ratios
+hold). Also n-gram speculation, the inspection cost, the bandwidth bound, start-up times and, at
+the defaults, defaults against defaults."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ import torch
 
 from llmsample.bench.costs import bench_bandwidth, pipeline_cost
 from llmsample.bench.prompts import PROMPTS
-from llmsample.bench.results import BenchResults, Defaults, Inspection, Speculation, Workload, machine_info
-from llmsample.bench.sides import ours, reference_model, theirs
+from llmsample.bench.results import BenchResults, Defaults, Generate, Inspection, Speculation, machine_info
+from llmsample.bench.sides import as_transformers_loads, ours, theirs
 from llmsample.bench.startup import cold_load_s, warm_start
 from llmsample.bench.timing import Timings, interleave, paired_ratio, rounds, timed_tokens_per_s
 from llmsample.engine.prompt import encode_prompt
@@ -40,9 +41,14 @@ def bench_settings(tokens: int) -> dict[str, SamplingConfig]:
 
 
 def bench_generate(
-    lm: LoadedModel, settings: dict[str, SamplingConfig], runs: int, log: Callable[[str], None]
-) -> tuple[list[Workload], float | None]:
-    """Every prompt under every setting, both sides; also the seconds ``--compile`` took (None without)."""
+    lm: LoadedModel,
+    loaded: LoadedModel,
+    settings: dict[str, SamplingConfig],
+    runs: int,
+    log: Callable[[str], None],
+) -> tuple[list[Generate], float | None]:
+    """Every prompt under every setting, the three sides (``loaded``: transformers' model as its
+    users load it); also the seconds ``--compile`` took (None without)."""
     rows = []
     first_run: dict[str, Any] = {}
     for prompt_name, prompt in PROMPTS.items():
@@ -51,13 +57,15 @@ def bench_generate(
             log(f"{prompt_name} / {setting}")
             timings = Timings(f"{prompt_name} / {setting}")
             ours(lm, ids, cfg, extra=first_run)  # warm-up (and, with --compile, the compilation)
+            theirs(loaded, ids, cfg)
             interleave(
                 timings,
                 runs,
                 lambda ids=ids, cfg=cfg, timings=timings: ours(lm, ids, cfg, ttft=timings.ttft),
                 lambda ids=ids, cfg=cfg: theirs(lm, ids, cfg),
+                lambda ids=ids, cfg=cfg: theirs(loaded, ids, cfg),
             )
-            rows.append(timings.result())
+            rows.append(timings.generate_result())
     return rows, first_run.get("compile_s")
 
 
@@ -121,8 +129,7 @@ def bench_defaults(lm: LoadedModel, model: str | None, cfg: SamplingConfig, runs
     for label, dtype in (("transformers default", None), ("transformers float32", torch.float32)):
         if dtype is not None and any(row.reference_dtype == dtype_name(dtype) for row in rows):
             continue  # transformers' default was float32 already
-        reference = reference_model(model, lm.device, dtype)
-        theirs_lm = dataclasses.replace(lm, model=reference, dtype=reference.dtype, compiled=None)
+        theirs_lm = as_transformers_loads(lm, model, dtype)
         timings = Timings(
             f"chat / balanced: llmsample auto ({dtype_name(lm.dtype)}) vs {label} ({dtype_name(theirs_lm.dtype)})"
         )
@@ -154,7 +161,7 @@ def run_benchmark(
     lm = load_model(model, device, dtype, compile=compile)
     machine = machine_info()
     settings = bench_settings(tokens)
-    rows, compile_s = bench_generate(lm, settings, runs, log)
+    rows, compile_s = bench_generate(lm, as_transformers_loads(lm, model, lm.dtype), settings, runs, log)
     log("speculative n-gram")
     speculative = bench_speculation(lm, settings["greedy"], runs)
     log("inspection cost")

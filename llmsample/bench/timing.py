@@ -9,6 +9,7 @@ medians, taken from different rounds, does not cancel."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -17,7 +18,7 @@ from typing import TypeVar
 
 import torch
 
-from llmsample.bench.results import Workload
+from llmsample.bench.results import Generate, Workload
 
 T = TypeVar("T")
 
@@ -30,6 +31,7 @@ class Timings:
     ours: list[float] = field(default_factory=list)  # tokens/s, one per run
     theirs: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
+    loaded: list[float] = field(default_factory=list)  # transformers on the model as its users load it
 
     def result(self) -> Workload:
         ours, theirs = statistics.median(self.ours), statistics.median(self.theirs) if self.theirs else None
@@ -40,6 +42,14 @@ class Timings:
             ratio=paired_ratio(self.ours, self.theirs) if self.theirs else None,
             ttft_s=statistics.median(self.ttft) if self.ttft else None,
             runs=len(self.ours),
+        )
+
+    def generate_result(self) -> Generate:
+        """:meth:`result` with the figures against transformers' own load."""
+        return Generate(
+            **dataclasses.asdict(self.result()),
+            loaded_reference_tok_s=statistics.median(self.loaded),
+            loaded_ratio=paired_ratio(self.ours, self.loaded),
         )
 
 
@@ -74,11 +84,18 @@ def paired_ratio(mine: Sequence[float], theirs: Sequence[float]) -> float:
     return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
 
 
-def interleave(timings: Timings, runs: int, mine: Callable[[], int], reference: Callable[[], int] | None) -> Timings:
-    """Both sides in rotating rounds (:func:`rounds`), tokens/s into ``timings``."""
-    sides = [lambda: timed_tokens_per_s(mine)] + ([lambda: timed_tokens_per_s(reference)] if reference else [])
-    figures = rounds(runs, sides)
-    timings.ours.extend(figures[0])
-    if reference:
-        timings.theirs.extend(figures[1])
+def interleave(
+    timings: Timings,
+    runs: int,
+    mine: Callable[[], int],
+    reference: Callable[[], int] | None,
+    loaded: Callable[[], int] | None = None,
+) -> Timings:
+    """The sides in rotating rounds (:func:`rounds`), tokens/s into ``timings``: ours, the
+    reference on our model, and the reference on the model as its users load it."""
+    named = [(timings.ours, mine), (timings.theirs, reference), (timings.loaded, loaded)]
+    present = [(into, run) for into, run in named if run is not None]
+    figures = rounds(runs, [lambda run=run: timed_tokens_per_s(run) for _, run in present])
+    for (into, _), measured in zip(present, figures, strict=True):
+        into.extend(measured)
     return timings

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 import llmsample.bench.single
-from llmsample.bench.results import Bandwidth, BenchResults, Inspection, Machine, Speculation, StartUp, Workload
+from llmsample.bench.results import Bandwidth, BenchResults, Generate, Inspection, Machine, Speculation, StartUp
 from llmsample.cli import main
 from llmsample.commands.bench import results_table
 
@@ -32,6 +32,7 @@ def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
         f"{p} / {s}" for p in ("chat", "story", "code-rewrite") for s in ("greedy", "balanced")
     ]
     assert all(row["ours_tok_s"] > 0 and row["ratio"] > 0 and row["ttft_s"] > 0 for row in figures["generate"])
+    assert all(row["loaded_reference_tok_s"] > 0 and row["loaded_ratio"] > 0 for row in figures["generate"])
     assert figures["speculative"]["speedup_over_plain"] > 0
     assert 0 < figures["inspection"]["pipeline_share_of_step"] < 1
     assert 0 < figures["warm_load_s"] < figures["warm_start_s"]
@@ -45,7 +46,7 @@ def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
 
 
 def made_up_results(cold: bool) -> BenchResults:
-    row = Workload("chat / greedy", 100.0, 50.0, 2.0, 0.01, 3)
+    row = Generate("chat / greedy", 100.0, 50.0, 2.0, 0.01, 3, 40.0, 2.5)
     return BenchResults(
         machine=Machine("Linux", "x86_64", "AVX2", 4, "3.11.7", "2.13.0", "5.0.0"),
         model="tiny", device="cpu", dtype="float32", new_tokens=8, runs=3, compile=False,
@@ -61,6 +62,7 @@ def made_up_results(cold: bool) -> BenchResults:
 TOP_KEYS = ["machine", "model", "device", "dtype", "new_tokens", "runs", "compile", "warm_start_s", "warm_load_s",
             "generate", "compile_s", "speculative", "inspection", "bandwidth", "peak_rss_mb"]  # fmt: skip
 ROW_KEYS = ["workload", "ours_tok_s", "reference_tok_s", "ratio", "ttft_s", "runs"]
+GENERATE_KEYS = [*ROW_KEYS, "loaded_reference_tok_s", "loaded_ratio"]  # added after, at the end
 SECTION_KEYS = {
     "machine": ["platform", "processor", "cpu_capability", "threads", "python", "torch", "transformers"],
     "speculative": [*ROW_KEYS, "speedup_over_plain", "acceptance_rate", "tokens_per_pass"],
@@ -72,7 +74,7 @@ SECTION_KEYS = {
 def test_the_json_keeps_the_keys_of_earlier_results() -> None:
     document = made_up_results(cold=False).to_dict()
     assert list(document) == TOP_KEYS
-    assert [list(row) for row in document["generate"]] == [ROW_KEYS]
+    assert [list(row) for row in document["generate"]] == [GENERATE_KEYS]
     assert {name: list(document[name]) for name in SECTION_KEYS} == SECTION_KEYS
     assert document["warm_start_s"] == 3.0 and document["warm_load_s"] == 0.5
     assert json.loads(json.dumps(document)) == document
@@ -86,7 +88,17 @@ def test_the_table_reads_the_figures() -> None:
     console = Console(width=200, record=True, color_system=None)
     console.print(results_table(made_up_results(cold=True)))
     text = console.export_text()
-    for figure in ("100.0", "50.0", "2.00", "0.01", "1.20x (acceptance 75%)", "3.00 s = 2.50 s + 0.50 s", "- s"):
+    for figure in (
+        "100.0",
+        "50.0",
+        "2.00",
+        "40.0",
+        "2.50",
+        "0.01",
+        "1.20x (acceptance 75%)",
+        "3.00 s = 2.50 s + 0.50 s",
+        "- s",
+    ):
         assert figure in text
 
 
@@ -122,13 +134,29 @@ def test_batch_section_writes_its_rows(tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "results"
     args = ["bench", "--model", str(tiny_model_dir), "--device", "cpu", "--batch-sizes", "1,3", "--runs", "1",
             "--tokens", "8", "--out", str(out)]  # fmt: skip
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    result = CliRunner().invoke(main, args, catch_exceptions=False, env={"COLUMNS": "160"})  # the table unwrapped
     assert result.exit_code == 0, result.output
     (path,) = out.glob("bench-batch-cpu-float32-*.json")
     rows = json.loads(path.read_text())["rows"]
     assert [row["batch_size"] for row in rows] == [1, 3]
     assert all(row["ours_tok_s"] > 0 and row["reference_tok_s"] > 0 and 0 < row["model_share"] <= 1 for row in rows)
+    assert all(row["loaded_reference_tok_s"] > 0 and row["loaded_ratio"] > 0 for row in rows)
     assert "vs batch 1" in result.output
+
+
+def test_the_reference_of_its_own_load_is_the_plain_transformers_model(tiny_model_dir) -> None:
+    """Our load reorders float32 weights for oneDNN; transformers' users get plain ``nn.Linear``s."""
+    import torch
+
+    from llmsample.bench.sides import as_transformers_loads
+    from llmsample.models.loading import load_model
+    from llmsample.models.prepacked import PrepackedLinear
+
+    lm = load_model(str(tiny_model_dir), "cpu", "float32")
+    loaded = as_transformers_loads(lm, str(tiny_model_dir), lm.dtype)
+    assert isinstance(lm.model.lm_head, PrepackedLinear)
+    assert not any(isinstance(m, PrepackedLinear) for m in loaded.model.modules())
+    assert loaded.model is not lm.model and loaded.dtype == torch.float32 and loaded.compiled is None
 
 
 def test_batch_sizes_must_be_a_list(tiny_model_dir) -> None:
