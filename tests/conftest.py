@@ -85,6 +85,17 @@ def save_tiny_llama(
     return path
 
 
+def load_plain(*args: Any, **kwargs: Any) -> Any:
+    """``load_model`` with the weights left as transformers loads them (no oneDNN reordering): the
+    kernels of a placed or split model, for tests that compare such a model bit for bit."""
+    from llmsample.models import prepacked
+    from llmsample.models.loading import load_model
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(prepacked, "prepacks", lambda device, dtype: False)
+        return load_model(*args, **kwargs)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))

@@ -38,15 +38,20 @@ def test_max_tokens(tiny_lm) -> None:
 
 
 def test_eos_stops_and_releases_no_text(tiny_lm) -> None:
-    # Force EOS as the only allowed token after a few steps by making it the argmax: a preset
-    # cannot do that, so bias the model's output layer instead.
+    # Force EOS (id 1) as the argmax: a preset cannot do that, so bias the model's output layer.
     model = tiny_lm.model
-    saved = model.lm_head.weight.data.clone()
+    head = model.lm_head
+
+    class EosFirst(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            logits = head(x)
+            return logits.index_add(-1, torch.tensor([1]), torch.full((*logits.shape[:-1], 1), 100.0))
+
+    model.lm_head = EosFirst()
     try:
-        model.lm_head.weight.data[1] = model.lm_head.weight.data[1] * 0 + 10 * model.lm_head.weight.data.abs().max()
         tokens, summary = run(tiny_lm, SamplingConfig(temperature=0, max_tokens=20))
     finally:
-        model.lm_head.weight.data = saved
+        model.lm_head = head
     assert summary.stop_reason == "eos"
     assert tokens[-1].eos and tokens[-1].token_id == 1 and tokens[-1].text == ""
 

@@ -11,11 +11,10 @@ from torch import nn
 from llmsample.bench.costs import weight_bytes
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.events import RunStats
-from llmsample.models import prepacked
 from llmsample.models.loading import load_model
 from llmsample.models.prepacked import PrepackedLinear, prepack_linears, prepacks
 from llmsample.sampling.config import SamplingConfig
-from tests.conftest import make_tiny_model
+from tests.conftest import load_plain, make_tiny_model
 
 needs_native_bf16 = pytest.mark.skipif(
     not prepacks(torch.device("cpu"), torch.bfloat16), reason="this CPU has no native bf16 kernels in oneDNN"
@@ -58,14 +57,7 @@ def tiny_pair(tmp_path, dtype: str = "bfloat16", tie: bool = True) -> tuple:
 
         config = json.loads((path / "config.json").read_text())
         (path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
-    lm = load_model(str(path), "cpu", dtype)
-    original = prepacked.prepacks
-    prepacked.prepacks = lambda device, dtype: False
-    try:
-        plain = load_model(str(path), "cpu", dtype)
-    finally:
-        prepacked.prepacks = original
-    return lm, plain
+    return load_model(str(path), "cpu", dtype), load_plain(str(path), "cpu", dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
