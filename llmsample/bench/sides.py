@@ -96,5 +96,6 @@ def reference_model(model: str | None, device: torch.device, dtype: torch.dtype 
 def as_transformers_loads(lm: LoadedModel, model: str | None, dtype: torch.dtype | None) -> LoadedModel:
     """``lm`` with the model as transformers' users load it (``from_pretrained`` at ``dtype``, its
     own default when None): no reordered weights, eager."""
-    reference = reference_model(model, lm.device, dtype)
+    # The folder our load read (a GGUF converted, a hub id resolved), not the spec as typed.
+    reference = reference_model(getattr(lm.model, "name_or_path", None) or model, lm.device, dtype)
     return dataclasses.replace(lm, model=reference, dtype=reference.dtype, compiled=None)

@@ -282,7 +282,7 @@ def results_table(results: BenchResults) -> Any:
         format_number(spec.ours_tok_s, 1), format_number(spec.reference_tok_s, 1), format_number(spec.ratio, 2),
         "", "", "",
     )  # fmt: skip
-    for row in results.defaults:  # against transformers' own load: its figures go under "its load"
+    for row in results.defaults:  # against transformers' own load (its default dtype: the row's name says)
         table.add_row(
             row.workload, format_number(row.ours_tok_s, 1), "", "", format_number(row.reference_tok_s, 1),
             format_number(row.ratio, 2), format_number(row.ttft_s, 2),

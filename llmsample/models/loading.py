@@ -260,8 +260,8 @@ def prepare(
     model: Any, device: torch.device, dtype: torch.dtype, quantize: str | None, stored: str | None, whole: bool
 ) -> None:
     """Ready to decode: a quantized model proven to run one token, bf16 emulated on a CPU without
-    it given wide products, bf16 on a CPU with it given weights in oneDNN's layout (``whole``: an
-    eager model on one device, not compiled, placed or split), evaluation mode."""
+    it given wide products, float32 (x86) and bf16 on a CPU with it given weights in oneDNN's
+    layout (``whole``: an eager model on one device, not compiled, placed or split), evaluation mode."""
     from llmsample.models.precision import emulated_bf16, upcast_wide_products
     from llmsample.models.prepacked import prepack_linears, prepacks
 

@@ -20,6 +20,8 @@ A reordered weight is an opaque oneDNN tensor that replaces the layer: its plain
 
 from __future__ import annotations
 
+import platform
+
 import torch
 from torch import Tensor, nn
 
@@ -49,30 +51,37 @@ class PrepackedLinear(nn.Module):
 
 
 def prepacks(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether this device and dtype gain from reordered weights: float32 on a CPU with oneDNN, and
-    bf16 where its kernels are native (AVX512-BF16 or AMX; elsewhere :mod:`llmsample.models.precision`)."""
+    """Whether this device and dtype gain from reordered weights: float32 on an x86 CPU with oneDNN
+    (measured with AVX512 and AVX2; ARM's oneDNN runs other kernels, not measured), and bf16 where
+    its kernels are native (AVX512-BF16 or AMX; elsewhere :mod:`llmsample.models.precision`)."""
     from llmsample.models.device import native_bf16_cpu
 
     return (
         device.type == "cpu"
-        and (dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16_cpu()))
+        and ((dtype == torch.float32 and x86()) or (dtype == torch.bfloat16 and native_bf16_cpu()))
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
     )
 
 
+def x86() -> bool:
+    """An x86-64 CPU, where oneDNN's float32 kernels were measured against MKL's."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def prepack_linears(model: nn.Module) -> int:
     """Replace every plain float32 or bf16 ``nn.Linear`` of ``model`` by a :class:`PrepackedLinear`,
-    in place; returns how many. Where the first layer's output on probe rows differs from
-    ``F.linear``'s (a oneDNN that computes otherwise, or refuses), the model is left as it is."""
+    in place; returns how many. Where the first layer of a dtype gives other output on probe rows
+    than ``F.linear`` (a oneDNN that computes otherwise, or refuses), the model is left as it is."""
     linears = [
         (parent, name, child)
         for parent in model.modules()
         for name, child in parent.named_children()
         if type(child) is nn.Linear and child.weight.dtype in DTYPES and child.weight.device.type == "cpu"
     ]
-    if not linears or not _same_output(linears[0][2]):
+    first_of_each_dtype = {linear.weight.dtype: linear for _, _, linear in reversed(linears)}
+    if not linears or not all(_same_output(linear) for linear in first_of_each_dtype.values()):
         return 0
     for parent, name, linear in linears:
         setattr(parent, name, PrepackedLinear(linear))  # the plain weight goes with the layer unless held elsewhere
