@@ -44,8 +44,9 @@ def test_eos_stops_and_releases_no_text(tiny_lm) -> None:
 
     class EosFirst(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            logits = head(x)
-            return logits.index_add(-1, torch.tensor([1]), torch.full((*logits.shape[:-1], 1), 100.0))
+            logits = head(x).clone()
+            logits[..., 1] += 100.0
+            return logits
 
     model.lm_head = EosFirst()
     try:
