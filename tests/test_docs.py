@@ -1,0 +1,222 @@
+"""The docs cannot drift from the CLI: every ``llmsample ...`` command line in README.md and
+docs/*.md (in code blocks, after ``$ `` prompts, in pipes, across ``\\`` continuations, and in
+inline code spans) names a subcommand that exists and only flags that command has, checked with
+Click's own parser on the real command group. No model is loaded."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import pytest
+
+from llmsample.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+# Fences whose lines are data, not shell: a "llmsample" inside them is no command line.
+NOT_SHELL = {"json", "jsonl", "python", "py", "toml", "html", "lark", "gbnf", "text"}
+# Tokens that end one command of a shell line (pipes, lists, redirections, subshells).
+SHELL_OPERATORS = {"|", "||", "&", "&&", ";", ";;", "<", ">", ">>", "<<", "2>", "2>&1", "(", ")"}
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    where: str  # file:line, for the failure message
+    text: str  # the line as written (continuations joined)
+    inline: bool  # from an inline `code span` in prose, not a code block
+
+
+def shell_lines(block: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """Join a code block's ``\\`` continuations into one line each, keeping the first line's number."""
+    joined: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for number, line in block:
+        if pending is not None:
+            number, line = pending[0], pending[1] + " " + line.strip()
+            pending = None
+        if line.rstrip().endswith("\\"):
+            pending = (number, line.rstrip()[:-1])
+            continue
+        joined.append((number, line))
+    if pending is not None:
+        joined.append(pending)
+    return joined
+
+
+def command_lines(path: Path) -> list[CommandLine]:
+    """Every line of ``path`` that runs llmsample: code blocks' lines and inline code spans."""
+    found: list[CommandLine] = []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    name = path.relative_to(REPO).as_posix()
+    in_block, shell, block = False, False, []
+    prose: list[tuple[int, str]] = []
+    for number, line in enumerate(lines, start=1):
+        fence = re.match(r"^\s*(```+|~~~+)\s*([\w+-]*)", line)
+        if fence:
+            if in_block:
+                if shell:
+                    for start, text in shell_lines(block):
+                        if runs_llmsample(text):
+                            found.append(CommandLine(f"{name}:{start}", text.strip(), inline=False))
+                in_block, block = False, []
+            else:
+                in_block, shell = True, fence.group(2).lower() not in NOT_SHELL
+            continue
+        if in_block:
+            block.append((number, line))
+        else:
+            prose.append((number, line))
+    # Inline spans may wrap across lines of a paragraph: read each paragraph as one string.
+    paragraph: list[tuple[int, str]] = []
+    for number, line in [*prose, (0, "")]:
+        if line.strip():
+            paragraph.append((number, line))
+            continue
+        if paragraph:
+            text = " ".join(part.strip() for _, part in paragraph)
+            for span in re.findall(r"`([^`]+)`", text):
+                if re.search(r"(^|[\s|])llmsample\s+[a-z]", span):
+                    found.append(CommandLine(f"{name}:{paragraph[0][0]}", span.strip(), inline=True))
+        paragraph = []
+    return found
+
+
+def tokens_of(text: str) -> list[str]:
+    lexer = shlex.shlex(text, posix=True, punctuation_chars="|&;<>()")
+    lexer.whitespace_split = True
+    lexer.commenters = "#"
+    return list(lexer)
+
+
+def runs_llmsample(text: str) -> bool:
+    """Whether a shell line calls llmsample (a comment that names it does not; a line the shell
+    could not split is kept, so that its test fails and says so)."""
+    try:
+        return "llmsample" in tokens_of(text)
+    except ValueError:
+        return "llmsample" in text.split("#")[0]
+
+
+def invocations(line: CommandLine) -> list[list[str]]:
+    """The argument lists given to llmsample on one line (a pipe may hold several)."""
+    text = line.text
+    if line.inline:
+        # Prose writes optional parts in brackets and elided ones as "...": neither is a flag.
+        text = re.sub(r"\s\[[^\]]*\]", "", text)
+        text = re.sub(r"(^|\s)\.\.\.(?=\s|$)", " ", text)
+    tokens = tokens_of(text)
+    calls: list[list[str]] = []
+    current: list[str] | None = None
+    for index, token in enumerate(tokens):
+        if token in SHELL_OPERATORS:
+            if current is not None:
+                # "2>" splits as an argument "2" and an operator ">": the "2" is the shell's.
+                if token.startswith(">") and current and current[-1].isdigit():
+                    current.pop()
+                calls.append(current)
+            current = None
+            continue
+        if current is None:
+            if token == "llmsample" and (index == 0 or tokens[index - 1] != "install"):
+                current = []
+            continue
+        current.append(token)
+    if current is not None:
+        calls.append(current)
+    return calls
+
+
+CONVERTED_TYPES = (click.Choice, click.types.IntParamType, click.types.FloatParamType)
+
+
+def problems(args: list[str]) -> list[str]:
+    """What is wrong with ``llmsample ARGS`` as Click reads it: an unknown subcommand or flag, a
+    flag without its value, an extra argument, or a value its option's type refuses (choices,
+    numbers); values are not otherwise checked (a doc's file names need not exist here)."""
+    command: click.Command = main
+    ctx = click.Context(main, info_name="llmsample")
+    while isinstance(command, click.Group):
+        if not args:
+            return []
+        if args[0].startswith("-"):
+            break  # `llmsample --help`, `llmsample --version`
+        sub = command.get_command(ctx, args[0])
+        if sub is None:
+            return [f"no subcommand {args[0]!r} in {ctx.command_path!r}"]
+        ctx = click.Context(sub, info_name=args[0], parent=ctx)
+        command, args = sub, args[1:]
+    parser = command.make_parser(ctx)
+    try:
+        values, extra, _ = parser.parse_args(args=list(args))
+    except click.UsageError as exc:
+        return [f"{ctx.command_path}: {exc.format_message()}"]
+    found = []
+    if extra and not command.allow_extra_args:
+        found.append(f"{ctx.command_path}: unexpected extra arguments {extra}")
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name not in values:
+            continue
+        if param.is_flag or param.count or not isinstance(param.type, CONVERTED_TYPES):
+            continue
+        given = values[param.name]
+        for value in given if isinstance(given, (list, tuple)) else [given]:
+            if not isinstance(value, str) or re.fullmatch(r"[A-Z][A-Z_]*", value):
+                continue  # a placeholder such as N or P
+            try:
+                param.type.convert(value, param, ctx)
+            except click.BadParameter as exc:
+                found.append(f"{ctx.command_path} {param.opts[0]}: {exc.format_message()}")
+    return found
+
+
+ALL_LINES = [line for path in DOCS for line in command_lines(path)]
+
+
+def test_the_docs_have_command_lines() -> None:
+    """The extraction itself works: README and docs/ hold plenty of command lines, in blocks and
+    inline, and every subcommand of the CLI appears in at least one of them."""
+    assert (REPO / "docs").is_dir()
+    assert len([line for line in ALL_LINES if not line.inline]) > 50
+    assert any(line.inline for line in ALL_LINES)
+    named = {call[0] for line in ALL_LINES for call in invocations(line) if call}
+    assert set(main.commands) <= named, f"subcommands no doc shows: {set(main.commands) - named}"
+
+
+@pytest.mark.parametrize("line", ALL_LINES, ids=lambda line: line.where)
+def test_a_documented_command_line_parses(line: CommandLine) -> None:
+    calls = invocations(line)
+    assert calls, f"{line.where}: no llmsample call found in {line.text!r}"
+    for args in calls:
+        assert not problems(args), f"{line.where}: {line.text}\n" + "\n".join(problems(args))
+
+
+@pytest.mark.parametrize(
+    ("text", "wrong"),
+    [
+        ('llmsample generate -p "hi" --no-such-flag', "No such option"),
+        ('echo hi | llmsample generate --raw \\\n    --temprature 0.5', "No such option"),
+        ("llmsample generaet -p hi", "no subcommand"),
+        ("$ llmsample presets shw creative", "no subcommand"),
+        ("llmsample generate -p hi --dtype float64", "float64"),
+        ("llmsample generate -p hi -n many", "many"),
+        ("llmsample generate -p hi extra", "extra arguments"),
+    ],
+)
+def test_the_check_catches_a_wrong_line(text: str, wrong: str) -> None:
+    """A doc line naming a flag or subcommand that does not exist (or a value its type refuses)
+    fails the check: planted lines, parsed exactly as the docs' lines are."""
+    line = CommandLine("planted", " ".join(shell_lines(list(enumerate(text.split("\n"))))[0][1].split()), False)
+    found = [problem for args in invocations(line) for problem in problems(args)]
+    assert any(wrong in problem for problem in found), found
+
+
+def test_the_check_passes_a_right_line() -> None:
+    text = "cat q.txt | LLMSAMPLE_HOME=/tmp llmsample batch - --tokens none -o out.jsonl 2> err.txt"
+    calls = invocations(CommandLine("planted", text, False))
+    assert calls == [["batch", "-", "--tokens", "none", "-o", "out.jsonl"]]
+    assert problems(calls[0]) == []
