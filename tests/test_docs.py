@@ -220,3 +220,31 @@ def test_the_check_passes_a_right_line() -> None:
     calls = invocations(CommandLine("planted", text, False))
     assert calls == [["batch", "-", "--tokens", "none", "-o", "out.jsonl"]]
     assert problems(calls[0]) == []
+
+
+# Flags the docs name that belong to other tools: torchrun, pip, and the scripts under bench/.
+OTHER_TOOLS_FLAGS = {
+    "--help", "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
+    "--no-deps", "--clients", "--requests", "--rows",
+}
+
+
+def every_llmsample_flag(command: click.Command) -> set[str]:
+    flags = {opt for param in command.params for opt in [*param.opts, *param.secondary_opts]}
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            flags |= every_llmsample_flag(sub)
+    return {flag for flag in flags if flag.startswith("--")}
+
+
+def test_every_flag_named_in_prose_exists() -> None:
+    """Prose names flags outside command lines too (`--max-queue`, `--backend-b`): each must be a
+    flag of some llmsample command (or one of the few other tools' flags the docs mention)."""
+    known = every_llmsample_flag(main) | OTHER_TOOLS_FLAGS
+    unknown = {
+        f"{path.relative_to(REPO).as_posix()}: {flag}"
+        for path in DOCS
+        for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", path.read_text(encoding="utf-8"))
+        if flag not in known
+    }
+    assert not unknown, sorted(unknown)
