@@ -35,7 +35,7 @@ browser:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 		echo "chromium not installed: the HTML browser test will be skipped"
 
-# The single-sequence loop at the defaults, then batch decoding by batch size (float32, as in the README),
+# The single-sequence loop at the defaults, then batch decoding by batch size (float32, as in docs/performance.md),
 # then the batch workloads users run (fresh seeds and mixed settings; --draft ngram on code rewrites).
 # Quantization is a run of its own: `llmsample bench --quant [fp32,bf16,int8,int4]`.
 bench: $(STAMP)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 @click.command()
 @generation_options
 @click.option(
-    "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see README)."
+    "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md)."
 )
 @reference_option
 def generate(**options: Any) -> None:

@@ -129,7 +129,7 @@ model_options = _stack(
         type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
         default="auto",
         show_default=True,
-        help="auto: the checkpoint's dtype where the device runs it natively (bf16 on CUDA, on CPUs with AVX512-BF16/AMX), else float32 (see README).",
+        help="auto: the checkpoint's dtype where the device runs it natively (bf16 on CUDA, on CPUs with AVX512-BF16/AMX), else float32 (see docs/models.md).",
     ),
     click.option(
         "--compile",
