@@ -199,7 +199,7 @@ def test_a_documented_command_line_parses(line: CommandLine) -> None:
     ("text", "wrong"),
     [
         ('llmsample generate -p "hi" --no-such-flag', "No such option"),
-        ('echo hi | llmsample generate --raw \\\n    --temprature 0.5', "No such option"),
+        ("echo hi | llmsample generate --raw \\\n    --temprature 0.5", "No such option"),
         ("llmsample generaet -p hi", "no subcommand"),
         ("$ llmsample presets shw creative", "no subcommand"),
         ("llmsample generate -p hi --dtype float64", "float64"),
@@ -224,8 +224,16 @@ def test_the_check_passes_a_right_line() -> None:
 
 # Flags the docs name that belong to other tools: torchrun, pip, and the scripts under bench/.
 OTHER_TOOLS_FLAGS = {
-    "--help", "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id",
-    "--no-deps", "--clients", "--requests", "--rows",
+    "--help",
+    "--nnodes",
+    "--nproc-per-node",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--no-deps",
+    "--clients",
+    "--requests",
+    "--rows",
 }
 
 
