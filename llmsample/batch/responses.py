@@ -64,7 +64,8 @@ if TYPE_CHECKING:  # events.py imports torch; these records are only read here
 
 TokenLevel = Literal["none", "ids", "full"]
 TOKEN_LEVELS: tuple[TokenLevel, ...] = ("none", "ids", "full")
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# OpenAI reports a row stopped by the model's context as "length", as a truncated answer.
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 LOGPROB_FLOOR = -9999.0
 """What OpenAI reports for a token of probability 0 (JSON has no -inf)."""
 
