@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chat.conftest import chat_command
-from tests.conftest import REPO, cli_env, make_tiny_model
+from tests.chat.conftest import chat_command, make_chat_model
+from tests.conftest import REPO, cli_env, make_tiny_model, with_context
 
 
 def run(model, *args: str, stdin: str = "", cwd=None) -> subprocess.CompletedProcess:
@@ -125,3 +125,14 @@ def test_a_reader_that_leaves_ends_the_chat(chat_model_dir: Path) -> None:
     errors = proc.stderr.read().decode()
     assert code == 1 and "closed by its reader" not in errors and "Traceback" not in errors, errors
     assert errors.count("prefilled") == 1, errors  # the first reply's summary, and no other
+
+
+def test_a_reply_stops_at_the_context(tmp_path: Path) -> None:
+    """A reply never runs past the model's context: each turn's stops there (stop reason
+    ``context``), older exchanges dropped to make room for the next."""
+    model = with_context(make_chat_model(tmp_path / "short", vocab_size=48), 32)
+    done = run(model, "-n", "1000", "--ignore-eos", "-t", "0", "--format", "jsonl", stdin="w7\nw8 w9\n")
+    assert done.returncode == 0, done.stderr
+    summaries = [r for r in map(json.loads, done.stdout.splitlines()) if r["type"] == "summary"]
+    assert [s["stop_reason"] for s in summaries] == ["context", "context"]
+    assert [s["prompt_tokens"] + s["tokens"] for s in summaries] == [32, 32]

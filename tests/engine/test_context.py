@@ -12,19 +12,10 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.engine.speculative import NgramDrafter
-from tests.conftest import make_tiny_model
+from tests.conftest import make_tiny_model, with_context
 
 CONTEXT = 24
 PROMPT = "w3 w4 w5"  # three tokens: 21 positions left
-
-
-def with_context(path: Path, context: int) -> Path:
-    """The model at ``path`` with a context of ``context`` positions (Llama computes any position,
-    so only the config says where the model's context ends)."""
-    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    config["max_position_embeddings"] = context
-    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return path
 
 
 @pytest.fixture(scope="module")
