@@ -227,7 +227,9 @@ class Chat:
 
         renderers = self.views.renderers({**self.options, "quiet": self.options["quiet"] or self.legend_shown})
         self.legend_shown = True
-        # generate's plain text, a reply a line: its newlines escaped, so a script reads replies by lines.
+        if sys.stdout.isatty():  # --no-color on a terminal: a person reads the replies as they are
+            return renderers
+        # Plain text for a script: a reply a line, its newlines escaped.
         return [OneLineRenderer(r.out) if type(r) is PlainRenderer else r for r in renderers]
 
     def _count(self, summary: Summary) -> None:

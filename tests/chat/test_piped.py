@@ -8,8 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.chat.conftest import chat_command, make_chat_model
 from tests.conftest import REPO, cli_env, make_tiny_model, with_context
 
@@ -79,21 +77,6 @@ def test_every_reply_keeps_to_the_constraint(tmp_path) -> None:
     assert matched.returncode == 0, matched.stderr
     lines = matched.stdout.splitlines()
     assert len(lines) == 3 and all(re.fullmatch("[0-9]{2}-[a-c]+", line) for line in lines), lines
-
-
-@pytest.fixture(scope="module")
-def byte_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A byte-level model with the chat template: its replies can hold any character."""
-    from transformers import AutoTokenizer
-
-    from tests.chat.conftest import TEMPLATE
-    from tests.constraints.conftest import make_byte_model
-
-    model = make_byte_model(tmp_path_factory.mktemp("bytes"))
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(model)
-    return model
 
 
 def test_a_reply_with_newlines_is_still_one_line(byte_chat_model: Path) -> None:
