@@ -24,12 +24,12 @@ the line had none that could be read).
 ``{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
 "body": …}, "error": null}``. The body is a ``chat.completion`` (``choices[0].message``) or,
 for raw prompts, a ``text_completion`` (``choices[0].text``), with ``finish_reason`` ``stop``
-(EOS or a stop string) or ``length``, ``usage`` and ``model`` (the model that ran). ``created``
-is the caller's (0 by default) so that files can be compared. Ids are a digest of the request
-(everything but its line number): a rerun writes the same ids, and ``batch_req_``, ``req_`` and
-``chatcmpl-``/``cmpl-`` share that digest. Our extras live under the key ``llmsample``: in the
-body (``line``, ``stop_reason``, ``preset``, ``seed``, timings) and, with log probabilities,
-in each token's entry and each alternative's.
+(EOS or a stop string) or ``length`` (the length limit or the model's context), ``usage`` and
+``model`` (the model that ran). ``created`` is the caller's (0 by default) so that files can be
+compared. Ids are a digest of the request (everything but its line number): a rerun writes the
+same ids, and ``batch_req_``, ``req_`` and ``chatcmpl-``/``cmpl-`` share that digest. Our extras
+live under the key ``llmsample``: in the body (``line``, ``stop_reason``, ``preset``, ``seed``,
+timings) and, with log probabilities, in each token's entry and each alternative's.
 
 Log probabilities (only when the line asked for them; chat:
 ``choices[0].logprobs.content[]``, completions: the legacy ``tokens`` / ``token_logprobs`` /
