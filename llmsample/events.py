@@ -182,7 +182,7 @@ class Summary:
     text: str
     tokens: int
     prompt_tokens: int
-    stop_reason: str  # eos | length | stop | interrupted
+    stop_reason: str  # eos | length | stop | context (the model's) | interrupted | cancelled
     ttft_s: float | None
     tokens_per_s: float | None
     model: str

@@ -85,6 +85,17 @@ def save_tiny_llama(
     return path
 
 
+def with_context(path: Path, context: int) -> Path:
+    """The model saved at ``path`` with a context of ``context`` positions (Llama computes any
+    position, so only the config says where the model's context ends)."""
+    import json
+
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    config["max_position_embeddings"] = context
+    (path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
 def load_plain(*args: Any, **kwargs: Any) -> Any:
     """``load_model`` with the weights left as transformers loads them (no oneDNN reordering): the
     kernels of a placed or split model, for tests that compare such a model bit for bit."""

@@ -24,12 +24,12 @@ the line had none that could be read).
 ``{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
 "body": …}, "error": null}``. The body is a ``chat.completion`` (``choices[0].message``) or,
 for raw prompts, a ``text_completion`` (``choices[0].text``), with ``finish_reason`` ``stop``
-(EOS or a stop string) or ``length``, ``usage`` and ``model`` (the model that ran). ``created``
-is the caller's (0 by default) so that files can be compared. Ids are a digest of the request
-(everything but its line number): a rerun writes the same ids, and ``batch_req_``, ``req_`` and
-``chatcmpl-``/``cmpl-`` share that digest. Our extras live under the key ``llmsample``: in the
-body (``line``, ``stop_reason``, ``preset``, ``seed``, timings) and, with log probabilities,
-in each token's entry and each alternative's.
+(EOS or a stop string) or ``length`` (the length limit or the model's context), ``usage`` and
+``model`` (the model that ran). ``created`` is the caller's (0 by default) so that files can be
+compared. Ids are a digest of the request (everything but its line number): a rerun writes the
+same ids, and ``batch_req_``, ``req_`` and ``chatcmpl-``/``cmpl-`` share that digest. Our extras
+live under the key ``llmsample``: in the body (``line``, ``stop_reason``, ``preset``, ``seed``,
+timings) and, with log probabilities, in each token's entry and each alternative's.
 
 Log probabilities (only when the line asked for them; chat:
 ``choices[0].logprobs.content[]``, completions: the legacy ``tokens`` / ``token_logprobs`` /
@@ -64,7 +64,8 @@ if TYPE_CHECKING:  # events.py imports torch; these records are only read here
 
 TokenLevel = Literal["none", "ids", "full"]
 TOKEN_LEVELS: tuple[TokenLevel, ...] = ("none", "ids", "full")
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+# OpenAI reports a row stopped by the model's context as "length", as a truncated answer.
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
 LOGPROB_FLOOR = -9999.0
 """What OpenAI reports for a token of probability 0 (JSON has no -inf)."""
 

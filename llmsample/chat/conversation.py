@@ -6,7 +6,11 @@ conversation replays to the same replies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,10 +100,27 @@ def save(path: Path, conversation: Conversation, header: dict[str, Any]) -> None
             )  # fmt: skip
         elif turn.saved is not None:
             lines.append(turn.saved)
+    write_whole(path, "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+
+
+def write_whole(path: Path, text: str) -> None:
+    """All of ``text`` or nothing: written beside ``path``, synced, then renamed over it, so a
+    full disk or an interrupt never tears an earlier save (the file stays as it was)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
     try:
-        path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write {path} ({exc.strerror or exc}); choose another file") from exc
+        with open(temporary, "xb") as out:
+            out.write(text.encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):  # never made (no such folder): nothing to remove
+            temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            kept = f"{path} is as it was" if path.exists() else "nothing was written"
+            reason = exc.strerror or exc
+            raise UserError(f"cannot write {path} ({reason}); {kept}: make room or choose another file") from exc
+        raise
 
 
 def load(path: Path) -> tuple[dict[str, Any], Conversation]:
@@ -118,8 +139,11 @@ def load(path: Path) -> tuple[dict[str, Any], Conversation]:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}, line {number}: not JSON ({exc.msg}); give a file written by /save") from exc
+        except RecursionError as exc:
+            raise UserError(f"{path}, line {number}: nested too deeply; give a file written by /save") from exc
         if not isinstance(record, dict) or record.get("type") not in ("chat", "user", "assistant"):
             raise UserError(f"{path}, line {number}: not a chat record; give a file written by /save")
+        check_fields(record, f"{path}, line {number}")
         records.append((number, record))
     if not records or records[0][1]["type"] != "chat":
         raise UserError(f"{path} does not start with a chat header; give a file written by /save")
@@ -127,7 +151,7 @@ def load(path: Path) -> tuple[dict[str, Any], Conversation]:
     conversation = Conversation(system=header.get("system") or None)
     for number, record in records[1:]:
         if record["type"] == "user":
-            conversation.turns.append(Turn(str(record.get("content", ""))))
+            conversation.turns.append(Turn(record.get("content") or ""))
         elif not conversation.turns or conversation.turns[-1].saved is not None:
             raise UserError(f"{path}, line {number}: a reply without its user turn; give a file written by /save")
         else:
@@ -136,9 +160,47 @@ def load(path: Path) -> tuple[dict[str, Any], Conversation]:
     return header, conversation
 
 
+def _is_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+# What each record's fields must be, as /save writes them ((what, test, required)): a file edited
+# by hand fails at /load in one line, not later in the template or at replay.
+FIELDS: dict[str, dict[str, tuple[str, Callable[[Any], bool], bool]]] = {
+    "chat": {
+        "system": ("a string", lambda v: isinstance(v, str), False),
+        "preset": ("a string", lambda v: isinstance(v, str), False),
+        "settings": ("an object", lambda v: isinstance(v, dict), False),
+    },
+    "user": {"content": ("a string", lambda v: isinstance(v, str), False)},
+    "assistant": {
+        "content": ("a string", lambda v: isinstance(v, str), False),
+        "seed": ("an integer in [0, 2^63)", _is_seed, True),
+        "settings": ("an object", lambda v: isinstance(v, dict), False),
+        "prefix": ("a list of token ids", _is_ids, False),
+        "token_ids": ("a list of token ids", _is_ids, False),
+    },
+}
+
+
+def check_fields(record: dict[str, Any], where: str) -> None:
+    """Each field the record's type has is of the type /save writes (null: left out)."""
+    for key, (what, test, required) in FIELDS[record["type"]].items():
+        value = record.get(key)
+        if value is None and not required:
+            continue
+        if value is None or not test(value):
+            shown = "missing" if value is None else f"{json.dumps(value)[:40]}"
+            raise UserError(f"{where}: {key} must be {what}, got {shown}; give a file written by /save")
+
+
 def settings_of(record: dict[str, Any], path: Path | str = "the file", number: int = 0) -> SamplingConfig:
     """A saved record's settings as a config, checked as a preset's are."""
     try:
         return SamplingConfig.from_mapping(dict(record.get("settings") or {}))
-    except (ConfigError, TypeError) as exc:
+    except (ConfigError, TypeError, ValueError) as exc:
         raise UserError(f"{path}, line {number}: bad settings ({exc})") from exc

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from llmsample.chat.slash import EXIT, run_command
 from llmsample.chat.talk import Chat
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import OutputFailed, RuntimeFailure, UserError
 
 QUOTES = '"""'
 PROMPT, MORE = ">>> ", "... "
@@ -99,6 +99,8 @@ def converse(chat: Chat, interactive: bool) -> None:
                     return
             else:
                 chat.say(message)
+        except OutputFailed:  # stdout's reader left (| head) or its disk is full: no reply can be shown
+            raise
         except (UserError, RuntimeFailure) as exc:
             chat.note(str(exc))
         except KeyboardInterrupt:  # outside a reply (a prefill before it, /explain): back to the prompt

@@ -11,7 +11,7 @@ from typing import Any
 
 from llmsample.chat.conversation import Conversation, load, save, settings_of
 from llmsample.chat.talk import Chat, escape
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import OutputFailed, RuntimeFailure, UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
 EXIT = object()  # what /exit returns: leave the chat
@@ -26,6 +26,8 @@ def run_command(chat: Chat, line: str) -> object | None:
         return None
     try:
         return entry[0](chat, args.strip())
+    except OutputFailed:  # the chat ends: its output has nowhere to go
+        raise
     except (UserError, RuntimeFailure) as exc:
         chat.note(str(exc))
     return None

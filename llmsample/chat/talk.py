@@ -223,9 +223,14 @@ class Chat:
 
     def _renderers(self) -> list[Any]:
         # The legend once, before the first reply; each reply gets fresh renderers (--inspect's table).
+        from llmsample.render.stream import OneLineRenderer, PlainRenderer
+
         renderers = self.views.renderers({**self.options, "quiet": self.options["quiet"] or self.legend_shown})
         self.legend_shown = True
-        return renderers
+        if sys.stdout.isatty():  # --no-color on a terminal: a person reads the replies as they are
+            return renderers
+        # Plain text for a script: a reply a line, its newlines escaped.
+        return [OneLineRenderer(r.out) if type(r) is PlainRenderer else r for r in renderers]
 
     def _count(self, summary: Summary) -> None:
         totals, cache = self.totals, summary.facts.cache

@@ -1,5 +1,5 @@
-"""From sampled tokens to events: text, EOS, stop strings and the length limit, shared by every
-loop (plain, speculative, batch)."""
+"""From sampled tokens to events: text, EOS, stop strings, the length limit and the model's
+context, shared by every loop (plain, speculative, batch)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def raise_broken_logits(position: int) -> None:
 
 
 class Emitter:
-    """Turns sampled tokens into events: text, EOS, stop strings and the length limit, the
-    same for the plain and the speculative loop."""
+    """Turns sampled tokens into events: text, EOS, stop strings, the length limit and the
+    context, the same for the plain and the speculative loop. A row stops at its model's context
+    (``context``): positions past it are garbage or a crash on many architectures."""
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class Emitter:
         self.lm = lm
         self.watch_names = tuple(watch_names)
         self.max_tokens = cfg.max_tokens
+        self.context = lm.context_length or 0  # 0: not known, no limit
         self.stats = stats
         self.eos = set() if ignore_eos else lm.eos_ids
         self.cfg = cfg
@@ -66,6 +68,13 @@ class Emitter:
         stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
         stats.note(device=str(lm.device), dtype=dtype_name(lm.dtype), backend=lm.backend)
+
+    def room(self) -> int:
+        """How many more tokens the row may emit before its length limit or its context."""
+        left = self.max_tokens - self.stats.tokens
+        if self.context:
+            left = min(left, self.context - self.stats.prompt_tokens - self.stats.tokens)
+        return left
 
     def emit(self, figures: StepFigures, source: str = "target") -> TokenEvent:
         index = self.stats.tokens
@@ -91,6 +100,8 @@ class Emitter:
                 self.reason = "stop"
             elif index == self.max_tokens - 1:
                 text, self.reason = text + self.stream.flush(), "length"
+            elif position == self.context - 1:  # the last position the model has
+                text, self.reason = text + self.stream.flush(), "context"
         event = make_event(
             figures, index, text, self.lm.token_text, source=source, eos=is_eos, watch_names=self.watch_names
         )

@@ -101,7 +101,7 @@ class Row:
         # A sampled row's random draws follow its draft lengths: it drafts as it would alone, so
         # its seed gives the same text in any batch. A greedy row's tokens do not depend on them.
         shared = rows if cfg.is_greedy else 1
-        k = min(self.draft_length.fit(shared), cfg.max_tokens - self.item.stats.tokens - 1)
+        k = min(self.draft_length.fit(shared), self.emitter.room() - 1)  # never past the length or context
         if k > 0 and self.matcher is not None:
             # q masked like p at every position (a model draft); a draft the grammar rejects is cut.
             drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)

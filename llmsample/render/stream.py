@@ -35,6 +35,19 @@ class PlainRenderer:
         self.out.flush()
 
 
+class OneLineRenderer(PlainRenderer):
+    """Plain text, each reply on one line: a newline in it is written ``\\n``, a carriage return
+    ``\\r``, a backslash ``\\\\`` (``printf '%b'`` undoes it). Piped ``chat``, so that a script
+    reads one reply per line (``while IFS= read -r reply``) whatever the replies hold."""
+
+    ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r"})
+
+    def token(self, event: TokenEvent) -> None:
+        if event.text:
+            self.out.write(event.text.translate(self.ESCAPES))
+            self.out.flush()
+
+
 class ColorRenderer:
     """Appends each token in its band's colour; the screen is never redrawn, so it stays live."""
 

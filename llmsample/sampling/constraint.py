@@ -149,8 +149,12 @@ def from_options(options: dict[str, Any]) -> Constraint | None:
     if options.get("json"):
         return any_json()
     if options.get("json_schema"):
+        from os.path import exists  # False, not an error, for text no path could be (too long, NUL)
+
         value = options["json_schema"]
-        if value.lstrip().startswith(("{", "true", "false")):
+        # A file that exists is read, whatever its name starts with (true_schema.json); else
+        # text that opens as a schema (an object, or true/false) is the schema itself.
+        if not exists(value) and value.lstrip().startswith(("{", "true", "false")):
             return json_schema(value)
         return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}")
     if options.get("regex"):

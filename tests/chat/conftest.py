@@ -40,6 +40,20 @@ def chat_lm(chat_model_dir: Path):
     return load_model(str(chat_model_dir), "cpu", "float32")
 
 
+@pytest.fixture(scope="session")
+def byte_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A byte-level model with the chat template: its replies can hold any character."""
+    from transformers import AutoTokenizer
+
+    from tests.constraints.conftest import make_byte_model
+
+    model = make_byte_model(tmp_path_factory.mktemp("bytes"))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer.chat_template = TEMPLATE
+    tokenizer.save_pretrained(model)
+    return model
+
+
 def chat_command(model: Path, *args: str) -> list[str]:
     return [sys.executable, "-m", "llmsample", "chat", "-m", str(model), "--device", "cpu", "--dtype", "float32", *args]
 

@@ -1,14 +1,15 @@
 """``llmsample chat`` off a terminal: each stdin line a user turn, each reply a line of plain
-text on stdout (or JSON lines); a saved conversation replays to the same replies; user errors
-are one line and exit 2."""
+text on stdout (its newlines escaped) or JSON lines; a saved conversation replays to the same
+replies; user errors are one line and exit 2; a reader that leaves ends the chat."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
-from tests.chat.conftest import chat_command
-from tests.conftest import REPO, cli_env, make_tiny_model
+from tests.chat.conftest import chat_command, make_chat_model
+from tests.conftest import REPO, cli_env, make_tiny_model, with_context
 
 
 def run(model, *args: str, stdin: str = "", cwd=None) -> subprocess.CompletedProcess:
@@ -76,3 +77,45 @@ def test_every_reply_keeps_to_the_constraint(tmp_path) -> None:
     assert matched.returncode == 0, matched.stderr
     lines = matched.stdout.splitlines()
     assert len(lines) == 3 and all(re.fullmatch("[0-9]{2}-[a-c]+", line) for line in lines), lines
+
+
+def test_a_reply_with_newlines_is_still_one_line(byte_chat_model: Path) -> None:
+    """Each reply is one line whatever it holds: newlines, carriage returns and backslashes are
+    escaped, so a shell reads a reply a line (``while IFS= read -r``) and ``printf '%b'`` gives
+    it back."""
+    reply = "a\nb\r\\c"
+    done = run(byte_chat_model, "--regex", r"a\nb\r\\c", "-n", "12", "--seed", "1", stdin="hi\nagain\n")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == [r"a\nb\r\\c", r"a\nb\r\\c", ""]
+    script = 'while IFS= read -r reply; do printf "%b\\0" "$reply"; done'
+    decoded = subprocess.run(["bash", "-c", script], input=done.stdout.encode(), capture_output=True, check=True)
+    assert decoded.stdout.decode().split("\0") == [reply, reply, ""]
+
+
+def test_a_reader_that_leaves_ends_the_chat(chat_model_dir: Path) -> None:
+    """``chat | head -n 1``: once stdout's reader has gone the chat ends at its next write, as
+    generate does (quietly, exit 1): no note per message left, no prefill of each."""
+    command = chat_command(chat_model_dir, "-n", "3", "--ignore-eos", "--seed", "1")
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(command, stdin=pipe, stdout=pipe, stderr=pipe, env=cli_env(PYTHONPATH=str(REPO)))
+    proc.stdin.write(b"w7\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip()  # the first reply
+    proc.stdout.close()  # the reader leaves, as head does
+    proc.stdin.write(b"w8 w9\n" * 20)
+    proc.stdin.close()
+    code = proc.wait(timeout=120)
+    errors = proc.stderr.read().decode()
+    assert code == 1 and "closed by its reader" not in errors and "Traceback" not in errors, errors
+    assert errors.count("prefilled") == 1, errors  # the first reply's summary, and no other
+
+
+def test_a_reply_stops_at_the_context(tmp_path: Path) -> None:
+    """A reply never runs past the model's context: each turn's stops there (stop reason
+    ``context``), older exchanges dropped to make room for the next."""
+    model = with_context(make_chat_model(tmp_path / "short", vocab_size=48), 32)
+    done = run(model, "-n", "1000", "--ignore-eos", "-t", "0", "--format", "jsonl", stdin="w7\nw8 w9\n")
+    assert done.returncode == 0, done.stderr
+    summaries = [r for r in map(json.loads, done.stdout.splitlines()) if r["type"] == "summary"]
+    assert [s["stop_reason"] for s in summaries] == ["context", "context"]
+    assert [s["prompt_tokens"] + s["tokens"] for s in summaries] == [32, 32]

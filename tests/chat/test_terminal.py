@@ -107,3 +107,17 @@ def test_ctrl_c_stops_a_reply_keeps_it_and_the_next_turn_works(chat_model_dir, t
     finally:
         finish(child)
     assert child.exitstatus == 0
+
+
+def test_a_reply_on_a_terminal_keeps_its_newlines(byte_chat_model, tmp_path) -> None:
+    """Without colour on a terminal a person reads the replies: their newlines stay newlines
+    (only a script's piped replies are escaped to a line each)."""
+    child = spawn_chat(byte_chat_model, tmp_path, "--no-color", "--regex", r"a\nb", "-n", "8", "--seed", "1")
+    try:
+        child.expect_exact(PROMPT)
+        reply = say(child, "hi", "prefilled")
+        assert "a\r\nb" in reply and "\\n" not in reply  # the pty writes a newline as CR LF
+        child.sendeof()
+        child.expect(pexpect.EOF)
+    finally:
+        finish(child)

@@ -147,3 +147,15 @@ def test_a_constraint_no_token_can_continue_is_named() -> None:
         "no token is left at position 7: --regex allows no token here; check the constraint"
     )
     assert "--regex allows only tokens that --ban removed" in nothing_left(cfg, {"ban": 1, "constraint": 3}, 7)
+
+
+def test_json_schema_names_a_file_when_one_exists(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path that exists is a file, whatever its name starts with; else text that opens as a
+    schema is the schema (a long one is no path, not an error)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "true_schema.json").write_text('{"type": "object"}', encoding="utf-8")
+    read = constraints.from_options({"json_schema": "true_schema.json"})
+    assert read is not None and read.origin == "--json-schema true_schema.json"
+    for inline in ('{"type": "object"}', '{"description": "%s"}' % ("x" * 5000)):
+        compiled = constraints.from_options({"json_schema": inline})
+        assert compiled is not None and compiled.origin == "--json-schema"

@@ -48,8 +48,8 @@ def copy_tokenizer(writer, source: Path) -> int:
     return vocab
 
 
-def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: float = 0.1) -> Path:
-    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings) at ``path``."""
+def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: float = 0.1, context: int = 1024) -> Path:
+    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings) of ``context`` positions at ``path``."""
     import gguf
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -58,14 +58,14 @@ def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: flo
     hidden, heads, kv_heads, layers, ffn = 64, 4, 2, 2, 128
     config = LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=1024,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=context,
         rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=init, tie_word_embeddings=True,
         bos_token_id=1, eos_token_id=2,
     )  # fmt: skip
     torch.manual_seed(seed)
     state = {k: v.detach().float() for k, v in LlamaForCausalLM(config).state_dict().items()}
     writer.add_name("tiny")
-    writer.add_context_length(1024)
+    writer.add_context_length(context)
     writer.add_embedding_length(hidden)
     writer.add_block_count(layers)
     writer.add_feed_forward_length(ffn)
