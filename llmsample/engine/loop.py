@@ -1,5 +1,6 @@
-"""One prompt through the engine: ``generate`` (one row) and several samples of it advancing
-together (``compare-presets``), both on :func:`llmsample.engine.decode.decode`."""
+"""One prompt through the engine: ``generate`` (one row), ``speculative_generate`` (one row with a
+drafter) and several samples of it advancing together (``compare-presets``), all on
+:func:`llmsample.engine.decode.decode`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import Tensor
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.engine.speculative import Drafter
 from llmsample.errors import RuntimeFailure
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
@@ -43,6 +45,25 @@ def _one_row(lm: LoadedModel, item: BatchItem, options: DecodeOptions) -> Iterat
         if isinstance(record, RowFailed):
             raise RuntimeFailure(record.message)
         yield record
+
+
+def speculative_generate(
+    lm: LoadedModel,
+    prompt_ids: Tensor,
+    cfg: SamplingConfig,
+    stats: RunStats,
+    drafter: Drafter,
+    *,
+    draft_tokens: int | None = None,
+    top_n: int = 5,
+    ignore_eos: bool = False,
+    watch: Sequence[tuple[str, int]] = (),
+    reference: LoadedModel | None = None,
+) -> Iterator[TokenEvent | Summary]:
+    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source:
+    one row with a drafter through the one loop."""
+    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, lambda: drafter, draft_tokens)
+    yield from _one_row(lm, item, DecodeOptions(top_n, ignore_eos, watch, reference))
 
 
 def generate_rows(

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats
 from llmsample.sampling.config import SamplingConfig
@@ -99,7 +99,7 @@ def test_empty_chatless_prompt_starts_from_bos(tiny_lm) -> None:
 
 def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
     """--compile: the static cache, the compiled step and rollback give the same greedy tokens."""
-    from llmsample.engine.speculative import NgramDrafter, speculative_generate
+    from llmsample.engine.speculative import NgramDrafter
     from llmsample.models.loading import load_model
 
     compiled = load_model(str(tiny_model_dir), "cpu", "float32", compile=True)
@@ -242,7 +242,6 @@ class TableDrafter:
 def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
     tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig
 ) -> None:
-    from llmsample.engine.speculative import speculative_generate
 
     monkeypatch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
     lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
