@@ -1,6 +1,7 @@
-"""The stages of the sampler chain, in chain order: one table that the pipeline, the config, the
-step figures, ``explain``, ``--inspect``, the HTML page and the benchmark all read, so a new stage
-is one row here (and its function in the pipeline's ``APPLY``) instead of an edit in five places.
+"""The stages of the sampler chain, in chain order: one table that the pipeline, the history, the
+step figures, ``explain``, ``--inspect`` and the HTML page all read, so a new stage is one row
+here (and its function in the pipeline's ``APPLY``) instead of an edit in five places. It reads
+the config, never the other way round.
 
 Plain data (no torch): the renderers read it too."""
 
@@ -101,3 +102,13 @@ def label(name: str) -> str:
 def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
     """The stages a config's chain runs, in order (``raw`` first)."""
     return tuple(info for info in STAGES if info.on(cfg))
+
+
+def needs_sequences(cfg: SamplingConfig) -> bool:
+    """Whether ``cfg``'s chain reads the token sequence itself (DRY, bans, min-tokens), not only counts."""
+    return any(info.needs_sequences and info.on(cfg) for info in STAGES)
+
+
+def needs_vocabulary(cfg: SamplingConfig) -> bool:
+    """Whether ``cfg``'s chain needs the tokenizer: token texts, EOS ids, texts to token ids."""
+    return any(info.needs_vocabulary and info.on(cfg) for info in STAGES)

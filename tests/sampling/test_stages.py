@@ -13,7 +13,7 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import APPLY, sampler_chain
 from llmsample.sampling.presets import load as load_preset
-from llmsample.sampling.stages import BY_NAME, FILTER_STAGES, STAGES, chain_of
+from llmsample.sampling.stages import BY_NAME, FILTER_STAGES, STAGES, chain_of, needs_sequences, needs_vocabulary
 from llmsample.sampling.vocabulary import Vocabulary
 from tests.sampling.test_samplers import EVERYTHING, TEXTS, TOKENIZER
 
@@ -48,8 +48,8 @@ def test_the_chain_runs_the_tables_stages_in_its_order(cfg: SamplingConfig) -> N
 def test_an_example_switches_its_stage_on_and_the_config_keeps_what_it_reads(info) -> None:
     default, cfg = SamplingConfig(), switched_on(info.name)
     assert not info.on(default) and info.on(cfg)
-    assert cfg.needs_sequences == info.needs_sequences
-    assert cfg.needs_vocabulary == info.needs_vocabulary
+    assert needs_sequences(cfg) == info.needs_sequences
+    assert needs_vocabulary(cfg) == info.needs_vocabulary
     base = load_preset("balanced")[1]  # what the benchmark puts them on
     assert info.on(SamplingConfig.from_mapping(dict(info.example), base))
 
