@@ -67,10 +67,6 @@ class LoadedModel:
         return text
 
     @property
-    def compile(self) -> bool:
-        return self.compiled is not None
-
-    @property
     def eos_ids(self) -> set[int]:
         """Every id that ends a turn: the generation config may list several."""
         ids: set[int] = set()

@@ -79,10 +79,6 @@ class TokenHistory:
             prompt_ids, vocab_size, cfg.has_penalties, sequences=needs_sequences(cfg), vocabulary=vocabulary
         )
 
-    @property
-    def inert(self) -> bool:
-        return self.counts is None
-
     def generated(self, row: int) -> tuple[int, ...]:
         """The ids generated so far in ``row`` (needs sequences)."""
         assert self.sequences is not None and self.prompt_lengths is not None
