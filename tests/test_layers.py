@@ -138,11 +138,11 @@ def test_no_import_circles() -> None:
     assert circles(MODULES) == []
 
 
-def test_a_circle_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
-    planted = {"a": "b", "b": "c", "c": "a", "d": "d"}  # a -> b -> c -> a; d imports only itself
-    for module, target in planted.items():
-        monkeypatch.setitem(MODULES, f"llmsample.fake.{module}", {f"llmsample.fake.{target}", "torch"})
-    assert circles(MODULES) == [["llmsample.fake.a", "llmsample.fake.b", "llmsample.fake.c"]]
+def test_a_circle_is_reported() -> None:
+    # a -> b -> c -> a, c -> d -> a (d imports itself too: no circle of its own), e <-> f; g: none
+    planted = {"a": "b", "b": "c", "c": "ad", "d": "da", "e": "f", "f": "e", "g": ""}
+    modules = {f"x.{m}": {"torch", *(f"x.{t}" for t in targets)} for m, targets in planted.items()}
+    assert circles(modules) == [["x.a", "x.b", "x.c", "x.d"], ["x.e", "x.f"]]
 
 
 # --- the benchmarks: one package, behind `llmsample bench` ---------------------------------------
