@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.rows import BatchItem, RowFailed
-from llmsample.engine.speculative import Drafter
 from llmsample.errors import RuntimeFailure
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
+
+if TYPE_CHECKING:
+    from llmsample.engine.speculative import Drafter
 
 
 def generate(
