@@ -17,9 +17,9 @@ import torch
 from click.testing import CliRunner
 
 from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.runner import ModelRunner
-from llmsample.engine.speculative import ModelDrafter, NgramDrafter, speculative_generate
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
 from llmsample.models.device import resolve_dtype
 from llmsample.models.loading import load_model

@@ -1,6 +1,7 @@
-"""Imports run one way: commands -> analysis/bench -> engine -> sampling/models -> events/errors.
+"""Imports run one way: commands -> analysis/batch/bench/chat/serve -> engine -> sampling/models ->
+events/errors, and no module imports one that imports it back, however far round (no circle).
 Read from the source with ``ast`` (every import, also those inside functions or under
-TYPE_CHECKING), so a lazy import cannot slip a layer past the test."""
+TYPE_CHECKING), so a lazy import cannot slip a layer or a circle past the test."""
 
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ UPPER = (
     "llmsample.cli",
     "llmsample.analysis",
     "llmsample.render",
+    "llmsample.batch",
     "llmsample.bench",
     "llmsample.chat",
     "llmsample.serve",
@@ -98,15 +100,49 @@ def test_the_core_does_not_import_the_layers_above(layer: str) -> None:
     assert offenders((layer,), UPPER) == {}
 
 
-def test_analysis_bench_and_serve_do_not_import_the_commands() -> None:
-    upper = ("llmsample.analysis", "llmsample.bench", "llmsample.serve")
-    assert offenders(upper, ("llmsample.commands", "llmsample.cli")) == {}
+def test_sampling_and_models_do_not_import_the_engine() -> None:
+    """The engine drives the chain and the model; they know nothing of the loop that drives them."""
+    assert offenders(("llmsample.sampling", "llmsample.models"), ("llmsample.engine",)) == {}
 
 
-def test_the_chat_does_not_import_the_commands() -> None:
-    """``chat``'s command hands it generate's renderers and explain's table; the package sits below it."""
-    assert "llmsample.chat.talk" in MODULES
-    assert offenders(("llmsample.chat",), ("llmsample.commands", "llmsample.cli")) == {}
+def test_batch_sits_below_the_commands_and_serve() -> None:
+    """``serve`` parses its bodies with ``batch``'s requests; ``batch`` imports nothing above it,
+    and only ``run`` touches the engine and the model: a bad input file is reported before the
+    model loads, and the records are read and written without torch."""
+    assert "llmsample.batch.run" in MODULES and "llmsample.batch.requests" in MODULES["llmsample.serve.parsing"]
+    above = tuple(layer for layer in UPPER if layer != "llmsample.batch")
+    assert offenders(("llmsample.batch",), above) == {}
+    core = ("llmsample.engine", "llmsample.models")
+    assert offenders(("llmsample.batch",), core, exempt=("llmsample.batch.run",)) == {}
+
+
+def circles(modules: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other, however far round (sorted; none is a good answer).
+    Only imports of the package's own modules count, a module importing itself does not."""
+    graph = {module: {n for n in names if n in modules and n != module} for module, names in modules.items()}
+    reached: dict[str, set[str]] = {}
+    for start in graph:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            module = todo.pop()
+            if module not in seen:
+                seen.add(module)
+                todo.extend(graph[module])
+        reached[start] = seen
+    found = {tuple(sorted(n for n in reached[m] if m in reached[n])) for m in graph if m in reached[m]}
+    return sorted(list(circle) for circle in found)
+
+
+def test_no_import_circles() -> None:
+    assert circles(MODULES) == []
+
+
+def test_a_circle_is_reported() -> None:
+    # a -> b -> c -> a, c -> d -> a (d imports itself too: no circle of its own), e <-> f; g: none
+    planted = {"a": "b", "b": "c", "c": "ad", "d": "da", "e": "f", "f": "e", "g": ""}
+    modules = {f"x.{m}": {"torch", *(f"x.{t}" for t in targets)} for m, targets in planted.items()}
+    assert circles(modules) == [["x.a", "x.b", "x.c", "x.d"], ["x.e", "x.f"]]
 
 
 # --- the benchmarks: one package, behind `llmsample bench` ---------------------------------------

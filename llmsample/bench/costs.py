@@ -1,5 +1,5 @@
 """What a decode step costs apart from the model: the memory-bandwidth bound (every weight read
-once per token) and the sampling pipeline's own seconds per step, whole and per stage."""
+once per token) and the sampling pipeline's own seconds per step."""
 
 from __future__ import annotations
 
@@ -16,17 +16,6 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import step_figures
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator, sampler_chain
-from llmsample.sampling.presets import load as load_preset
-
-STAGE_SETTINGS = {
-    "typical_p": {"typical_p": 0.9},
-    "top_n_sigma": {"top_n_sigma": 1.0},
-    "xtc": {"xtc_probability": 0.5},
-    "dry": {"dry_multiplier": 0.8},
-    "logit_bias": {"logit_bias": {"0": -5.0, "1": 2.0}},
-    "ban": {"ban": ("As an AI", "delve")},
-    "min_tokens": {"min_tokens": 10_000, "stop": ("\n\n",)},
-}
 
 
 def memory_bandwidth_gb_s(mb: int = 512, repeats: int = 5, device: torch.device | str = "cpu") -> float:
@@ -83,18 +72,3 @@ def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context
         chain = sampler_chain(logits, history, cfg)
         step_figures(chain, chain.draw(generator), 5)  # ends in one host transfer
     return (time.perf_counter() - start) / steps
-
-
-def stage_costs(lm: LoadedModel, steps: int = 5, rounds: int = 40, context: int = 512) -> dict[str, float]:
-    """Each newer stage's seconds per step on top of the default chain (balanced, whose own cost
-    is under ``"balanced"``), with ``context`` tokens of history. Rounds interleave the settings
-    and each keeps its fastest round: on a shared machine the minimum is what the code costs."""
-    _, base = load_preset("balanced")
-    configs = {"balanced": base} | {
-        name: SamplingConfig.from_mapping(settings, base) for name, settings in STAGE_SETTINGS.items()
-    }
-    best = dict.fromkeys(configs, float("inf"))
-    for _ in range(rounds):
-        for name, cfg in configs.items():
-            best[name] = min(best[name], pipeline_cost(lm, cfg, steps, context))
-    return {name: t - best["balanced"] if name != "balanced" else t for name, t in best.items()}

@@ -21,8 +21,9 @@ from llmsample.bench.results import BenchResults, Defaults, Generate, Inspection
 from llmsample.bench.sides import as_transformers_loads, ours, theirs
 from llmsample.bench.startup import cold_load_s, warm_start
 from llmsample.bench.timing import Timings, interleave, paired_ratio, rounds, timed_tokens_per_s
+from llmsample.engine.loop import speculative_generate
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import NgramDrafter, speculative_generate
+from llmsample.engine.speculative import NgramDrafter
 from llmsample.events import RunStats, Summary
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel, load_model

@@ -68,7 +68,7 @@ def run(options: dict[str, Any]) -> None:
         stats.note(device_map=tuple(lm.placed_on))
     reference = load_reference(options, lm) if options.get("reference") else None
     if options.get("draft"):
-        from llmsample.engine.speculative import speculative_generate
+        from llmsample.engine.loop import speculative_generate
 
         drafter = build_drafter(options, lm)()  # a bad draft fails before any output
         events = speculative_generate(

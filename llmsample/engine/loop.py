@@ -1,11 +1,12 @@
-"""One prompt through the engine: ``generate`` (one row) and several samples of it advancing
-together (``compare-presets``), both on :func:`llmsample.engine.decode.decode`."""
+"""One prompt through the engine: ``generate`` (one row), ``speculative_generate`` (one row with a
+drafter) and several samples of it advancing together (``compare-presets``), all on
+:func:`llmsample.engine.decode.decode`."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -15,6 +16,9 @@ from llmsample.errors import RuntimeFailure
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
+
+if TYPE_CHECKING:
+    from llmsample.engine.speculative import Drafter
 
 
 def generate(
@@ -43,6 +47,25 @@ def _one_row(lm: LoadedModel, item: BatchItem, options: DecodeOptions) -> Iterat
         if isinstance(record, RowFailed):
             raise RuntimeFailure(record.message)
         yield record
+
+
+def speculative_generate(
+    lm: LoadedModel,
+    prompt_ids: Tensor,
+    cfg: SamplingConfig,
+    stats: RunStats,
+    drafter: Drafter,
+    *,
+    draft_tokens: int | None = None,
+    top_n: int = 5,
+    ignore_eos: bool = False,
+    watch: Sequence[tuple[str, int]] = (),
+    reference: LoadedModel | None = None,
+) -> Iterator[TokenEvent | Summary]:
+    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source:
+    one row with a drafter through the one loop."""
+    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, lambda: drafter, draft_tokens)
+    yield from _one_row(lm, item, DecodeOptions(top_n, ignore_eos, watch, reference))
 
 
 def generate_rows(

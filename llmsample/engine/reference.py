@@ -13,9 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from llmsample.engine.runner import ModelRunner
 from llmsample.events import ReferenceFigures, ReferenceSummary
-from llmsample.models.loading import LoadedModel
 
 
 @dataclass
@@ -51,31 +49,3 @@ def reference_figures(model_logits: Tensor, reference_logits: Tensor, tokens: Te
     prob = p.gather(-1, tokens.view(-1, 1).to(p.device).clamp_max(vocab - 1)).squeeze(-1)
     rows = torch.stack([kl, same.float(), prob], -1).tolist()
     return [ReferenceFigures(kl=row[0] + 0.0, same_top=bool(row[1]), prob=row[2]) for row in rows]
-
-
-class ReferenceScorer:
-    """The reference model decoding the model's tokens; close it (or use it as a context manager)."""
-
-    def __init__(self, reference: LoadedModel, batch: int, max_length: int) -> None:
-        self.runner = ModelRunner.for_run(reference, batch, max_length)
-        self.totals = [ReferenceTotals(str(reference.dtype).removeprefix("torch.")) for _ in range(batch)]
-        self.logits: Tensor | None = None
-
-    def start(self, prompt_ids: Tensor) -> None:
-        self.logits = self.runner.prefill(prompt_ids)
-
-    def score(self, model_logits: Tensor, tokens: Tensor) -> list[ReferenceFigures]:
-        assert self.logits is not None, "start() first"
-        return reference_figures(model_logits, self.logits, tokens)
-
-    def advance(self, tokens: Tensor) -> None:
-        self.logits = self.runner.step(tokens)
-
-    def close(self) -> None:
-        self.runner.close()
-
-    def __enter__(self) -> ReferenceScorer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

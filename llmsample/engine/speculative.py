@@ -6,7 +6,6 @@ exactly the target's. Draft and target probabilities both come from
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import torch
@@ -14,7 +13,6 @@ from torch import Tensor
 
 from llmsample.engine.runner import ModelRunner
 from llmsample.errors import UserError
-from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Matcher
@@ -178,29 +176,6 @@ class DraftLength:
         if not self.adaptive or drafted == 0:
             return
         self.k = min(self.k + 2, self.max_k) if accepted == drafted else max(self.k - 1, 1)
-
-
-def speculative_generate(
-    lm: LoadedModel,
-    prompt_ids: Tensor,
-    cfg: SamplingConfig,
-    stats: RunStats,
-    drafter: Drafter,
-    *,
-    draft_tokens: int | None = None,
-    top_n: int = 5,
-    ignore_eos: bool = False,
-    watch: Sequence[tuple[str, int]] = (),
-    reference: LoadedModel | None = None,
-) -> Iterator[TokenEvent | Summary]:
-    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source:
-    one row with a drafter through the one loop."""
-    from llmsample.engine.decode import DecodeOptions
-    from llmsample.engine.loop import _one_row
-    from llmsample.engine.rows import BatchItem
-
-    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, lambda: drafter, draft_tokens)
-    yield from _one_row(lm, item, DecodeOptions(top_n, ignore_eos, watch, reference))
 
 
 def check_same_tokenizer(draft: LoadedModel, target: LoadedModel) -> None:

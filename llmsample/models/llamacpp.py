@@ -75,23 +75,6 @@ def choose_backend(requested: str, spec: str | None, device: torch.device, plain
     return "llama.cpp" if named and plain and device.type == "cpu" and installed() else "transformers"
 
 
-def load_llama_cpp(spec: str | None, name: str, progress: Progress | None = None) -> Any:
-    """The GGUF ``spec`` names, loaded by llama.cpp, as a :class:`LoadedModel`."""
-    import torch
-
-    from llmsample.models.llamacpp_model import LlamaCppModel
-    from llmsample.models.loading import LoadedModel
-
-    source = gguf_file(spec)
-    assert source is not None
-    if not source.is_file():
-        raise UserError(f"model file {source} does not exist; give an existing .gguf file")
-    tokenizer, config, generation = read_sidecar(source, progress)
-    model = LlamaCppModel(source, config, generation, torch.get_num_threads())
-    cpu = torch.device("cpu")
-    return LoadedModel(model, tokenizer, name, cpu, torch.float32, quantization=model.file_type, backend="llama.cpp")
-
-
 def sidecar_dir(source: Path) -> Path:
     """Where the tokenizer and config read from ``source`` are kept: named by the file's path,
     size and modification time, so a replaced file is read again."""

@@ -67,10 +67,6 @@ class LoadedModel:
         return text
 
     @property
-    def compile(self) -> bool:
-        return self.compiled is not None
-
-    @property
     def eos_ids(self) -> set[int]:
         """Every id that ends a turn: the generation config may list several."""
         ids: set[int] = set()
@@ -103,7 +99,7 @@ def load_model(
     ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
     ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
     ``auto``, ``transformers`` or ``llama.cpp`` (:mod:`llmsample.models.llamacpp`)."""
-    from llmsample.models.llamacpp import choose_backend, load_llama_cpp
+    from llmsample.models.llamacpp import choose_backend
 
     quiet_transformers()
     keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
@@ -132,6 +128,23 @@ def load_model(
         model, tokenizer, name, device, dtype, compiled, tensor_parallel,
         placed_on=placed, quantization=quantize or stored,
     )  # fmt: skip
+
+
+def load_llama_cpp(spec: str | None, name: str, progress: Progress | None = None) -> LoadedModel:
+    """The GGUF ``spec`` names, loaded by llama.cpp, as a :class:`LoadedModel`."""
+    import torch
+
+    from llmsample.models.llamacpp import gguf_file, read_sidecar
+    from llmsample.models.llamacpp_model import LlamaCppModel
+
+    source = gguf_file(spec)
+    assert source is not None
+    if not source.is_file():
+        raise UserError(f"model file {source} does not exist; give an existing .gguf file")
+    tokenizer, config, generation = read_sidecar(source, progress)
+    model = LlamaCppModel(source, config, generation, torch.get_num_threads())
+    cpu = torch.device("cpu")
+    return LoadedModel(model, tokenizer, name, cpu, torch.float32, quantization=model.file_type, backend="llama.cpp")
 
 
 def quiet_transformers() -> None:

@@ -7,8 +7,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmsample.sampling.stages import STAGES
-
 GREEDY_TEMPERATURE = 1e-4
 """At or below this temperature we take the argmax instead of dividing by ~0."""
 
@@ -302,16 +300,6 @@ class SamplingConfig:
     @property
     def has_xtc(self) -> bool:
         return self.xtc_probability > 0
-
-    @property
-    def needs_sequences(self) -> bool:
-        """Stages that read the token sequence itself (DRY, bans, min-tokens), not only counts."""
-        return any(info.needs_sequences and info.on(self) for info in STAGES)
-
-    @property
-    def needs_vocabulary(self) -> bool:
-        """Stages that need the tokenizer: token texts, EOS ids, texts to token ids."""
-        return any(info.needs_vocabulary and info.on(self) for info in STAGES)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -11,6 +11,7 @@ from torch import Tensor
 
 from llmsample.errors import UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
+from llmsample.sampling.stages import needs_sequences, needs_vocabulary
 from llmsample.sampling.vocabulary import Vocabulary, bias_vector
 
 
@@ -66,7 +67,7 @@ class TokenHistory:
         and for logit biases. Texts in ``logit_bias`` are resolved here, so a text that is not
         one token fails before the first token, in one line."""
         vocabulary = None
-        if cfg.needs_vocabulary:
+        if needs_vocabulary(cfg):
             if tokenizer is None:
                 raise ValueError("these settings need the tokenizer")
             vocabulary = Vocabulary.of(tokenizer, vocab_size, eos_ids)
@@ -75,12 +76,8 @@ class TokenHistory:
             except ConfigError as exc:
                 raise UserError(f"logit_bias (--logit-bias or the preset): {exc.reason}") from exc
         return cls.start(
-            prompt_ids, vocab_size, cfg.has_penalties, sequences=cfg.needs_sequences, vocabulary=vocabulary
+            prompt_ids, vocab_size, cfg.has_penalties, sequences=needs_sequences(cfg), vocabulary=vocabulary
         )
-
-    @property
-    def inert(self) -> bool:
-        return self.counts is None
 
     def generated(self, row: int) -> tuple[int, ...]:
         """The ids generated so far in ``row`` (needs sequences)."""

@@ -1,6 +1,7 @@
-"""The stages of the sampler chain, in chain order: one table that the pipeline, the config, the
-step figures, ``explain``, ``--inspect``, the HTML page and the benchmark all read, so a new stage
-is one row here (and its function in the pipeline's ``APPLY``) instead of an edit in five places.
+"""The stages of the sampler chain, in chain order: one table that the pipeline, the history, the
+step figures, ``explain``, ``--inspect`` and the HTML page all read, so a new stage is one row
+here (and its function in the pipeline's ``APPLY``) instead of an edit in five places. It reads
+the config, never the other way round.
 
 Plain data (no torch): the renderers read it too."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from llmsample.sampling.config import SamplingConfig
@@ -20,8 +21,7 @@ class StageInfo:
     ``name`` and ``--inspect`` under ``letter`` (``legend`` says what the letter stands for).
     Greedy keeps one token but is not a filter: a greedy step reports nothing removed.
     ``needs_sequences``: it reads each row's token sequence (the order, not only the penalties'
-    counts); ``needs_vocabulary``: the tokenizer's texts or EOS ids. ``example``: settings that
-    switch an optional stage on, as the benchmark costs it on top of ``balanced``."""
+    counts); ``needs_vocabulary``: the tokenizer's texts or EOS ids."""
 
     name: str
     label: str
@@ -31,7 +31,6 @@ class StageInfo:
     legend: str = ""
     needs_sequences: bool = False
     needs_vocabulary: bool = False
-    example: tuple[tuple[str, Any], ...] = ()
 
 
 def _always(cfg: SamplingConfig) -> bool:
@@ -44,23 +43,17 @@ def _sampling(cfg: SamplingConfig) -> bool:
 
 STAGES: tuple[StageInfo, ...] = (
     StageInfo("raw", "raw", _always),
-    StageInfo(
-        "logit_bias", "bias", lambda cfg: bool(cfg.logit_bias), needs_vocabulary=True,
-        example=(("logit_bias", (("0", -5.0), ("1", 2.0))),),
-    ),
+    StageInfo("logit_bias", "bias", lambda cfg: bool(cfg.logit_bias), needs_vocabulary=True),
     StageInfo(
         "ban", "ban", lambda cfg: bool(cfg.ban), removes=True, letter="b", legend="--ban",
-        needs_sequences=True, needs_vocabulary=True, example=(("ban", ("As an AI", "delve")),),
+        needs_sequences=True, needs_vocabulary=True,
     ),
     StageInfo(
         "min_tokens", "min-n", lambda cfg: cfg.min_tokens > 0, removes=True, letter="n", legend="--min-tokens",
-        needs_sequences=True, needs_vocabulary=True, example=(("min_tokens", 10_000), ("stop", ("\n\n",))),
+        needs_sequences=True, needs_vocabulary=True,
     ),
     StageInfo("penalties", "penal.", _always),
-    StageInfo(
-        "dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True,
-        example=(("dry_multiplier", 0.8),),
-    ),
+    StageInfo("dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True),
     StageInfo(
         "constraint", "gramm.", lambda cfg: cfg.constraint is not None, removes=True, letter="g",
         legend="the constraint (--json, --json-schema, --regex, --choice, --grammar)",
@@ -69,18 +62,18 @@ STAGES: tuple[StageInfo, ...] = (
     StageInfo("temperature", "temp.", _sampling),
     StageInfo(
         "top_n_sigma", "n-σ", lambda cfg: _sampling(cfg) and cfg.top_n_sigma > 0, removes=True, letter="σ",
-        legend="top-n-sigma", example=(("top_n_sigma", 1.0),),
+        legend="top-n-sigma",
     ),
     StageInfo("top_k", "top-k", _sampling, removes=True, letter="k", legend="top-k"),
     StageInfo("top_p", "top-p", _sampling, removes=True, letter="p", legend="top-p"),
     StageInfo(
         "typical_p", "typ.", lambda cfg: _sampling(cfg) and cfg.typical_p < 1, removes=True, letter="t",
-        legend="typical-p", example=(("typical_p", 0.9),),
+        legend="typical-p",
     ),
     StageInfo("min_p", "min-p", _sampling, removes=True, letter="m", legend="min-p"),
     StageInfo(
         "xtc", "XTC", lambda cfg: _sampling(cfg) and cfg.has_xtc, removes=True, letter="x",
-        legend="XTC, when it fires", example=(("xtc_probability", 0.5),),
+        legend="XTC, when it fires",
     ),
 )  # fmt: skip
 """Every stage in chain order; ``on`` says whether a config's chain has it (an off stage is not
@@ -101,3 +94,13 @@ def label(name: str) -> str:
 def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
     """The stages a config's chain runs, in order (``raw`` first)."""
     return tuple(info for info in STAGES if info.on(cfg))
+
+
+def needs_sequences(cfg: SamplingConfig) -> bool:
+    """Whether ``cfg``'s chain reads the token sequence itself (DRY, bans, min-tokens), not only counts."""
+    return any(info.needs_sequences and info.on(cfg) for info in STAGES)
+
+
+def needs_vocabulary(cfg: SamplingConfig) -> bool:
+    """Whether ``cfg``'s chain needs the tokenizer: token texts, EOS ids, texts to token ids."""
+    return any(info.needs_vocabulary and info.on(cfg) for info in STAGES)

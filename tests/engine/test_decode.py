@@ -13,9 +13,9 @@ import torch
 from scipy.stats import chisquare
 
 from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
-from llmsample.engine.loop import generate_rows, run_to_end
+from llmsample.engine.loop import generate_rows, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import ModelDrafter, NgramDrafter, speculative_generate
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig

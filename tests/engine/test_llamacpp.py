@@ -20,9 +20,9 @@ from scipy.stats import chisquare
 
 from llmsample.cli import main
 from llmsample.engine.batch import BatchItem, decode_batch
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import NgramDrafter, speculative_generate
+from llmsample.engine.speculative import NgramDrafter
 from llmsample.events import RunStats, Summary
 from llmsample.models.conversion import gguf_path
 from llmsample.models.loading import load_model

@@ -7,10 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.stages import needs_sequences
 
 PROMPT = "w5 w9 w3 w17 w4"
 
@@ -99,7 +100,7 @@ def test_empty_chatless_prompt_starts_from_bos(tiny_lm) -> None:
 
 def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
     """--compile: the static cache, the compiled step and rollback give the same greedy tokens."""
-    from llmsample.engine.speculative import NgramDrafter, speculative_generate
+    from llmsample.engine.speculative import NgramDrafter
     from llmsample.models.loading import load_model
 
     compiled = load_model(str(tiny_model_dir), "cpu", "float32", compile=True)
@@ -200,7 +201,7 @@ def test_one_host_transfer_per_step(
     assert all(list(t.watch) == list(watched) for t in tokens)
     # One at the start (the prompt's ids, for the text stream; a second for the history when a
     # stage reads the token sequence), then one per step.
-    assert counter.calls == ["tolist"] * (1 + cfg.needs_sequences + 12)
+    assert counter.calls == ["tolist"] * (1 + needs_sequences(cfg) + 12)
 
 
 def test_top_p_sorted_and_widened_candidates_agree() -> None:
@@ -242,7 +243,6 @@ class TableDrafter:
 def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
     tiny_lm, monkeypatch: pytest.MonkeyPatch, cfg: SamplingConfig
 ) -> None:
-    from llmsample.engine.speculative import speculative_generate
 
     monkeypatch.setattr("llmsample.sampling.filters.host_syncs_are_free", lambda tensor: False)
     lm = dataclasses.replace(tiny_lm, model=FixedLogitsModel(tiny_lm))
@@ -256,4 +256,4 @@ def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
     assert len(tokens) == 12 and passes < 12 and drafter.calls >= passes - 1
     # The prompt's ids (and the sequences' when a stage reads them), then per pass the step's one
     # transfer (figures and accepted counts together) and the drafted ids.
-    assert counter.calls == ["tolist"] * (1 + cfg.needs_sequences + passes + drafter.calls)
+    assert counter.calls == ["tolist"] * (1 + needs_sequences(cfg) + passes + drafter.calls)

@@ -10,9 +10,9 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_drafts, speculative_generate
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_drafts
 from llmsample.events import RunStats
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.engine.batch import BatchItem, decode_batch
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import ModelDrafter, NgramDrafter, speculative_generate
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory

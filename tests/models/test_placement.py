@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from llmsample.engine.batch import BatchItem, decode_batch
-from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import ModelDrafter, NgramDrafter, speculative_generate
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
 from llmsample.models.loading import load_model
 from llmsample.models.placement import Placement, parse_max_memory, read_device_map

@@ -5,6 +5,7 @@ has a letter for ``--inspect``."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -12,17 +13,25 @@ import torch
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import APPLY, sampler_chain
-from llmsample.sampling.presets import load as load_preset
-from llmsample.sampling.stages import BY_NAME, FILTER_STAGES, STAGES, chain_of
+from llmsample.sampling.stages import BY_NAME, FILTER_STAGES, STAGES, chain_of, needs_sequences, needs_vocabulary
 from llmsample.sampling.vocabulary import Vocabulary
 from tests.sampling.test_samplers import EVERYTHING, TEXTS, TOKENIZER
 
-OPTIONAL = [info for info in STAGES if info.example]
+EXAMPLES: dict[str, dict[str, Any]] = {  # settings that switch an optional stage on
+    "logit_bias": {"logit_bias": (("0", -5.0), ("1", 2.0))},
+    "ban": {"ban": ("As an AI", "delve")},
+    "min_tokens": {"min_tokens": 10_000, "stop": ("\n\n",)},
+    "dry": {"dry_multiplier": 0.8},
+    "top_n_sigma": {"top_n_sigma": 1.0},
+    "typical_p": {"typical_p": 0.9},
+    "xtc": {"xtc_probability": 0.5},
+}
+OPTIONAL = [BY_NAME[name] for name in EXAMPLES]
 PROMPT = torch.tensor([[1, 2, 7, 1, 2]])
 
 
 def switched_on(name: str) -> SamplingConfig:
-    return SamplingConfig.from_mapping(dict(BY_NAME[name].example))
+    return SamplingConfig.from_mapping(EXAMPLES[name])
 
 
 def test_every_stage_after_raw_has_its_function() -> None:
@@ -48,15 +57,13 @@ def test_the_chain_runs_the_tables_stages_in_its_order(cfg: SamplingConfig) -> N
 def test_an_example_switches_its_stage_on_and_the_config_keeps_what_it_reads(info) -> None:
     default, cfg = SamplingConfig(), switched_on(info.name)
     assert not info.on(default) and info.on(cfg)
-    assert cfg.needs_sequences == info.needs_sequences
-    assert cfg.needs_vocabulary == info.needs_vocabulary
-    base = load_preset("balanced")[1]  # what the benchmark puts them on
-    assert info.on(SamplingConfig.from_mapping(dict(info.example), base))
+    assert needs_sequences(cfg) == info.needs_sequences
+    assert needs_vocabulary(cfg) == info.needs_vocabulary
 
 
 @pytest.mark.parametrize("info", STAGES[1:], ids=lambda info: info.name)
 def test_each_stage_reads_exactly_the_history_the_table_says(info) -> None:
-    cfg = switched_on(info.name) if info.example else EVERYTHING
+    cfg = switched_on(info.name) if info.name in EXAMPLES else EVERYTHING
     vocabulary = Vocabulary.of(TOKENIZER, len(TEXTS), [0])
     logits = torch.randn(1, len(TEXTS), generator=torch.Generator().manual_seed(0))
     for sequences in (False, True):
@@ -73,7 +80,7 @@ def test_each_stage_reads_exactly_the_history_the_table_says(info) -> None:
 @pytest.mark.parametrize("info", [i for i in STAGES[1:] if not i.removes and i.name != "greedy"], ids=lambda i: i.name)
 def test_only_the_filters_remove_candidates(info) -> None:
     # the step figures count removals at the filters alone: any other stage must keep what came in
-    cfg = (switched_on(info.name) if info.example else EVERYTHING).with_overrides(
+    cfg = (switched_on(info.name) if info.name in EXAMPLES else EVERYTHING).with_overrides(
         repetition_penalty=1e-40, frequency_penalty=2.0, temperature=2e-4
     )
     history = TokenHistory.for_config(PROMPT.expand(3, -1), len(TEXTS), cfg, TOKENIZER, eos_ids=[0])
