@@ -33,7 +33,6 @@ from llmsample.serve.parsing import ServeRequest, load_json, parse_body
 from llmsample.serve.responses import DONE, Answer, fingerprint
 
 MAX_BODY_BYTES = 4 * 2**20
-RETRY_AFTER_S = 1
 
 
 @dataclass
@@ -168,9 +167,9 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
     queue = Mailbox(asyncio.get_running_loop())
     try:
         state.engine.submit(items, queue)
-    except Busy:
+    except Busy as busy:
         raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
-                       {"Retry-After": str(RETRY_AFTER_S)}) from None  # fmt: skip
+                       {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
     answer = Answer(serve, state.lm.name, state.fingerprint, chat)
@@ -222,11 +221,16 @@ async def _whole(
     async for batch in _records(state, request, keys, queue):
         for index, record in batch:
             _collect(index, record, events, summaries)
-    if any(summary is None for summary in summaries):
+    if any(summary is None or _unanswered(summary) for summary in summaries):
         if state.engine.closing:  # still waiting for a row when the server began to stop
             raise ApiError(503, "the server is shutting down", None, "shutting_down")
         return Response(status_code=499)  # the client went away; nobody reads this
     return JSONResponse(answer.body(summaries, events))  # type: ignore[arg-type]
+
+
+def _unanswered(summary: Summary) -> bool:
+    """A row the server stopped before it gave a token (a stream still ends it with a final chunk)."""
+    return summary.stop_reason == "cancelled" and not summary.tokens
 
 
 def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries: list[Summary | None]) -> None:
