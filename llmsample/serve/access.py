@@ -1,6 +1,7 @@
 """One line per request on stderr, as llama-server and Ollama log theirs: when (UTC), from
 where, the method and path, the status, the tokens (prompt+completion) and how long it took.
-``llmsample serve --quiet`` leaves the log out."""
+``/health`` is left out, as llama-server leaves it (a load balancer asks every few seconds), and
+``llmsample serve --quiet`` leaves the whole log out."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ TOKENS = "llmsample.tokens"
 (a stream's as it goes: the line is written once the last chunk is out)."""
 
 
+UNLOGGED = frozenset({"/health"})
+
+
 def _stderr(line: str) -> None:
     sys.stderr.write(line + "\n")
     sys.stderr.flush()
@@ -34,7 +38,7 @@ class AccessLog:
         self.write = write
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in UNLOGGED:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()

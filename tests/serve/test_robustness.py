@@ -65,8 +65,10 @@ def test_every_request_is_one_line_of_the_log(server: Server, model_id: str) -> 
                   max_tokens=4, stream=True, stream_options={"include_usage": True}))  # fmt: skip
     usage = chunks[-1].usage
     waited_line(server.log, rf"^{LINE}POST /v1/chat/completions 200 {usage.prompt_tokens}\+{usage.completion_tokens} tokens ")  # fmt: skip
+    httpx.get(server.url + "/health")
     httpx.get(server.url + "/v1/nothing-here")
     waited_line(server.log, rf"^{LINE}GET /v1/nothing-here 404 - ")
+    assert "GET /health" not in server.log.read_text()  # a load balancer's, every few seconds
 
 
 def test_a_client_gone_mid_body_leaves_no_traceback(server: Server) -> None:
@@ -173,6 +175,26 @@ def test_tokenizing_leaves_the_event_loop_free(tiny: LoadedModel, path: str, bod
 
     asyncio.run(main())
     engine.shutdown()
+
+
+def test_a_failure_of_ours_is_a_500_error_object_and_one_line(
+    tiny: LoadedModel, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(lm: LoadedModel, body: Any) -> None:
+        raise RuntimeError("something of ours broke\nand said more")
+
+    monkeypatch.setattr("llmsample.serve.tokens.tokenize_body", broken)
+    app = create_app(ServeState(tiny, Engine(tiny, 1, 0)))
+
+    async def main() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://serve") as client:
+            return await client.post("/tokenize", json={"prompt": "w3"})
+
+    response = asyncio.run(main())
+    assert response.status_code == 500
+    assert response.json()["error"] == {"message": "the server failed: RuntimeError: something of ours broke",
+                                        "type": "server_error", "param": None, "code": "internal_error"}  # fmt: skip
+    assert capsys.readouterr().err == "llmsample serve: POST /tokenize failed: RuntimeError: something of ours broke\n"
 
 
 def test_quiet_logs_no_request(quiet: Server, model_id: str) -> None:
