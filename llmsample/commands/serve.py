@@ -37,7 +37,7 @@ from llmsample.errors import UserError
     type=click.IntRange(0, 100000),
     default=256,
     show_default=True,
-    help="Rows that may wait for a free one; a request whose rows fit in neither gets 503 (an idle server takes any).",
+    help="Rows that may wait for a free one; a request of more rows than the free ones and these gets 503 (an idle server takes any).",
 )
 @click.option(
     "--read-timeout",
