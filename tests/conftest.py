@@ -40,7 +40,13 @@ def quant_library(name: str) -> Any:
 
 
 def make_tiny_model(
-    path: Path, vocab_size: int = 32, seed: int = 0, init: float = 0.5, layers: int = 2, hidden: int = 32
+    path: Path,
+    vocab_size: int = 32,
+    seed: int = 0,
+    init: float = 0.5,
+    layers: int = 2,
+    hidden: int = 32,
+    positions: int = 1024,
 ) -> Path:
     """A random LlamaForCausalLM with a word-level tokenizer (``<bos>``, ``<eos>``, ``<unk>``, w3…),
     saved with safetensors: everything a real checkpoint directory has, in milliseconds."""
@@ -55,7 +61,7 @@ def make_tiny_model(
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
     )
-    return save_tiny_llama(path, tokenizer, vocab_size, seed, init, layers, hidden)
+    return save_tiny_llama(path, tokenizer, vocab_size, seed, init, layers, hidden, positions)
 
 
 def save_tiny_llama(

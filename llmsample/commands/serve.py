@@ -37,10 +37,18 @@ from llmsample.errors import UserError
     type=click.IntRange(0, 100000),
     default=256,
     show_default=True,
-    help="Requests waiting for a row beyond which new ones get 503.",
+    help="Rows that may wait for a free one; a request of more rows than the free ones and these gets 503 (an idle server takes any).",
+)
+@click.option(
+    "--read-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=30,
+    show_default=True,
+    metavar="SECONDS",
+    help="Time a client has to send a request's headers, and again its body, before the server hangs up.",
 )
 @click.option("--system", metavar="TEXT", help="System message for prompts without one.")
-@quiet_option("startup line")
+@quiet_option("startup line or request log")
 def serve(**options: Any) -> None:
     """Serve the model over the OpenAI API (chat and completions, streamed or whole).
 
@@ -56,6 +64,7 @@ def serve(**options: Any) -> None:
     from llmsample.batch.run import BatchSettings
     from llmsample.engine.batch import default_batch_size
     from llmsample.sampling import presets as preset_store
+    from llmsample.serve.access import AccessLog
     from llmsample.serve.app import ServeState, create_app
     from llmsample.serve.engine import Engine
     from llmsample.serve.server import bind, exposure_warning, serve_forever
@@ -85,7 +94,7 @@ def serve(**options: Any) -> None:
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
     engine = Engine(lm, batch_size, options["max_queue"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
-                       drafter=drafter)  # fmt: skip
+                       drafter=drafter, read_timeout=options["read_timeout"])  # fmt: skip
     host, port = sock.getsockname()[:2]
 
     def ready() -> None:  # once a signal stops the server cleanly: whoever waits for this line may stop it
@@ -95,6 +104,7 @@ def serve(**options: Any) -> None:
         sys.stderr.flush()
 
     try:
-        serve_forever(create_app(state), sock, engine, ready)
+        app = create_app(state)
+        serve_forever(app if options["quiet"] else AccessLog(app), sock, engine, ready, options["read_timeout"])
     finally:
         sock.close()

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -21,11 +25,12 @@ from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
 from llmsample.batch.responses import dumps
 from llmsample.batch.run import BatchSettings, prompt_ids, request_config
 from llmsample.engine.rows import BatchItem, RowFailed
-from llmsample.errors import UserError
+from llmsample.errors import UserError, first_line
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.vocabulary import Vocabulary
+from llmsample.serve.access import TOKENS
 from llmsample.serve.engine import Busy, Closing, Engine
 from llmsample.serve.errors import ApiError, bad_request
 from llmsample.serve.mailbox import Mailbox
@@ -33,7 +38,12 @@ from llmsample.serve.parsing import ServeRequest, load_json, parse_body
 from llmsample.serve.responses import DONE, Answer, fingerprint
 
 MAX_BODY_BYTES = 4 * 2**20
-RETRY_AFTER_S = 1
+READ_TIMEOUT_S = 30.0
+
+_TOKENIZING = ThreadPoolExecutor(1, thread_name_prefix="llmsample-tokenize")
+"""Prompts are tokenized here, off the event loop (a 4 MiB prompt takes seconds, and ``/health``
+and every stream must go on meanwhile); one at a time, as the loop did them, so two requests
+never use the tokenizer at once. Its work starts no OpenMP team: tests/serve/test_threads.py."""
 
 
 @dataclass
@@ -45,6 +55,7 @@ class ServeState:
     settings: BatchSettings = field(default_factory=BatchSettings)
     api_key: str | None = None
     max_body: int = MAX_BODY_BYTES
+    read_timeout: float = READ_TIMEOUT_S  # seconds a client has to send a request's body
     presets: frozenset[str] = frozenset()
     drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
 
@@ -59,7 +70,8 @@ Handler = Callable[[HttpRequest], Awaitable[Response]]
 def _endpoint(
     state: ServeState, handler: Callable[[ServeState, HttpRequest], Awaitable[Response]], auth: bool = True
 ) -> Handler:
-    """Every failure a client caused is an OpenAI error object; the key is checked first."""
+    """Every failure a client caused is an OpenAI error object; the key is checked first. A
+    failure of ours is one too (a 500), and one line on stderr rather than a traceback."""
 
     async def run(request: HttpRequest) -> Response:
         try:
@@ -68,6 +80,10 @@ def _endpoint(
             return await handler(state, request)
         except ApiError as exc:
             return exc.response()
+        except Exception as exc:  # the server goes on; the client gets an error object
+            message = f"{type(exc).__name__}: {first_line(exc)}"
+            print(f"llmsample serve: {request.method} {request.url.path} failed: {message}", file=sys.stderr)
+            return ApiError(500, f"the server failed: {message}", None, "internal_error").response()
 
     return run
 
@@ -80,18 +96,31 @@ def _check_key(request: HttpRequest, key: str) -> None:
         raise ApiError(401, message, None, "invalid_api_key")
 
 
-async def read_json(request: HttpRequest, limit: int) -> Any:
-    """The body as JSON, refused (413) as soon as it is over ``limit`` bytes, declared or sent."""
+async def read_json(request: HttpRequest, limit: int, timeout: float = READ_TIMEOUT_S) -> Any:
+    """The body as JSON, refused (413) as soon as it is over ``limit`` bytes, declared or sent,
+    and (408, the connection closed) when it has not all come within ``timeout`` seconds."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}", None, "body_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not all come within {timeout:g} s", None, "body_timeout",
+                       {"Connection": "close"}) from None  # fmt: skip
+    except ClientDisconnect:  # nobody reads this answer; it keeps a traceback out of the log
+        raise ApiError(499, "the client went away before sending its whole body") from None
     return load_json(b"".join(chunks))
+
+
+async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)`` on the tokenizing thread (see :data:`_TOKENIZING`)."""
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, functools.partial(work, *args))
 
 
 def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[BatchItem]:
@@ -156,7 +185,7 @@ def _check_logit_bias(lm: LoadedModel, cfg: Any) -> None:
 
 async def completions(state: ServeState, request: HttpRequest, url: str) -> Response:
     chat = url == CHAT_URL
-    serve = parse_body(await read_json(request, state.max_body), url, state.presets)
+    serve = parse_body(await read_json(request, state.max_body, state.read_timeout), url, state.presets)
     if serve.model is not None and serve.model != state.lm.name:
         raise ApiError(
             404,
@@ -164,13 +193,13 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
             "model",
             "model_not_found",
         )
-    items = build_items(state, serve, chat)
+    items = await off_loop(build_items, state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:
         state.engine.submit(items, queue)
-    except Busy:
+    except Busy as busy:
         raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
-                       {"Retry-After": str(RETRY_AFTER_S)}) from None  # fmt: skip
+                       {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
     answer = Answer(serve, state.lm.name, state.fingerprint, chat)
@@ -222,11 +251,17 @@ async def _whole(
     async for batch in _records(state, request, keys, queue):
         for index, record in batch:
             _collect(index, record, events, summaries)
-    if any(summary is None for summary in summaries):
+    if any(summary is None or _unanswered(summary) for summary in summaries):
         if state.engine.closing:  # still waiting for a row when the server began to stop
             raise ApiError(503, "the server is shutting down", None, "shutting_down")
         return Response(status_code=499)  # the client went away; nobody reads this
+    request.scope[TOKENS] = [summaries[0].prompt_tokens, sum(summary.tokens for summary in summaries)]  # type: ignore[union-attr]
     return JSONResponse(answer.body(summaries, events))  # type: ignore[arg-type]
+
+
+def _unanswered(summary: Summary) -> bool:
+    """A row the server stopped before it gave a token (a stream still ends it with a final chunk)."""
+    return summary.stop_reason == "cancelled" and not summary.tokens
 
 
 def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries: list[Summary | None]) -> None:
@@ -245,7 +280,7 @@ async def _stream(
     """Server-sent events: the chunks of every record that has arrived go out in one write."""
     if answer.chat:
         yield "".join(answer.chunk(index) for index in range(len(keys)))
-    usage = [0, 0]  # prompt tokens, completion tokens
+    usage = request.scope.setdefault(TOKENS, [0, 0])  # prompt tokens, completion tokens (the log's too)
     async for batch in _records(state, request, keys, queue):
         chunks = [_chunk(answer, index, record, usage) for index, record in batch]
         yield "".join(chunk for chunk in chunks if chunk)
@@ -296,13 +331,15 @@ async def tokenize(state: ServeState, request: HttpRequest) -> Response:
     """vLLM's ``/tokenize``: ``prompt`` (plain text) or ``messages`` (through the chat template)."""
     from llmsample.serve.tokens import tokenize_body
 
-    return JSONResponse(tokenize_body(state.lm, await read_json(request, state.max_body)))
+    body = await read_json(request, state.max_body, state.read_timeout)
+    return JSONResponse(await off_loop(tokenize_body, state.lm, body))
 
 
 async def detokenize(state: ServeState, request: HttpRequest) -> Response:
     from llmsample.serve.tokens import detokenize_body
 
-    return JSONResponse(detokenize_body(state.lm, await read_json(request, state.max_body)))
+    body = await read_json(request, state.max_body, state.read_timeout)
+    return JSONResponse(await off_loop(detokenize_body, state.lm, body))
 
 
 def create_app(state: ServeState) -> Starlette:

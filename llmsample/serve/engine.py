@@ -10,7 +10,9 @@ the step ends (when it looks at its feed), so the HTTP side wakes once per step,
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -20,17 +22,26 @@ from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.feed import QueueFeed
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.errors import first_line
+from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.mailbox import Mailbox, post
 
 
 class Busy(Exception):
-    """The queue is full (the server answers 503 with ``Retry-After``)."""
+    """Every row and every queue place is taken (the server answers 503 with ``Retry-After``:
+    ``retry_after`` seconds, about how long an answer takes, when a row may be free again)."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"busy, retry after {retry_after} s")
+        self.retry_after = retry_after
 
 
 class Closing(Exception):
     """The server is shutting down and takes no new requests."""
 
+
+ANSWER_WEIGHT = 0.2
+"""How much the newest answer moves :meth:`Engine.retry_after`'s average of how long one takes."""
 
 GATHER_S = 0.005
 """An idle loop woken by one request waits this long for others arriving with it, so requests
@@ -38,12 +49,19 @@ sent together start together (one prefill) instead of one per step."""
 
 
 class _TrackedFeed:
-    """The queue, remembering which requests the loop has taken (they have rows). The loop
-    looks at it once a step's records are out (``cancelled`` every step, ``take`` when a row is
-    free or nothing runs): that is where the step's records are handed over."""
+    """The queue, remembering which requests the loop has taken (they have rows, and leave
+    ``waiting``). The loop looks at it once a step's records are out (``cancelled`` every step,
+    ``take`` when a row is free or nothing runs): that is where the step's records are handed over."""
 
-    def __init__(self, feed: QueueFeed, started: set[Any], lock: threading.Lock, flush: Callable[[], None]) -> None:
-        self.feed, self.started, self.lock, self.flush = feed, started, lock, flush
+    def __init__(
+        self,
+        feed: QueueFeed,
+        started: set[Any],
+        waiting: dict[Any, BatchItem],
+        lock: threading.Lock,
+        flush: Callable[[], None],
+    ) -> None:
+        self.feed, self.started, self.waiting, self.lock, self.flush = feed, started, waiting, lock, flush
 
     def take(self, n: int, wait: bool) -> list[BatchItem]:
         self.flush()
@@ -52,7 +70,9 @@ class _TrackedFeed:
             time.sleep(GATHER_S)
             items += self.feed.take(n - len(items), False)
         with self.lock:
-            self.started.update(item.key for item in items)
+            for item in items:
+                self.waiting.pop(item.key, None)
+                self.started.add(item.key)
         return items
 
     def cancelled(self) -> frozenset[Any]:
@@ -62,7 +82,9 @@ class _TrackedFeed:
 
 class Engine:
     """``run`` decodes until ``shutdown``; ``submit`` puts rows on the queue, ``cancel`` drops
-    them (from any thread)."""
+    them (from any thread). It holds ``batch_size`` rows decoding and ``max_queue`` more waiting
+    for one: a request is admitted while its rows fit in both together, and always when nothing
+    is in flight (a request of more rows than that runs in waves rather than never)."""
 
     def __init__(self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20) -> None:
         self.lm = lm
@@ -74,6 +96,8 @@ class Engine:
         self.routes: dict[Any, Mailbox] = {}
         self.pending: dict[Mailbox, list[tuple[Any, Any]]] = {}  # this step's records (the loop's thread only)
         self.started: set[Any] = set()
+        self.waiting: dict[Any, BatchItem] = {}  # submitted, not yet taken by the loop
+        self.answer_s: float | None = None  # how long an answer takes, on average of late
         self.closing = False
         self.counts = {"finished": 0, "cancelled": 0, "failed": 0}  # rows, since the start
         self.keys = itertools.count()
@@ -87,14 +111,20 @@ class Engine:
         with self.lock:
             if self.closing:
                 raise Closing
-            if len(self.feed) + len(items) > self.max_queue:
-                raise Busy
+            if self.routes and len(self.routes) + len(items) > self.batch_size + self.max_queue:
+                raise Busy(self.retry_after())
             for item in items:  # under the lock: a shutdown lands before these rows or after them
                 self.routes[item.key] = mailbox
+                self.waiting[item.key] = item
                 self.feed.put(item)
 
+    def retry_after(self) -> int:
+        """Whole seconds until a row is likely free: about how long an answer has taken of late."""
+        return max(1, math.ceil(self.answer_s or 0))
+
     def cancel(self, keys: list[Any]) -> None:
-        """The client went away: rows still queued never start, decoding ones leave after the step."""
+        """The client went away (or the server stops): rows still queued never start and end
+        here with a summary that says ``cancelled``, as decoding ones do after the step."""
         with self.lock:
             live = [key for key in keys if key in self.routes]
         for key in live:
@@ -102,9 +132,9 @@ class Engine:
         if live:
             # A queued row that never starts has no summary from the loop: end it here.
             with self.lock:
-                never = [(key, self.routes.pop(key)) for key in live if key not in self.started]
+                never = [(self.waiting.pop(key), self.routes.pop(key)) for key in live if key in self.waiting]
                 self.counts["cancelled"] += len(never)
-            post((box, [(key, RowFailed(key, "cancelled"))]) for key, box in never)
+            post((box, [(item.key, _unstarted(item))]) for item, box in never)
 
     def shutdown(self) -> None:
         """No new requests; every row in flight ends now (its stream gets a final chunk)."""
@@ -116,7 +146,7 @@ class Engine:
 
     def run(self) -> None:
         """Decode every request that comes until :meth:`shutdown`; on the thread that loaded the model."""
-        feed = _TrackedFeed(self.feed, self.started, self.lock, self._flush)
+        feed = _TrackedFeed(self.feed, self.started, self.waiting, self.lock, self._flush)
         while True:
             try:
                 for key, record in decode(self.lm, feed, self.batch_size, self.options):
@@ -149,8 +179,12 @@ class Engine:
     def _count(self, record: Any) -> None:
         if isinstance(record, RowFailed):
             self.counts["failed"] += 1
+        elif record.stop_reason == "cancelled":
+            self.counts["cancelled"] += 1
         else:
-            self.counts["cancelled" if record.stop_reason == "cancelled" else "finished"] += 1
+            self.counts["finished"] += 1
+            last = record.elapsed_s
+            self.answer_s = last if self.answer_s is None else self.answer_s + ANSWER_WEIGHT * (last - self.answer_s)
 
     def figures(self) -> dict[str, int]:
         """What ``/health`` reports: rows in flight (running or queued), queued, and totals."""
@@ -163,3 +197,8 @@ class Engine:
             self.counts["failed"] += len(failed)
             self.started.clear()
         post((box, [(key, RowFailed(key, message))]) for key, box in failed)
+
+
+def _unstarted(item: BatchItem) -> Summary:
+    """A queued row's end before it ever ran: no tokens, its prompt counted as a started row's is."""
+    return dataclasses.replace(item.stats.summary("cancelled"), prompt_tokens=len(item.prompt_ids))

@@ -34,20 +34,69 @@ class ServeRequest:
     max_tokens_key: str | None = None  # the body's name for max_tokens, when it gave one
 
 
+MAX_DEPTH = 64
+"""How deep a body's arrays and objects may nest: a JSON schema a few levels deep needs a
+dozen; thousands would exhaust the parser's stack (and every recursive walk after it)."""
+
+
 def load_json(raw: bytes) -> Any:
-    """Strict JSON (no NaN or infinities); anything else is a 400."""
+    """Strict JSON, else a 400: no NaN or infinities, no key twice in one object (parsers
+    disagree on which one wins, so a proxy and this server could read two requests in one: it is
+    refused, not guessed), no lone surrogate in a string (it is not text: no tokenizer takes it),
+    nested at most :data:`MAX_DEPTH` deep."""
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_constant)
+        body = json.loads(raw.decode("utf-8"), parse_constant=_constant, object_pairs_hook=_unique)
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not valid UTF-8") from None
+    except RecursionError:
+        raise ApiError(400, f"the body nests arrays or objects more than {MAX_DEPTH} deep") from None
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})") from None
     except ValueError as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    _check_tree(body)
+    return body
 
 
 def _constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    body = dict(pairs)
+    if len(body) < len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ApiError(400, f"{key}: given twice in one object; give each key once", key, "duplicate_key")
+            seen.add(key)
+    return body
+
+
+def _check_tree(body: Any) -> None:
+    """Depth and strings, without recursion (the depth is what is being checked)."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+            continue
+        if isinstance(value, dict):
+            for key in value:
+                _check_text(key)
+            value = list(value.values())
+        if isinstance(value, list):
+            if depth > MAX_DEPTH:
+                raise ApiError(400, f"the body nests arrays or objects more than {MAX_DEPTH} deep")
+            stack += [(item, depth + 1) for item in value]
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(text[exc.start])
+        raise ApiError(400, f"the body has a lone surrogate (\\u{code:04x}) in a string: not text") from None
 
 
 def parse_body(body: Any, url: str, known_presets: Collection[str]) -> ServeRequest:

@@ -46,17 +46,26 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve_forever(
-    app: object, sock: socket.socket, engine: Engine, ready: Callable[[], None], log_level: str = "warning"
+    app: object,
+    sock: socket.socket,
+    engine: Engine,
+    ready: Callable[[], None],
+    read_timeout: float = 30.0,
+    log_level: str = "warning",
 ) -> None:
     """Serve until SIGTERM, SIGHUP or Ctrl-C: uvicorn on a thread of its own, the engine on this
     one (the thread that loaded the model, see :mod:`llmsample.serve.engine`). ``ready`` is called
     once a signal stops the server cleanly. The first signal stops accepting and ends every row
     (``engine.shutdown``, on a thread of its own: a handler must not wait for a lock the
     interrupted loop may hold); a second Ctrl-C stops waiting for streams. Uvicorn ending by
-    itself ends the engine too and raises :class:`RuntimeFailure` (exit 1)."""
+    itself ends the engine too and raises :class:`RuntimeFailure` (exit 1). A connection that has
+    not sent a request's headers within ``read_timeout`` seconds is closed."""
     import uvicorn
 
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=10)
+    from llmsample.serve.protocol import with_header_deadline
+
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=10,
+                            http=with_header_deadline(read_timeout))  # fmt: skip
     server = uvicorn.Server(config)  # off the main thread it installs no signal handlers
 
     requested: list[int] = []  # the signals that asked for the stop

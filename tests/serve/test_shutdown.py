@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import NO_EOS, serve_process, start_server
+from tests.conftest import make_tiny_model
+from tests.serve.conftest import NO_EOS, serve_process, start_server, wait_in_flight
 
 
 def test_sigterm_ends_streams_with_a_final_chunk_and_exits_0(chat_model_dir: Path, tmp_path: Path) -> None:
@@ -32,6 +33,33 @@ def test_sigterm_ends_streams_with_a_final_chunk_and_exits_0(chat_model_dir: Pat
         with pytest.raises(httpx.ConnectError):
             httpx.get(server.url + "/health", timeout=5)
         assert "Traceback" not in server.log.read_text()
+    finally:
+        server.stop()
+
+
+def test_sigterm_ends_queued_streams_with_a_final_chunk_per_choice(tmp_path: Path) -> None:
+    """A request still waiting for a row gets what a decoding one gets: a final chunk per choice.
+    On a model of a long context: the decoding row cannot end before the signal comes."""
+    model = make_tiny_model(tmp_path / "model", positions=1_000_000)
+    server = start_server(model, tmp_path / "stderr", "--batch-size", "1")
+    try:
+        body = {"prompt": "w3", "max_tokens": 900_000, "logit_bias": NO_EOS, "stream": True}
+        queued = {**body, "n": 2, "stream_options": {"include_usage": True}}
+        with (
+            httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as running,
+            httpx.stream("POST", server.url + "/v1/completions", json=queued, timeout=60) as waiting,
+        ):
+            lines = running.iter_lines()  # held: a dropped iterator closes the response
+            assert next(line for line in lines if line.startswith("data: {"))
+            wait_in_flight(server, 3)  # the one row decodes, the two of the second request wait
+            server.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in waiting.iter_lines() if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]"
+        chunks = [json.loads(line[6:]) for line in rest[:-1]]
+        finals = [choice for chunk in chunks for choice in chunk["choices"] if choice["finish_reason"] is not None]
+        assert sorted(choice["index"] for choice in finals) == [0, 1]
+        assert chunks[-1]["usage"]["completion_tokens"] == 0 and chunks[-1]["usage"]["prompt_tokens"] > 0
+        assert server.proc.wait(30) == 0
     finally:
         server.stop()
 
