@@ -52,11 +52,10 @@ class StopMatcher:
     def push(self, text: str) -> tuple[str, bool]:
         """Text safe to print, and whether a stop string was completed."""
         buffer = self.held + text
-        hits = [(i, -len(s)) for i, s in ((buffer.find(s), s) for s in self.stops) if i >= 0]
+        hits = [(i, i + len(s)) for i, s in ((buffer.find(s), s) for s in self.stops) if i >= 0]
         if hits:
             self.held = ""
-            start, minus_length = min(hits)  # the first stop; of two starting there, the longer
-            return buffer[: start - minus_length if self.keep else start], True
+            return buffer[: min(end for _, end in hits) if self.keep else min(start for start, _ in hits)], True
         keep = max((n for s in self.stops for n in range(1, len(s)) if buffer.endswith(s[:n])), default=0)
         self.held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False
