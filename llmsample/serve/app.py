@@ -98,22 +98,28 @@ async def read_json(request: HttpRequest, limit: int) -> Any:
 
 def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[BatchItem]:
     """The request's rows: ``n`` per prompt, in order."""
-    return [item for request in serve.requests for item in _prompt_items(state, serve, request, chat)]
+    prompts = zip(serve.requests, serve.token_prompts, strict=True)
+    return [item for request, tokens in prompts for item in _prompt_items(state, serve, request, tokens, chat)]
 
 
-def _prompt_items(state: ServeState, serve: ServeRequest, request: Request, chat: bool) -> list[BatchItem]:
-    """One prompt's rows: its settings over the server's defaults, ``n`` rows with seeds
-    ``seed, seed+1, ...``; a bad setting or a prompt that does not fit is a 400."""
+def _prompt_items(
+    state: ServeState, serve: ServeRequest, request: Request, tokens: tuple[int, ...] | None, chat: bool
+) -> list[BatchItem]:
+    """One prompt's rows (``tokens``: sent as ids, taken as they are): its settings over the
+    server's defaults, ``n`` rows with seeds ``seed, seed+1, ...``; a bad setting or a prompt
+    that does not fit is a 400."""
     lm = state.lm
     try:
         preset, cfg = request_config(request, state.settings)
-        ids = prompt_ids(lm, request, state.settings, cfg.max_tokens)
+        ids = list(tokens) if tokens else prompt_ids(lm, request, state.settings, cfg.max_tokens)
     except UserError as exc:
         text = str(exc)
         if text.startswith("the prompt is") or "chat template" in text:
             raise ApiError(400, text, "messages" if chat else "prompt") from None
         raise bad_request(text) from None
     context = lm.context_length
+    if context and len(ids) >= context:
+        raise ApiError(400, f"prompt: {len(ids)} tokens leave no room in the context of {context}", "prompt")
     if context and serve.unlimited:
         cfg = dataclasses.replace(cfg, max_tokens=max(context - len(ids), 1))
     if context and len(ids) + cfg.max_tokens > context:
@@ -142,6 +148,20 @@ def _prompt_items(state: ServeState, serve: ServeRequest, request: Request, chat
         ends = (frozenset(serve.stop_ids), serve.keep_stop)
         items.append(BatchItem(key, ids, row_cfg, stats, *draft, _top_n(state, serve), *ends))
     return items
+
+
+def _prompt_texts(lm: LoadedModel, serve: ServeRequest) -> ServeRequest:
+    """Token-id prompts checked against the vocabulary and given their text (``echo``,
+    ``text_offset``), with the tokenizer alone (no torch on this thread)."""
+    if not any(serve.token_prompts):
+        return serve
+    size, requests = len(lm.tokenizer), []
+    for request, tokens in zip(serve.requests, serve.token_prompts, strict=True):
+        if tokens and max(tokens) >= size:
+            raise ApiError(400, f"prompt: token id {max(tokens)} is past the vocabulary (0..{size - 1})", "prompt")
+        text = lm.tokenizer.decode(list(tokens), skip_special_tokens=False) if tokens else request.prompt
+        requests.append(dataclasses.replace(request, prompt=text))
+    return dataclasses.replace(serve, requests=tuple(requests))
 
 
 def _top_n(state: ServeState, serve: ServeRequest) -> int:
@@ -179,6 +199,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
             "model",
             "model_not_found",
         )
+    serve = _prompt_texts(state.lm, serve)
     items = build_items(state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:

@@ -53,6 +53,7 @@ class ServeRequest:
     stop_ids: tuple[int, ...] = ()  # vLLM's stop_token_ids: they end the text as the end of text does
     keep_stop: bool = False  # vLLM's include_stop_str_in_output
     warnings: tuple[str, ...] = ()  # keys ignored, one line each
+    token_prompts: tuple[tuple[int, ...] | None, ...] = ()  # per prompt: its token ids, when sent as ids
 
     @property
     def request(self) -> Request:
@@ -89,7 +90,7 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
     given = {key: value for key, value in body.items() if value is not None}
     n = _choices(given.get("n", 1))
     stream = _flag(given, "stream")
-    include_usage = _stream_options(given.get("stream_options"), stream, read.warnings)
+    include_usage = _stream_options(given.get("stream_options"), stream, read.warnings, strict)
     tokens = _tokens(given.get("llmsample"))
     _check_names(given, known_presets)
     _best_of(given.get("best_of"), n)
@@ -98,7 +99,7 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
     for prompt in prompts:
         openai = {key: value for key, value in body.items() if key in openai_keys and key != "n"}
         if prompt is not None:
-            openai["prompt"] = prompt
+            openai["prompt"] = prompt if isinstance(prompt, str) else ""  # the text comes with the tokenizer
         try:
             request = openai_body(openai, url, "request", {key: body[key] for key in own_keys if key in body})
         except BodyError as exc:
@@ -115,7 +116,7 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
         tuple(requests), n, stream, include_usage, tokens, given.get("model"), max_key,
         echo=_flag(given, "echo"), ignore_eos=_flag(given, "ignore_eos"), unlimited=read.unlimited,
         stop_ids=_token_ids(given.get("stop_token_ids", [])), keep_stop=_flag(given, "include_stop_str_in_output"),
-        warnings=tuple(read.warnings),
+        warnings=tuple(read.warnings), token_prompts=tuple(p if isinstance(p, tuple) else None for p in prompts),
     )  # fmt: skip
 
 
@@ -139,23 +140,33 @@ def _best_of(value: Any, n: int) -> None:
 
 
 def _token_ids(value: Any) -> tuple[int, ...]:
-    ok = isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
-    if not ok:
+    if not isinstance(value, list) or not all(_is_id(i) for i in value):
         raise ApiError(400, f"stop_token_ids: expected a list of token ids, got {value!r}", "stop_token_ids")
     return tuple(value)
 
 
 def _prompts(value: Any, n: int) -> list[Any]:
-    """A completion's prompts: one string, or a list of strings (each gets ``n`` choices, in order)."""
+    """A completion's prompts, as OpenAI takes them: a string, token ids, or a list of either
+    (each prompt gets ``n`` choices, in order); token ids come as a tuple."""
     if not isinstance(value, list):
         return [value]
-    if not value or not all(isinstance(item, str) for item in value):
-        ints = value and all(isinstance(item, (int, list)) for item in value)
-        got = "token ids, which this server does not take; send the text" if ints else f"got {value!r}"
-        raise ApiError(400, f"prompt: expected a string or a non-empty list of strings; {got}", "prompt")
+    if value and all(_is_id(item) for item in value):
+        value = [value]
+    if not value or not all(isinstance(item, str) or _ids(item) for item in value):
+        raise ApiError(
+            400, f"prompt: expected a string, token ids, or a non-empty list of them; got {value!r}", "prompt"
+        )
     if len(value) * n > MAX_CHOICES:
         raise ApiError(400, f"prompt: {len(value)} prompts with n {n} make over {MAX_CHOICES} choices", "prompt")
-    return value
+    return [item if isinstance(item, str) else tuple(item) for item in value]
+
+
+def _is_id(item: Any) -> bool:
+    return isinstance(item, int) and not isinstance(item, bool) and item >= 0
+
+
+def _ids(item: Any) -> bool:
+    return isinstance(item, list) and bool(item) and all(_is_id(i) for i in item)
 
 
 def _choices(value: Any) -> int:
@@ -171,7 +182,7 @@ def _flag(given: dict[str, Any], key: str) -> bool:
     return value
 
 
-def _stream_options(value: Any, stream: bool, warnings: list[str]) -> bool:
+def _stream_options(value: Any, stream: bool, warnings: list[str], strict: bool) -> bool:
     if value is None:
         return False
     if not stream:
@@ -179,7 +190,10 @@ def _stream_options(value: Any, stream: bool, warnings: list[str]) -> bool:
     if not isinstance(value, dict) or set(value) - {"include_usage", "continuous_usage_stats"}:
         raise ApiError(400, f'stream_options: expected {{"include_usage": BOOL}}, got {value!r}', "stream_options")
     if value.get("continuous_usage_stats"):
-        warnings.append("stream_options.continuous_usage_stats: ignored (usage comes in the last chunk only)")
+        where, why = "stream_options.continuous_usage_stats", "usage comes in the last chunk only"
+        if strict:
+            raise ApiError(400, f"{where}: {why}", "stream_options", "unknown_parameter")
+        warnings.append(f"{where}: ignored ({why})")
     usage = value.get("include_usage", False)
     if not isinstance(usage, bool):
         raise ApiError(400, f"stream_options.include_usage: expected true or false, got {usage!r}", "stream_options")

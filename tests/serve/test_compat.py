@@ -74,6 +74,7 @@ KEYS: list[tuple[str, str, str, dict[str, Any], str | None]] = [
     ("`echo`", "implemented", COMPLETION, {"extra_body": {"echo": True}}, None),
     ("`best_of` (equal to `n`)", "implemented", COMPLETION, {"extra_body": {"best_of": 1}}, None),
     ('`prompt: ["...", "..."]`', "implemented", COMPLETION, {"prompt": ["ab", "cd"]}, None),
+    ("`prompt: [[ids]]`", "implemented", COMPLETION, {"prompt": [[70, 71], [72]]}, None),
     (
         "`messages[].name`",
         "ignored",
@@ -110,7 +111,6 @@ KEYS: list[tuple[str, str, str, dict[str, Any], str | None]] = [
     ("`function_call`", "refused", CHAT, {"extra_body": {"function_call": "auto"}}, "function_call"),
     ("`suffix`", "refused", COMPLETION, {"extra_body": {"suffix": "z"}}, "suffix"),
     ("`best_of` (more than `n`)", "refused", COMPLETION, {"extra_body": {"best_of": 3}}, "best_of"),
-    ("`prompt: [[ids]]`", "refused", COMPLETION, {"prompt": [[70, 71]]}, "prompt"),
     (
         "`chat_template_kwargs`",
         "refused",
@@ -232,6 +232,18 @@ def test_echo_and_a_list_of_prompts(byte_server: Server) -> None:
     assert [text(several, 2), text(several, 3)] == [text(second, 0), text(second, 1)]
     assert text(several, 0) == text(create(byte_server, COMPLETION, prompt="ab", max_tokens=3, seed=5))
     assert several.usage.prompt_tokens == 2 + 3 and several.usage.completion_tokens == 12
+
+
+def test_token_id_prompts(byte_server: Server) -> None:
+    ids = httpx.post(byte_server.url + "/tokenize", json={"prompt": "ab"}).json()["tokens"]
+    by_text = create(byte_server, COMPLETION, prompt="ab", max_tokens=4, seed=6)
+    by_ids = create(byte_server, COMPLETION, prompt=ids, max_tokens=4, seed=6, echo=True)
+    assert text(by_ids) == "ab" + text(by_text) and by_ids.usage.prompt_tokens == by_text.usage.prompt_tokens
+    both = create(byte_server, COMPLETION, prompt=[ids, "ab"], max_tokens=4, seed=6)
+    assert text(both, 0) == text(both, 1) == text(by_text)
+    with pytest.raises(openai.BadRequestError) as caught:
+        create(byte_server, COMPLETION, prompt=[10**6], max_tokens=4)
+    assert caught.value.body["param"] == "prompt" and "past the vocabulary" in caught.value.body["message"]
 
 
 def test_warnings_come_once_at_the_start_of_a_stream(byte_server: Server) -> None:

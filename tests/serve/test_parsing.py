@@ -149,7 +149,8 @@ def test_a_message_name_is_dropped_with_a_warning() -> None:
         ({"prompt": "w3", "suffix": "w4"}, "suffix"),
         ({"prompt": "w3", "best_of": 2}, "best_of"),
         ({"prompt": "w3", "echo": True, "logprobs": 1}, "echo"),
-        ({"prompt": [1, 2]}, "prompt"),
+        ({"prompt": [1, "w3"]}, "prompt"),
+        ({"prompt": [[1], []]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": ["w3"] * 5, "n": 4}, "prompt"),
         ({**CHAT, "stop_token_ids": [-1]}, "stop_token_ids"),
@@ -166,7 +167,14 @@ def test_completion_prompts_and_vllm_keys() -> None:
             "stop_token_ids": [5], "include_stop_str_in_output": True}  # fmt: skip
     serve = parse_body(body, COMPLETIONS_URL, PRESETS)
     assert [request.prompt for request in serve.requests] == ["w3", "w4 w5"] and serve.n == 2
+    assert serve.token_prompts == (None, None)
+    ids = parse_body({"prompt": [3, 4]}, COMPLETIONS_URL, PRESETS)
+    assert ids.token_prompts == ((3, 4),) and ids.request.prompt == ""
+    several = parse_body({"prompt": [[3], "w4", [5, 6]]}, COMPLETIONS_URL, PRESETS)
+    assert several.token_prompts == ((3,), None, (5, 6))
     assert serve.echo and serve.ignore_eos and serve.stop_ids == (5,) and serve.keep_stop and serve.warnings == ()
     streamed = parse_body({"prompt": "w3", "stream": True, "stream_options": {"continuous_usage_stats": True}},
                           COMPLETIONS_URL, PRESETS)  # fmt: skip
     assert streamed.warnings == ("stream_options.continuous_usage_stats: ignored (usage comes in the last chunk only)",)
+    strict = {"prompt": "w3", "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    assert refused(strict, COMPLETIONS_URL, strict=True).param == "stream_options"
