@@ -99,7 +99,7 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
     for prompt in prompts:
         openai = {key: value for key, value in body.items() if key in openai_keys and key != "n"}
         if prompt is not None:
-            openai["prompt"] = prompt if isinstance(prompt, str) else ""  # the text comes with the tokenizer
+            openai["prompt"] = "" if isinstance(prompt, tuple) else prompt  # ids: the text comes with the tokenizer
         try:
             request = openai_body(openai, url, "request", {key: body[key] for key in own_keys if key in body})
         except BodyError as exc:

@@ -150,6 +150,7 @@ def test_a_message_name_is_dropped_with_a_warning() -> None:
         ({"prompt": "w3", "best_of": 2}, "best_of"),
         ({"prompt": "w3", "echo": True, "logprobs": 1}, "echo"),
         ({"prompt": [1, "w3"]}, "prompt"),
+        ({"prompt": 3}, "prompt"),
         ({"prompt": [[1], []]}, "prompt"),
         ({"prompt": []}, "prompt"),
         ({"prompt": ["w3"] * 5, "n": 4}, "prompt"),
