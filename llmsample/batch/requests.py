@@ -430,12 +430,19 @@ class BodyError(ValueError):
 
 def openai_body(body: dict[str, Any], url: str, custom_id: str, own: dict[str, Any] | None = None) -> Request:
     """One OpenAI request body as a server receives it, checked exactly as a batch line's body
-    (``n`` left out: the server makes the choices); ``own``: llmsample's sampling keys sent
-    beside OpenAI's (``top_k``, ``min_p``, ...), checked with the same ranges."""
+    (``n`` left out: the server makes the choices); ``own``: llmsample's keys sent beside
+    OpenAI's, sampling keys (``top_k``, ``min_p``, ...) checked with the same ranges and
+    constraint keys (``regex``, ``choice``, ...) as a line of ours takes them."""
+    own = _given(own or {})
     try:
         _check_unicode(body)
+        _check_unicode(own)
         request = _openai_body(body, url, 0, custom_id)
-        extra = _overrides(_given(own or {}), "body.")
+        extra = _overrides({key: value for key, value in own.items() if key in SAMPLING_KEYS}, "body.")
+        extra |= _constraint(request_constraint, own)
+        if "constraint" in extra and "constraint" in request.overrides:
+            given = next(key for key in CONSTRAINT_KEYS if key in own)
+            raise _LineError(f"{given}: response_format is a constraint too; give one of them")
     except _LineError as exc:
         raise BodyError(str(exc)) from None
     return dataclasses.replace(request, overrides={**request.overrides, **extra})

@@ -40,9 +40,12 @@ removed, which would make the alternatives useless; the sampled ``prob`` is in t
 A probability of 0 is written as -9999.0, OpenAI's own floor, since JSON has no infinity. Each
 entry's ``token`` is the text that token added to the output (so the tokens concatenate to the
 content; a token that completes a split character carries all of it, the one before carries
-``""``); ``bytes`` is its UTF-8. Alternatives come in the order of the sampling distribution
-with their decoded text. The EOS token that ended a run is an entry too (``token`` ``""``,
-extension ``"eos": true``): ``usage.completion_tokens`` counts it.
+``""``); ``bytes`` are the token's own, as OpenAI and vLLM give them (a byte-fallback token's
+one byte, part of a character: the entries' bytes rebuild the text the model wrote, a stop
+string the content leaves out included). Alternatives come in the order of the sampling
+distribution with their decoded text (U+FFFD for part of a character) and their own bytes. The
+EOS token that ended a run is an entry too (``token`` ``""``, ``bytes`` ``[]``, extension
+``"eos": true``): ``usage.completion_tokens`` counts it.
 
 Errors: ``{"id", "custom_id", "response": null, "error": {"code", "message"}}``, the message
 starting with ``line N:``.
@@ -54,7 +57,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmsample.batch.requests import Request, RequestError
@@ -63,6 +66,7 @@ if TYPE_CHECKING:  # events.py imports torch; these records are only read here
     from llmsample.events import Summary, TokenEvent
 
 TokenLevel = Literal["none", "ids", "full"]
+TokenBytesOf = Callable[[int], bytes | None]
 TOKEN_LEVELS: tuple[TokenLevel, ...] = ("none", "ids", "full")
 # OpenAI reports a row stopped by the model's context as "length", as a truncated answer.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -105,16 +109,23 @@ def error_record(error: RequestError) -> dict[str, Any]:
 
 
 def openai_result_record(
-    request: Request, summary: Summary, events: Sequence[TokenEvent], *, created: int = 0
+    request: Request,
+    summary: Summary,
+    events: Sequence[TokenEvent],
+    *,
+    created: int = 0,
+    token_bytes: TokenBytesOf | None = None,
 ) -> dict[str, Any]:
-    """OpenAI Batch's output line for one finished request."""
+    """OpenAI Batch's output line for one finished request; ``token_bytes``: each token's own
+    bytes for ``logprobs`` (the model's :meth:`~llmsample.models.loading.LoadedModel.token_bytes`)."""
     _check_finished(summary)
     digest = request_digest(request)
     chat = request.endpoint == "chat"
     choice: dict[str, Any] = {"index": 0}
     if chat:
         choice["message"] = {"role": "assistant", "content": summary.text}
-        choice["logprobs"] = {"content": _chat_logprobs(events, request.top_logprobs)} if request.logprobs else None
+        content = _chat_logprobs(events, request.top_logprobs, token_bytes) if request.logprobs else None
+        choice["logprobs"] = {"content": content} if content is not None else None
     else:
         choice["text"] = summary.text
         offset = len(request.prompt or "")
@@ -193,17 +204,27 @@ def _token_extension(event: TokenEvent) -> dict[str, Any]:
     }
 
 
-def _chat_logprobs(events: Sequence[TokenEvent], top_n: int) -> list[dict[str, Any]]:
+def _chat_logprobs(
+    events: Sequence[TokenEvent], top_n: int, token_bytes: TokenBytesOf | None = None
+) -> list[dict[str, Any]]:
+    """``token_bytes`` None (or None for a token): an entry's bytes are its text's."""
+
+    def own(token: int, text: str, eos: bool = False) -> list[int]:
+        if eos:  # the end of text adds nothing to the content
+            return []
+        found = token_bytes(token) if token_bytes is not None else None
+        return list(found if found is not None else text.encode("utf-8"))
+
     return [
         {
             "token": event.text,
             "logprob": _logprob(event.model_prob),
-            "bytes": list(event.text.encode("utf-8")),
+            "bytes": own(event.token_id, event.text, event.eos),
             "top_logprobs": [
                 {
                     "token": candidate.text,
                     "logprob": _logprob(candidate.model_prob),
-                    "bytes": list(candidate.text.encode("utf-8")),
+                    "bytes": own(candidate.token_id, candidate.text),
                     "llmsample": {"token_id": candidate.token_id, "prob": candidate.prob},
                 }
                 for candidate in event.top[:top_n]

@@ -156,7 +156,7 @@ def run_batch(
             else:
                 outcome.succeeded += 1
                 outcome.tokens += record.tokens
-                writer.put(position, _result(settings, request, record, tokens))
+                writer.put(position, _result(settings, request, record, tokens, lm.token_bytes))
             on_finished(len(tokens))
     finally:
         writer.flush_finished()
@@ -173,7 +173,13 @@ def _error(settings: BatchSettings, error: RequestError) -> Record:
     return openai_error_record(error) if settings.fmt == "openai" else error_record(error)
 
 
-def _result(settings: BatchSettings, request: Request, summary: Summary, events: list[TokenEvent]) -> Record:
+def _result(
+    settings: BatchSettings,
+    request: Request,
+    summary: Summary,
+    events: list[TokenEvent],
+    token_bytes: Callable[[int], bytes | None],
+) -> Record:
     if settings.fmt == "openai":
-        return openai_result_record(request, summary, events)
+        return openai_result_record(request, summary, events, token_bytes=token_bytes)
     return result_record(request, summary, events, settings.tokens)

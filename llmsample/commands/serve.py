@@ -48,6 +48,11 @@ from llmsample.errors import UserError
     help="Time a client has to send a request's headers, and again its body, before the server hangs up.",
 )
 @click.option("--system", metavar="TEXT", help="System message for prompts without one.")
+@click.option(
+    "--strict-api",
+    is_flag=True,
+    help="Refuse (400) any request key the server would otherwise ignore with a warning (unknown keys, hints).",
+)
 @quiet_option("startup line or request log")
 def serve(**options: Any) -> None:
     """Serve the model over the OpenAI API (chat and completions, streamed or whole).
@@ -94,7 +99,7 @@ def serve(**options: Any) -> None:
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
     engine = Engine(lm, batch_size, options["max_queue"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
-                       drafter=drafter, read_timeout=options["read_timeout"])  # fmt: skip
+                       drafter=drafter, read_timeout=options["read_timeout"], strict_api=options["strict_api"])  # fmt: skip
     host, port = sock.getsockname()[:2]
 
     def ready() -> None:  # once a signal stops the server cleanly: whoever waits for this line may stop it

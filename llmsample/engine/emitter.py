@@ -4,7 +4,7 @@ context, shared by every loop (plain, speculative, batch)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from torch import Tensor
 
@@ -54,16 +54,20 @@ class Emitter:
         prompt_ids: Sequence[int],
         ignore_eos: bool,
         watch_names: Sequence[str] = (),
+        stop_ids: Collection[int] = (),
+        keep_stop: bool = False,
     ):
-        """``watch_names``: the user's text for each watched id, in the order the figures carry them."""
+        """``watch_names``: the user's text for each watched id, in the order the figures carry them;
+        ``stop_ids``: tokens that end the text as the end of text does (vLLM's ``stop_token_ids``);
+        ``keep_stop``: a stop string that ends the text stays in it."""
         self.lm = lm
         self.watch_names = tuple(watch_names)
         self.max_tokens = cfg.max_tokens
         self.context = lm.context_length or 0  # 0: not known, no limit
         self.stats = stats
-        self.eos = set() if ignore_eos else lm.eos_ids
+        self.eos = (set() if ignore_eos else set(lm.eos_ids)) | set(stop_ids)
         self.cfg = cfg
-        self.stream = TextStream(lm.tokenizer, cfg.stop, list(prompt_ids))
+        self.stream = TextStream(lm.tokenizer, cfg.stop, list(prompt_ids), keep_stop)
         self.reason: str | None = None
         stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).

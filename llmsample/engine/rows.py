@@ -28,7 +28,9 @@ class BatchItem:
     ``drafter``: makes this row's drafter when it starts (speculation; ``draft_tokens`` a fixed K,
     None adaptive), so a draft model's per-row cache lives only as long as the row. ``top_n``: a
     step lists as many alternatives as its rows need at most (a server's request that shows
-    none costs no alternatives when no row in the step asks for them)."""
+    none costs no alternatives when no row in the step asks for them). ``stop_ids``,
+    ``keep_stop``: a server request's own ends (vLLM's ``stop_token_ids`` and
+    ``include_stop_str_in_output``)."""
 
     key: Any
     prompt_ids: list[int]
@@ -37,6 +39,8 @@ class BatchItem:
     drafter: Callable[[], Drafter] | None = None
     draft_tokens: int | None = None
     top_n: int | None = None  # alternatives its records need; None: the run's (DecodeOptions.top_n)
+    stop_ids: frozenset[int] = frozenset()
+    keep_stop: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,7 +161,9 @@ def start_row(
     speculative = item.drafter is not None
     return Row(
         item=item,
-        emitter=Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names),
+        emitter=Emitter(
+            lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names, item.stop_ids, item.keep_stop
+        ),
         generator=generator,
         history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
         seq=list(item.prompt_ids),

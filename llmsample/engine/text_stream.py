@@ -40,19 +40,22 @@ class Detokenizer:
 
 
 class StopMatcher:
-    """Holds back any tail that could still grow into a stop string; releases the rest."""
+    """Holds back any tail that could still grow into a stop string; releases the rest.
+    ``keep``: the stop string that ends the text is released too (vLLM's
+    ``include_stop_str_in_output``)."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], keep: bool = False) -> None:
         self.stops = tuple(stops)
+        self.keep = keep
         self.held = ""
 
     def push(self, text: str) -> tuple[str, bool]:
         """Text safe to print, and whether a stop string was completed."""
         buffer = self.held + text
-        hits = [i for i in (buffer.find(s) for s in self.stops) if i >= 0]
+        hits = [(i, i + len(s)) for i, s in ((buffer.find(s), s) for s in self.stops) if i >= 0]
         if hits:
             self.held = ""
-            return buffer[: min(hits)], True
+            return buffer[: min(end for _, end in hits) if self.keep else min(start for start, _ in hits)], True
         keep = max((n for s in self.stops for n in range(1, len(s)) if buffer.endswith(s[:n])), default=0)
         self.held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False
@@ -65,9 +68,11 @@ class StopMatcher:
 class TextStream:
     """Detokenizer plus stop strings: what each new token adds to the printed text."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str] = (), prompt_ids: Sequence[int] = ()) -> None:
+    def __init__(
+        self, tokenizer: Any, stops: Sequence[str] = (), prompt_ids: Sequence[int] = (), keep_stop: bool = False
+    ) -> None:
         self.detokenizer = Detokenizer(tokenizer, prompt_ids)
-        self.stops = StopMatcher(stops)
+        self.stops = StopMatcher(stops, keep_stop)
 
     def push(self, token_id: int) -> tuple[str, bool]:
         return self.stops.push(self.detokenizer.push(token_id))

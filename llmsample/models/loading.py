@@ -28,6 +28,7 @@ from llmsample.models.conversion import (
 )
 from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
 from llmsample.models.placement import Placement
+from llmsample.models.token_bytes import TokenBytes
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +52,7 @@ class LoadedModel:
     quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
     backend: str = "transformers"  # or "llama.cpp": ``model`` is then a LlamaCppModel (a GGUF's handle)
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
+    bytes_table: TokenBytes | None = field(default=None, repr=False, compare=False)  # token_bytes's, made once
 
     def __post_init__(self) -> None:
         # ``device`` is where token ids go (the embedding's device). Placed models return their
@@ -65,6 +67,14 @@ class LoadedModel:
         if text is None:
             text = self.token_texts[token] = self.tokenizer.decode([token], skip_special_tokens=False)
         return text
+
+    def token_bytes(self, token: int) -> bytes | None:
+        """One token's own bytes (part of a character for a byte-fallback token): what OpenAI's
+        ``logprobs`` report, so that a client can rebuild the text from them; None where the
+        vocabulary's pieces are not bytes (:class:`~llmsample.models.token_bytes.TokenBytes`)."""
+        if self.bytes_table is None:
+            self.bytes_table = TokenBytes(self.tokenizer)
+        return self.bytes_table(token)
 
     @property
     def eos_ids(self) -> set[int]:

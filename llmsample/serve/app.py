@@ -21,7 +21,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
+from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL, Request
 from llmsample.batch.responses import dumps
 from llmsample.batch.run import BatchSettings, prompt_ids, request_config
 from llmsample.engine.rows import BatchItem, RowFailed
@@ -31,6 +31,7 @@ from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.vocabulary import Vocabulary
 from llmsample.serve.access import TOKENS
+from llmsample.serve.compat import log_ignored
 from llmsample.serve.engine import Busy, Closing, Engine
 from llmsample.serve.errors import ApiError, bad_request
 from llmsample.serve.mailbox import Mailbox
@@ -58,6 +59,7 @@ class ServeState:
     read_timeout: float = READ_TIMEOUT_S  # seconds a client has to send a request's body
     presets: frozenset[str] = frozenset()
     drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
+    strict_api: bool = False  # --strict-api: a key the server would ignore is a 400
 
     @property
     def fingerprint(self) -> str:
@@ -124,18 +126,31 @@ async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
 
 
 def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[BatchItem]:
-    """The request's rows: its settings over the server's defaults, ``n`` rows of one prompt with
-    seeds ``seed, seed+1, ...``; a bad setting or a prompt that does not fit is a 400."""
-    lm, request = state.lm, serve.request
+    """The request's rows: ``n`` per prompt, in order."""
+    prompts = zip(serve.requests, serve.token_prompts, strict=True)
+    return [item for request, tokens in prompts for item in _prompt_items(state, serve, request, tokens, chat)]
+
+
+def _prompt_items(
+    state: ServeState, serve: ServeRequest, request: Request, tokens: tuple[int, ...] | None, chat: bool
+) -> list[BatchItem]:
+    """One prompt's rows (``tokens``: sent as ids, taken as they are): its settings over the
+    server's defaults, ``n`` rows with seeds ``seed, seed+1, ...``; a bad setting or a prompt
+    that does not fit is a 400."""
+    lm = state.lm
     try:
         preset, cfg = request_config(request, state.settings)
-        ids = prompt_ids(lm, request, state.settings, cfg.max_tokens)
+        ids = list(tokens) if tokens else prompt_ids(lm, request, state.settings, cfg.max_tokens)
     except UserError as exc:
         text = str(exc)
         if text.startswith("the prompt is") or "chat template" in text:
             raise ApiError(400, text, "messages" if chat else "prompt") from None
         raise bad_request(text) from None
     context = lm.context_length
+    if context and len(ids) >= context:
+        raise ApiError(400, f"prompt: {len(ids)} tokens leave no room in the context of {context}", "prompt")
+    if context and serve.unlimited:
+        cfg = dataclasses.replace(cfg, max_tokens=max(context - len(ids), 1))
     if context and len(ids) + cfg.max_tokens > context:
         room = context - len(ids)
         if serve.max_tokens_key is not None:
@@ -147,16 +162,35 @@ def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[Batc
                 name,
             )
         cfg = dataclasses.replace(cfg, max_tokens=room)
+    if serve.ignore_eos:  # the end of text masked to the last token, as min_tokens masks it
+        cfg = dataclasses.replace(cfg, min_tokens=cfg.max_tokens)
     _check_logit_bias(lm, cfg)
+    if any(token >= len(lm.tokenizer) for token in serve.stop_ids):
+        message = f"stop_token_ids: {list(serve.stop_ids)} holds an id past the vocabulary (0..{len(lm.tokenizer) - 1})"
+        raise ApiError(400, message, "stop_token_ids")
     items = []
     for i in range(serve.n):
         row_cfg = dataclasses.replace(cfg, seed=((cfg.seed or 0) + i) % 2**63) if i else cfg
         stats = RunStats(lm.name, preset, row_cfg.seed)
         key = state.engine.new_key()
-        items.append(
-            BatchItem(key, ids, row_cfg, stats, state.drafter, state.settings.draft_tokens, _top_n(state, serve))
-        )
+        draft = (state.drafter, state.settings.draft_tokens)
+        ends = (frozenset(serve.stop_ids), serve.keep_stop)
+        items.append(BatchItem(key, ids, row_cfg, stats, *draft, _top_n(state, serve), *ends))
     return items
+
+
+def _prompt_texts(lm: LoadedModel, serve: ServeRequest) -> ServeRequest:
+    """Token-id prompts checked against the vocabulary and given their text (``echo``,
+    ``text_offset``), with the tokenizer alone (no torch on this thread)."""
+    if not any(serve.token_prompts):
+        return serve
+    size, requests = len(lm.tokenizer), []
+    for request, tokens in zip(serve.requests, serve.token_prompts, strict=True):
+        if tokens and max(tokens) >= size:
+            raise ApiError(400, f"prompt: token id {max(tokens)} is past the vocabulary (0..{size - 1})", "prompt")
+        text = lm.tokenizer.decode(list(tokens), skip_special_tokens=False) if tokens else request.prompt
+        requests.append(dataclasses.replace(request, prompt=text))
+    return dataclasses.replace(serve, requests=tuple(requests))
 
 
 def _top_n(state: ServeState, serve: ServeRequest) -> int:
@@ -185,7 +219,8 @@ def _check_logit_bias(lm: LoadedModel, cfg: Any) -> None:
 
 async def completions(state: ServeState, request: HttpRequest, url: str) -> Response:
     chat = url == CHAT_URL
-    serve = parse_body(await read_json(request, state.max_body, state.read_timeout), url, state.presets)
+    serve = parse_body(await read_json(request, state.max_body, state.read_timeout), url, state.presets, state.strict_api)
+    log_ignored(list(serve.warnings))
     if serve.model is not None and serve.model != state.lm.name:
         raise ApiError(
             404,
@@ -193,6 +228,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
             "model",
             "model_not_found",
         )
+    serve = await off_loop(_prompt_texts, state.lm, serve)
     items = await off_loop(build_items, state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:
@@ -202,7 +238,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
                        {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
-    answer = Answer(serve, state.lm.name, state.fingerprint, chat)
+    answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes)
     keys = {item.key: i for i, item in enumerate(items)}
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)
@@ -278,8 +314,9 @@ async def _stream(
     state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
 ) -> AsyncIterator[str]:
     """Server-sent events: the chunks of every record that has arrived go out in one write."""
-    if answer.chat:
-        yield "".join(answer.chunk(index) for index in range(len(keys)))
+    opening = answer.opening(len(keys))
+    if opening:
+        yield opening
     usage = request.scope.setdefault(TOKENS, [0, 0])  # prompt tokens, completion tokens (the log's too)
     async for batch in _records(state, request, keys, queue):
         chunks = [_chunk(answer, index, record, usage) for index, record in batch]
@@ -298,15 +335,29 @@ def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
             return ""
         error = ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
         return f"data: {dumps(error.body())}\n\n"
-    usage[0], usage[1] = record.prompt_tokens, usage[1] + record.tokens
+    first = index % answer.serve.n == 0  # each prompt's tokens counted once, by its first choice
+    usage[0], usage[1] = usage[0] + (record.prompt_tokens if first else 0), usage[1] + record.tokens
     return answer.chunk(index, summary=record)
 
 
-async def models(state: ServeState, request: HttpRequest) -> Response:
+def _model_card(state: ServeState) -> dict[str, Any]:
     model = {"id": state.lm.name, "object": "model", "created": 0, "owned_by": "llmsample"}
     if state.lm.context_length:
         model["max_model_len"] = state.lm.context_length
-    return JSONResponse({"object": "list", "data": [model]})
+    return model
+
+
+async def models(state: ServeState, request: HttpRequest) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state)]})
+
+
+async def model(state: ServeState, request: HttpRequest) -> Response:
+    """``GET /v1/models/{id}``: the model, or 404 for any other id (ids may hold slashes)."""
+    name = request.path_params["name"]
+    if name != state.lm.name:
+        message = f"model: {name!r} is not served here; this server runs {state.lm.name!r}"
+        raise ApiError(404, message, "model", "model_not_found")
+    return JSONResponse(_model_card(state))
 
 
 async def health(state: ServeState, request: HttpRequest) -> Response:
@@ -353,6 +404,7 @@ def create_app(state: ServeState) -> Starlette:
         Route(CHAT_URL, _endpoint(state, chat), methods=["POST"]),
         Route(COMPLETIONS_URL, _endpoint(state, complete), methods=["POST"]),
         Route("/v1/models", _endpoint(state, models), methods=["GET"]),
+        Route("/v1/models/{name:path}", _endpoint(state, model), methods=["GET"]),
         Route("/health", _endpoint(state, health, auth=False), methods=["GET"]),
         Route("/", _endpoint(state, home, auth=False), methods=["GET"]),
         Route("/tokenize", _endpoint(state, tokenize), methods=["POST"]),
@@ -361,9 +413,17 @@ def create_app(state: ServeState) -> Starlette:
     app = Starlette(routes=routes)
 
     async def not_found(request: HttpRequest, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 404)
-        return ApiError(status, f"{request.method} {request.url.path}: no such endpoint", None, "not_found").response()
+        return ApiError(404, f"{request.method} {request.url.path}: no such endpoint", None, "not_found").response()
 
     app.add_exception_handler(404, not_found)
-    app.add_exception_handler(405, not_found)
+    app.add_exception_handler(405, method_not_allowed)
     return app
+
+
+async def method_not_allowed(request: HttpRequest, exc: Exception) -> Response:
+    """A known path asked with another method: 405 saying which methods it takes."""
+    allowed = getattr(exc, "headers", None) or {}
+    methods = allowed.get("Allow", "")
+    message = f"{request.method} {request.url.path}: method not allowed; use {methods or 'another method'}"
+    error = ApiError(405, message, None, "method_not_allowed", {"Allow": methods} if methods else None)
+    return error.response()

@@ -10,6 +10,7 @@ import hashlib
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,10 +57,12 @@ class Answer:
     model: str
     system_fingerprint: str
     chat: bool
+    token_bytes: Callable[[int], bytes | None]  # each token's own bytes, for logprobs
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
     offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset per choice
     templates: dict[int, tuple[str, str]] = field(default_factory=dict)  # plain token chunks per choice
+    warned: bool = False  # the ignored keys' warnings went out (a stream's first chunk carries them)
 
     @property
     def plain(self) -> bool:
@@ -79,13 +82,17 @@ class Answer:
             "system_fingerprint": self.system_fingerprint,
         }
 
+    def prompt(self, index: int) -> str:
+        """A completion choice's prompt (each prompt of a list has ``n`` choices, in order)."""
+        return self.serve.requests[index // self.serve.n].prompt or ""
+
     def _logprobs(self, events: list[TokenEvent], index: int) -> Any:
         request = self.serve.request
         if not request.logprobs:
             return None
         if self.chat:
-            return {"content": _chat_logprobs(events, request.top_logprobs)}
-        offset = self.offsets.get(index, len(request.prompt or ""))
+            return {"content": _chat_logprobs(events, request.top_logprobs, self.token_bytes)}
+        offset = self.offsets.get(index, len(self.prompt(index)))
         self.offsets[index] = offset + sum(len(event.text) for event in events)
         return _completion_logprobs(events, request.top_logprobs, offset)
 
@@ -104,15 +111,31 @@ class Answer:
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": summary.text}
             else:
-                choice["text"] = summary.text
+                choice["text"] = (self.prompt(index) if self.serve.echo else "") + summary.text
             choice["logprobs"] = self._logprobs(tokens, index)
             choice["finish_reason"] = finish_reason(summary)
             if self.serve.tokens != "none":
                 choice["llmsample"] = {**_extension(summary), "tokens": token_records(tokens, self.serve.tokens)}
             choices.append(choice)
         completion = sum(summary.tokens for summary in summaries)
+        prompt = sum(summary.prompt_tokens for summary in summaries[:: self.serve.n])
         obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._head(obj), "choices": choices, "usage": self.usage(summaries[0].prompt_tokens, completion)}
+        return {**self._head(obj), "choices": choices, "usage": self.usage(prompt, completion), **self._warnings()}
+
+    def _warnings(self) -> dict[str, Any]:
+        """``warnings``: the keys ignored, once per answer (a stream's first chunk)."""
+        if self.warned or not self.serve.warnings:
+            return {}
+        self.warned = True
+        return {"warnings": list(self.serve.warnings)}
+
+    def opening(self, choices: int) -> str:
+        """What a stream starts with: chat's role chunks, completions' echoed prompts, else ''."""
+        if self.chat:
+            return "".join(self.chunk(index) for index in range(choices))
+        if self.serve.echo:
+            return "".join(self.text_chunk(index, self.prompt(index)) for index in range(choices))
+        return ""
 
     def chunk(self, index: int, event: TokenEvent | None = None, summary: Summary | None = None) -> str:
         """One server-sent event: a choice's opening (chat: the role), a token, or its end."""
@@ -137,6 +160,9 @@ class Answer:
     def text_chunk(self, index: int, text: str) -> str:
         """A plain token's chunk, the text put into the choice's chunk made once (every token's
         event differs only there): what :meth:`chunk` builds, without a dict and a dump per token."""
+        if not self.warned and self.serve.warnings:
+            choice = {"index": index, **({"delta": {"content": text}} if self.chat else {"text": text})}
+            return self._sse({"choices": [{**choice, "logprobs": None, "finish_reason": None}]})
         template = self.templates.get(index)
         if template is None:
             delta_or_text = {"delta": {"content": _MARK}} if self.chat else {"text": _MARK}
@@ -151,7 +177,7 @@ class Answer:
 
     def _sse(self, payload: dict[str, Any]) -> str:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        record = {**self._head(obj), **payload}
+        record = {**self._head(obj), **payload, **self._warnings()}
         if self.serve.include_usage and "usage" not in payload:
             record["usage"] = None
         return f"data: {dumps(record)}\n\n"

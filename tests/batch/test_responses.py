@@ -239,6 +239,18 @@ def test_openai_chat_logprobs_are_the_raw_models() -> None:
     assert content[3]["llmsample"]["eos"] is True
 
 
+def test_openai_chat_logprobs_bytes_are_each_tokens_own() -> None:
+    """With the model's token bytes, a split character's tokens each carry their part of it."""
+    own = {10: b" Par", 11: b" Lyon", 12: b"is \xc3", 13: b"x", 14: b"\xa9"}
+    request = replace(CHAT, openai=True, logprobs=True, top_logprobs=2)
+    record = openai_result_record(request, summary(), EVENTS, token_bytes=own.get)
+    content = record["response"]["body"]["choices"][0]["logprobs"]["content"]
+    assert [entry["bytes"] for entry in content] == [list(b" Par"), list(b"is \xc3"), [0xA9], []]  # the EOS: none
+    assert bytes(b for entry in content for b in entry["bytes"]) == " Paris é".encode()
+    assert [alt["bytes"] for alt in content[1]["top_logprobs"]] == [list(b"is \xc3"), [ord("x")]]
+    assert [entry["token"] for entry in content] == [" Par", "", "is é", ""]  # the text as released
+
+
 def test_zero_probability_is_openais_floor_not_infinity() -> None:
     request = replace(CHAT, openai=True, logprobs=True, top_logprobs=5)
     line = dumps(openai_result_record(request, summary(), EVENTS))

@@ -34,6 +34,20 @@ def test_stop_strings(pieces: list[str], stops: list[str], expected: tuple[str, 
     assert feed(StopMatcher(stops), pieces) == expected
 
 
+@pytest.mark.parametrize(
+    ("pieces", "stops", "expected"),
+    [
+        (["Hello", "\n", "\n", "Next"], ["\n\n"], ("Hello\n\n", True)),
+        (["x", "STO", "P", "y"], ["STOP", "TOP"], ("xSTOP", True)),
+        (["ab", "cEND!"], ["END", "EN"], ("abcEN", True)),  # as if fed one character at a time
+        (["ab", "E", "N", "x"], ["END"], ("abENx", False)),
+    ],
+)
+def test_a_kept_stop_string_ends_the_text(pieces: list[str], stops: list[str], expected: tuple[str, bool]) -> None:
+    """vLLM's ``include_stop_str_in_output``: the text runs to the end of the stop string."""
+    assert feed(StopMatcher(stops, keep=True), pieces) == expected
+
+
 def test_no_part_of_a_stop_string_is_ever_released() -> None:
     matcher = StopMatcher(["</answer>"])
     released = []

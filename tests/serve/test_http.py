@@ -46,7 +46,7 @@ def test_bad_json_is_400(server: Server) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"prompt": "w3", "frobnicate": 1}, "frobnicate"),
+        ({"prompt": "w3", "suffix": "w4"}, "suffix"),
         ({"prompt": "w3", "top_p": 0}, "top_p"),
         ({"prompt": 3}, "prompt"),
         ({"prompt": "w3", "min_p": 2}, "min_p"),
@@ -71,7 +71,24 @@ def test_max_completion_tokens_beyond_the_context_names_it(server: Server) -> No
 def test_unknown_model_and_path_are_404(server: Server) -> None:
     error = error_of(post(server, "/v1/completions", json={"prompt": "w3", "model": "other"}), 404)
     assert error["param"] == "model" and error["code"] == "model_not_found"
-    error_of(httpx.get(server.url + "/v1/nothing-here"), 404)
+    error = error_of(httpx.get(server.url + "/v1/nothing-here"), 404)
+    assert error["code"] == "not_found" and "no such endpoint" in error["message"]
+
+
+def test_a_wrong_method_is_405_naming_the_right_one(server: Server) -> None:
+    response = httpx.get(server.url + "/v1/chat/completions")
+    error = error_of(response, 405)
+    assert error["code"] == "method_not_allowed" and response.headers["allow"] == "POST"
+    assert error["message"] == "GET /v1/chat/completions: method not allowed; use POST"
+    assert error_of(post(server, "/v1/models"), 405)["code"] == "method_not_allowed"
+
+
+def test_one_model_by_its_id(server: Server, model_id: str) -> None:
+    model = httpx.get(f"{server.url}/v1/models/{model_id}").json()
+    assert model == {"id": model_id, "object": "model", "created": 0, "owned_by": "llmsample", "max_model_len": 1024}
+    error = error_of(httpx.get(server.url + "/v1/models/gpt-4o"), 404)
+    assert error["code"] == "model_not_found" and error["param"] == "model"
+    assert server.client().models.retrieve(model_id).id == model_id  # ids with slashes, as the client sends them
 
 
 def test_a_body_over_the_limit_is_413(server: Server) -> None:

@@ -120,7 +120,7 @@ def test_llmsample_keys_and_per_token_records(server: Server, model_id: str) -> 
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"extra_body": {"top_kk": 2}}, "top_kk"),
+        ({"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}}, "chat_template_kwargs"),
         ({"temperature": -1}, "temperature"),
         ({"top_logprobs": 3}, "top_logprobs"),
         ({"n": 0}, "n"),

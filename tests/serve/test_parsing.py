@@ -13,9 +13,9 @@ PRESETS = frozenset({"balanced", "code"})
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 
 
-def refused(body: object, url: str = CHAT_URL) -> ApiError:
+def refused(body: object, url: str = CHAT_URL, strict: bool = False) -> ApiError:
     with pytest.raises(ApiError) as caught:
-        parse_body(body, url, PRESETS)
+        parse_body(body, url, PRESETS, strict)
     assert caught.value.status == 400
     return caught.value
 
@@ -37,7 +37,6 @@ def test_null_means_not_given() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({**CHAT, "top_kk": 3}, "top_kk"),
         ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
         ({**CHAT, "n": 17}, "n"),
         ({**CHAT, "n": True}, "n"),
@@ -86,7 +85,7 @@ def test_a_plain_token_chunk_is_the_dumped_chunk(url: str, usage: bool) -> None:
     chat = url == CHAT_URL
     body = CHAT if chat else {"prompt": "hi"}
     serve = parse_body({**body, "stream": True, "stream_options": {"include_usage": usage}}, url, PRESETS)
-    answer = Answer(serve, 'a "model"\n', "fp_0", chat)
+    answer = Answer(serve, 'a "model"\n', "fp_0", chat, lambda token: b"")
     assert answer.plain
     for index in (0, 3):
         for text in ("", "a", ' "quoted" \\ back\nslash\t', "é漢😀", "\u2028\x00\x1f", "\ud800"):
@@ -97,3 +96,86 @@ def test_a_plain_token_chunk_is_the_dumped_chunk(url: str, usage: bool) -> None:
             if usage:
                 record["usage"] = None
             assert answer.text_chunk(index, text) == f"data: {dumps(record)}\n\n"
+
+
+def test_constraint_keys_are_read_as_a_batch_line_reads_them() -> None:
+    for key, value in [("regex", "[ab]+"), ("choice", ["w3", "w4"]), ("json_schema", {"type": "object"}),
+                       ("grammar", 'start: "w3"'), ("json", True)]:  # fmt: skip
+        serve = parse_body({**CHAT, key: value}, CHAT_URL, PRESETS)
+        assert serve.request.overrides["constraint"] is not None, key
+        assert serve.warnings == ()
+    assert refused({**CHAT, "regex": "a", "choice": ["b"]}).message.startswith("regex and choice")
+    assert refused({**CHAT, "regex": "(", "max_tokens": 2}).param == "regex"
+    both = {**CHAT, "regex": "a", "response_format": {"type": "json_object"}}
+    assert refused(both).param == "regex"
+
+
+def test_unknown_keys_are_ignored_with_a_warning_unless_strict() -> None:
+    serve = parse_body({**CHAT, "top_kk": 3, "metadata": {"a": "b"}}, CHAT_URL, PRESETS)
+    assert serve.warnings == (
+        "top_kk: ignored (unknown parameter; did you mean 'top_k'?)",
+        "metadata: ignored (this server stores no requests)",
+    )
+    assert serve.request.overrides == {}
+    error = refused({**CHAT, "top_kk": 3}, strict=True)
+    assert error.param == "top_kk" and error.code == "unknown_parameter" and "did you mean 'top_k'" in error.message
+    assert refused({**CHAT, "store": True}, strict=True).param == "store"
+
+
+def test_other_servers_names_and_values() -> None:
+    body = {**CHAT, "n_predict": 7, "repeat_penalty": 1.1, "seed": -1, "guided_regex": "w3+"}
+    serve = parse_body(body, CHAT_URL, PRESETS, strict=True)
+    assert serve.request.overrides["max_tokens"] == 7 and serve.request.overrides["repetition_penalty"] == 1.1
+    assert "seed" not in serve.request.overrides and "constraint" in serve.request.overrides
+    assert serve.max_tokens_key == "max_tokens" and not serve.unlimited
+    unlimited = parse_body({**CHAT, "max_tokens": -1}, CHAT_URL, PRESETS)
+    assert unlimited.unlimited and unlimited.max_tokens_key is None and "max_tokens" not in unlimited.request.overrides
+    assert refused({**CHAT, "n_predict": 3, "max_tokens": 3}).param == "n_predict"
+
+
+def test_a_message_name_is_dropped_with_a_warning() -> None:
+    body = {"messages": [{"role": "user", "content": "hi", "name": "alice"}]}
+    serve = parse_body(body, CHAT_URL, PRESETS)
+    assert serve.request.messages == [{"role": "user", "content": "hi"}]
+    assert serve.warnings == ("messages[0].name: ignored (the chat template gets each message's role and content)",)
+    assert refused(body, strict=True).param == "messages[0].name"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({**CHAT, "tools": []}, "tools"),
+        ({**CHAT, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
+        ({"prompt": "w3", "suffix": "w4"}, "suffix"),
+        ({"prompt": "w3", "best_of": 2}, "best_of"),
+        ({"prompt": "w3", "echo": True, "logprobs": 1}, "echo"),
+        ({"prompt": [1, "w3"]}, "prompt"),
+        ({"prompt": 3}, "prompt"),
+        ({"prompt": [[1], []]}, "prompt"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ["w3"] * 5, "n": 4}, "prompt"),
+        ({**CHAT, "stop_token_ids": [-1]}, "stop_token_ids"),
+        ({**CHAT, "ignore_eos": 1}, "ignore_eos"),
+    ],
+)
+def test_what_would_change_the_answer_is_refused(body: dict, param: str) -> None:
+    url = COMPLETIONS_URL if "prompt" in body else CHAT_URL
+    assert refused(body, url).param == param
+
+
+def test_completion_prompts_and_vllm_keys() -> None:
+    body = {"prompt": ["w3", "w4 w5"], "n": 2, "best_of": 2, "echo": True, "ignore_eos": True,
+            "stop_token_ids": [5], "include_stop_str_in_output": True}  # fmt: skip
+    serve = parse_body(body, COMPLETIONS_URL, PRESETS)
+    assert [request.prompt for request in serve.requests] == ["w3", "w4 w5"] and serve.n == 2
+    assert serve.token_prompts == (None, None)
+    ids = parse_body({"prompt": [3, 4]}, COMPLETIONS_URL, PRESETS)
+    assert ids.token_prompts == ((3, 4),) and ids.request.prompt == ""
+    several = parse_body({"prompt": [[3], "w4", [5, 6]]}, COMPLETIONS_URL, PRESETS)
+    assert several.token_prompts == ((3,), None, (5, 6))
+    assert serve.echo and serve.ignore_eos and serve.stop_ids == (5,) and serve.keep_stop and serve.warnings == ()
+    streamed = parse_body({"prompt": "w3", "stream": True, "stream_options": {"continuous_usage_stats": True}},
+                          COMPLETIONS_URL, PRESETS)  # fmt: skip
+    assert streamed.warnings == ("stream_options.continuous_usage_stats: ignored (usage comes in the last chunk only)",)
+    strict = {"prompt": "w3", "stream": True, "stream_options": {"continuous_usage_stats": True}}
+    assert refused(strict, COMPLETIONS_URL, strict=True).param == "stream_options"
