@@ -85,6 +85,8 @@ def test_explain_shows_the_grammar_column_and_compare_presets_takes_a_choice(byt
         (("--regex", "a("), "--regex: invalid regex: unclosed group"),
         (("--grammar", "GRAMMAR"), "unknown name"),
         (("--json", "--regex", "a"), "--json and --regex are two constraints; give one"),
+        (("--regex", r"[^\s\S]"), "--regex: matches no text at all"),
+        (("--json-schema", '{"items": ' * 3000 + "{}" + "}" * 3000), "--json-schema: nested too deeply"),
     ],
 )
 def test_bad_constraints_fail_in_one_line_before_the_model_loads(
