@@ -14,6 +14,7 @@ from torch import Tensor
 from llmsample.engine.emitter import Emitter
 from llmsample.engine.reference import ReferenceTotals
 from llmsample.engine.speculative import Drafter, DraftLength
+from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, Speculation
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
@@ -41,10 +42,12 @@ class BatchItem:
 
 @dataclass(frozen=True)
 class RowFailed:
-    """A request that failed while decoding (e.g. NaN logits): the others go on."""
+    """A request that failed while decoding (e.g. NaN logits): the others go on. ``user_error``:
+    the request asked for what cannot be done (a constraint this model's tokenizer cannot take)."""
 
     key: Any
     message: str
+    user_error: bool = False
 
 
 @dataclass
@@ -69,6 +72,7 @@ class Row:
     reference: ReferenceTotals | None = None
     ready: bool = True  # False: the last pass's logits are not this row's to sample (see start_row)
     matcher: Matcher | None = None  # the constraint's grammar state after ``seq`` (--json-schema, ...)
+    failed: UserError | None = None  # its constraint could not start: the row fails at its first step
     counts: dict[str, int] = field(default_factory=lambda: {"drafted": 0, "accepted": 0, "passes": 0})
 
     @property
@@ -82,7 +86,7 @@ class Row:
         and min-p are on): rows that share it are sampled by one chain call. A row that truncates
         nothing would make the call's candidates the whole vocabulary for every row."""
         cfg = self.item.cfg
-        constraint = ANY if cfg.constraint is not None else None  # each row's grammar gives its mask
+        constraint = ANY if self.matcher is not None else None  # each row's grammar gives its mask
         own = {} if cfg.is_greedy else {
             "temperature": 1.0, "top_p": 1.0 if cfg.top_p >= 1 else 0.5, "min_p": 0.5 if cfg.min_p > 0 else 0.0
         }  # fmt: skip
@@ -104,8 +108,11 @@ class Row:
         k = min(self.draft_length.fit(shared), cfg.max_tokens - self.item.stats.tokens - 1)
         if k > 0 and self.matcher is not None:
             # q masked like p at every position (a model draft); a draft the grammar rejects is cut.
-            drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)
-            keep = self.matcher.valid_prefix(drafted.tolist())
+            try:
+                drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)
+                keep = self.matcher.valid_prefix(drafted.tolist())
+            except RuntimeFailure:  # the grammar failed (Matcher.failure): the step fails this row
+                drafted, q, keep = self.drafted, self.q, 0
             self.drafted, self.q = drafted[:keep], q[:keep]
         elif k > 0:
             self.drafted, self.q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator)
@@ -115,7 +122,10 @@ class Row:
         return self.draft_ids
 
     def advance(self, emitted: list[int], newest: Tensor) -> None:
-        """The step's tokens join the history and the sequence; ``newest``: the last, on the device."""
+        """The step's tokens join the history and the sequence; ``newest``: the last, on the device.
+        The grammar first: a :class:`RuntimeFailure` there leaves the row as it was, to be failed."""
+        if self.matcher is not None:
+            self.matcher.advance(emitted)
         if len(emitted) == 1:
             self.history = self.history.advanced(newest, emitted)
         else:
@@ -123,8 +133,6 @@ class Row:
             for token in emitted:
                 self.history = self.history.advanced(torch.tensor([token], device=device), [token])
         self.seq += emitted
-        if self.matcher is not None:
-            self.matcher.advance(emitted)
 
     def record_pass(self, accepted: int) -> None:
         """Speculation counts, current at every token so an interrupted run's summary has them."""
@@ -155,6 +163,11 @@ def start_row(
     prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
     generator = make_generator(item.cfg.seed, lm.sample_device)
     speculative = item.drafter is not None
+    matcher, failed = None, None
+    try:
+        matcher = start_matcher(lm, item.cfg, vocab)
+    except UserError as exc:  # this request's constraint, not the rows beside it
+        failed = exc
     return Row(
         item=item,
         emitter=Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names),
@@ -168,7 +181,8 @@ def start_row(
         q=torch.zeros(0, vocab, device=lm.sample_device),
         reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
         ready=not speculative,
-        matcher=start_matcher(lm, item.cfg, vocab),
+        matcher=matcher,
+        failed=failed,
     )
 
 

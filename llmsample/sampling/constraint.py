@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmsample.errors import UserError
+from llmsample.errors import RuntimeFailure, UserError
 
 if TYPE_CHECKING:  # the batch reader compiles constraints and imports no torch
     from torch import Tensor
@@ -272,10 +272,19 @@ class Matcher:
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
 
     def advance(self, tokens: Sequence[int]) -> None:
-        """The row's emitted tokens (an EOS kept by ``--ignore-eos`` is not the grammar's)."""
+        """The row's emitted tokens (an EOS kept by ``--ignore-eos`` is not the grammar's); a
+        grammar that fails on them (past llguidance's limits) fails this row alone."""
         tokens = [t for t in tokens if t not in self.eos]
         if tokens and not self.matcher.consume_tokens(tokens):
-            raise RuntimeError(f"the grammar rejected an emitted token: {self.matcher.get_error()}")
+            raise RuntimeFailure(self.failure() or f"{self.constraint.flag}: the grammar rejected an emitted token")
+
+    def failure(self) -> str | None:
+        """Why llguidance stopped this grammar (a parser or lexer limit hit mid-output), in one
+        line; None while it works."""
+        if not self.matcher.is_error():
+            return None
+        origin = self.constraint.origin or self.constraint.flag
+        return f"{origin}: llguidance failed ({_reason(self.matcher.get_error())})"
 
     def accepts_after(self, tokens: Sequence[int]) -> bool:
         """Whether the grammar is complete once ``tokens`` are added (the state is kept)."""
@@ -291,7 +300,7 @@ class Matcher:
         if token in self.eos:
             return False
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar rejected a drafted token: {self.matcher.get_error()}")
+            raise RuntimeFailure(self.failure() or f"{self.constraint.flag}: the grammar rejected a drafted token")
         return True
 
     @property
