@@ -21,6 +21,14 @@ from llmsample.events import RunStats, Summary
 from llmsample.sampling import constraint as constraints
 from llmsample.sampling.config import SamplingConfig
 from tests.conftest import cli_env
+from tests.serve.conftest import NO_EOS, start_server
+
+
+def one_key(i: int) -> dict:
+    return {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+
+
+WIDE = {"anyOf": [one_key(i) for i in range(3000)]}  # 3000 items in the parser's row after "{"
 
 # Fine at its first token; scanning the "b" after it puts 2002 items in one row of the parser.
 LATE = constraints.Constraint("grammar", 'start: "x" (' + " | ".join(f'"b{i}"' for i in range(2001)) + ")", "grammar")
@@ -81,3 +89,32 @@ def test_a_constraint_the_tokenizer_cannot_take_fails_its_row_alone(tiny_lm) -> 
         assert "--json: llguidance cannot read this model's tokenizer" in failed.message
         alone = run_to_end(generate(tiny_lm, torch.tensor([prompt]), plain, RunStats("t", "t", 0)))[1]
         assert isinstance(done, Summary) and done.text == alone.text
+
+
+def test_a_request_whose_grammar_fails_leaves_the_other_streams_alone(byte_model_dir: Path, tmp_path: Path) -> None:
+    """Through the server, while a stream of 150 tokens runs: a schema that fails at its first
+    token is a 400 before it joins the loop; one that fails inside the output (at the wide
+    ``anyOf`` after ``{"b": true, "a": ``) fails that request; the stream ends at its length."""
+    import openai
+
+    server = start_server(byte_model_dir, tmp_path / "stderr", "--batch-size", "4")
+    try:
+        client, model = server.client(), str(byte_model_dir)
+
+        def schema(value: dict) -> dict:
+            return {"response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": value}}}
+
+        stream = client.completions.create(model=model, prompt="hi", max_tokens=150, logit_bias=NO_EOS, stream=True)
+        chunks = [next(iter(stream))]
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.completions.create(model=model, prompt="hi", max_tokens=20, extra_body=schema(WIDE))
+        assert "too complex for llguidance (Current row has 3000 items" in refused.value.message
+        inner = {"type": "object", "properties": {"b": {"type": "boolean"}, "a": WIDE}, "required": ["b", "a"]}
+        with pytest.raises(openai.InternalServerError) as failed:
+            client.completions.create(model=model, prompt="hi", max_tokens=20, extra_body=schema(inner))
+        assert "llguidance failed (Current row has 3000 items" in failed.value.message
+        chunks += list(stream)
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert sum(len(c.choices[0].text) for c in chunks) >= 150 // 4  # bytes; its tokens' text came
+    finally:
+        assert server.stop() == 0
