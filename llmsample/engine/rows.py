@@ -21,6 +21,7 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import ANY, Matcher, tokenizer_table
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator
+from llmsample.sampling.reachable import dead_end
 
 
 @dataclass(frozen=True)
@@ -163,16 +164,17 @@ def start_row(
     prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
     generator = make_generator(item.cfg.seed, lm.sample_device)
     speculative = item.drafter is not None
+    history = TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids)
     matcher, failed = None, None
     try:
-        matcher = start_matcher(lm, item.cfg, vocab)
+        matcher = start_matcher(lm, item.cfg, vocab, history)
     except UserError as exc:  # this request's constraint, not the rows beside it
         failed = exc
     return Row(
         item=item,
         emitter=Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names),
         generator=generator,
-        history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
+        history=history,
         seq=list(item.prompt_ids),
         cached=len(item.prompt_ids),
         drafter=item.drafter() if item.drafter is not None else None,
@@ -186,9 +188,18 @@ def start_row(
     )
 
 
-def start_matcher(lm: LoadedModel, cfg: SamplingConfig, vocab: int) -> Matcher | None:
-    """The row's grammar state at the start of its output (the tokenizer's table built once)."""
+def start_matcher(
+    lm: LoadedModel, cfg: SamplingConfig, vocab: int, history: TokenHistory | None = None
+) -> Matcher | None:
+    """The row's grammar state at the start of its output (the tokenizer's table built once); a
+    constraint its bans or ``--min-tokens`` leave no way to complete (searched with ``history``'s
+    vocabulary) is refused here, before the row emits a token: the loop would stop part-way."""
     if cfg.constraint is None:
         return None
     table = tokenizer_table(lm.tokenizer, vocab, sorted(lm.eos_ids), cfg.constraint.flag)
-    return Matcher(cfg.constraint, table, vocab)
+    matcher = Matcher(cfg.constraint, table, vocab)
+    if history is not None and history.vocabulary is not None:
+        reason = dead_end(matcher, cfg, history.vocabulary)
+        if reason is not None:
+            raise UserError(reason)
+    return matcher
