@@ -116,7 +116,7 @@ def ban_table(vocabulary: Vocabulary, strings: tuple[str, ...]) -> BanTable:
     completing = []
     for s in strings:
         anywhere.update(t for t, text in enumerate(texts) if s in text)
-        anywhere.update(t for t, name in eos.items() if s == name)
+        anywhere.update(t for t, name in eos.items() if s.strip() == name.strip())
         splits = []
         for j in range(1, len(s)):
             suffix = s[j:]
