@@ -107,16 +107,11 @@ class BanTable:
 
 @functools.lru_cache(maxsize=64)
 def ban_table(vocabulary: Vocabulary, strings: tuple[str, ...]) -> BanTable:
-    """The tokens that complete each string. EOS adds no text (its name, ``<eos>``, is never
-    output): only its whole name bans it, not a string inside the name (``--ban s`` would leave a
-    constraint no way to end)."""
-    eos = {t: vocabulary.texts[t] for t in vocabulary.eos_ids}
-    texts = ["" if t in eos else text for t, text in enumerate(vocabulary.texts)]
+    texts = vocabulary.texts
     anywhere: set[int] = set()
     completing = []
     for s in strings:
         anywhere.update(t for t, text in enumerate(texts) if s in text)
-        anywhere.update(t for t, name in eos.items() if s.strip() == name.strip())
         splits = []
         for j in range(1, len(s)):
             suffix = s[j:]
