@@ -143,6 +143,9 @@ def read_requests(
                 seen.setdefault(exc.custom_id, number)
             yield RequestError(number, exc.custom_id, str(exc))
             continue
+        except RecursionError:  # Python's JSON reader (or a check walking the value) ran out of stack
+            yield RequestError(number, None, "nested too deeply to read (about 1000 levels at most); flatten the line")
+            continue
         first = seen.setdefault(request.custom_id, number)
         if first != number:
             yield RequestError(

@@ -18,9 +18,10 @@ import torch
 
 from llmsample.engine.backend import Backend, open_backend
 from llmsample.engine.feed import Feed, IterableFeed
-from llmsample.engine.rows import BatchItem, Row, start_row
+from llmsample.engine.rows import BatchItem, Row, RowFailed, start_row
 from llmsample.engine.speculative import DraftLength
 from llmsample.engine.step import Record, StepInput, sample_step
+from llmsample.errors import RuntimeFailure
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.figures import WatchIndex
@@ -119,9 +120,13 @@ def run_rows(
             if not result.finished[i] and row.key in cancelled:
                 result.finished[i] = True
                 yield row.key, row.item.stats.summary("cancelled")
+        for i in [i for i, done in enumerate(result.finished) if not done]:
+            try:
+                rows[i].advance(result.emitted[i], result.newest[i : i + 1])
+            except RuntimeFailure as exc:  # this row's grammar failed, not the run
+                result.finished[i] = True
+                yield rows[i].key, RowFailed(rows[i].key, str(exc))
         staying = [i for i, done in enumerate(result.finished) if not done]
-        for i in staying:
-            rows[i].advance(result.emitted[i], result.newest[i : i + 1])
         for i, done in enumerate(result.finished):
             if done:  # its sequence complete, for whoever continues it (a session's next turn)
                 rows[i].seq += result.emitted[i]

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.rows import BatchItem, RowFailed
-from llmsample.errors import RuntimeFailure
+from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
@@ -45,7 +45,7 @@ def generate(
 def _one_row(lm: LoadedModel, item: BatchItem, options: DecodeOptions) -> Iterator[TokenEvent | Summary]:
     for _, record in decode(lm, [item], 1, options, one_prompt=True):
         if isinstance(record, RowFailed):
-            raise RuntimeFailure(record.message)
+            raise (UserError if record.user_error else RuntimeFailure)(record.message)
         yield record
 
 

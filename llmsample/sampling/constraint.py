@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llmsample.errors import UserError
+from llmsample.errors import RuntimeFailure, UserError
 
 if TYPE_CHECKING:  # the batch reader compiles constraints and imports no torch
     from torch import Tensor
@@ -64,6 +64,7 @@ def _one_line(message: str) -> str:
 
 
 def _check(grammar: str, origin: str, unsupported: str = "") -> str:
+    """The grammar, validated, then run over bytes (:func:`_probe`); a failure is one line."""
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
@@ -72,7 +73,55 @@ def _check(grammar: str, origin: str, unsupported: str = "") -> str:
         if unsupported and reason.startswith("Unimplemented keys"):
             reason += f" ({unsupported})"
         raise UserError(f"{origin}: {reason}")
+    _probe(grammar, origin)
     return grammar
+
+
+class _ByteTokens:
+    """A vocabulary of the 256 bytes and an EOS: what :func:`_probe` runs a grammar over."""
+
+    def __init__(self) -> None:
+        self.eos_token_id = 256
+        self.bos_token_id = None
+        self.tokens = [bytes([b]) for b in range(256)] + [b"<eos>"]
+        self.special_token_ids = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+_BYTES: list[Any] = []
+PROBED_BYTES = 16
+"""How many of the first allowed bytes :func:`_probe` steps over, each undone again."""
+
+
+def _probe(grammar: str, origin: str) -> None:
+    """Run the grammar's first steps over bytes, before any model loads. llguidance validates a
+    grammar without running it: a language with no text in it (``[^\\s\\S]``) or a grammar past its
+    parser limits (a choice of thousands of alternatives, an ``anyOf`` of thousands of objects)
+    would only fail at the first mask or the first token, in the loop other rows share."""
+    from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
+
+    if not _BYTES:
+        _BYTES.append(LLTokenizer(TokenizerWrapper(_ByteTokens())))
+    matcher = LLMatcher(_BYTES[0], grammar, log_level=0)
+    mask = matcher.compute_bitmask() if not matcher.is_error() else b""
+    allowed = [b for b in range(256) if mask and mask[b // 8] >> (b % 8) & 1]
+    for byte in allowed[:PROBED_BYTES]:
+        if matcher.is_error():
+            break
+        matcher.rollback(matcher.try_consume_tokens([byte]))
+    if matcher.is_error():
+        error = matcher.get_error()
+        if "NoExtensionBias" in error and not allowed:
+            raise UserError(f"{origin}: matches no text at all; check the constraint")
+        raise UserError(f"{origin}: too complex for llguidance ({_reason(error)}); simplify the constraint")
+
+
+def _reason(error: str) -> str:
+    """llguidance's runtime error without its parser state and grammar dump."""
+    first = error.split("<state>", 1)[0]
+    return " ".join(first.removeprefix("Parser Error:").split()).rstrip(".;")
 
 
 def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
@@ -84,6 +133,8 @@ def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
             raise UserError(f"{origin}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+        except RecursionError:
+            raise UserError(f"{origin}: nested too deeply for a JSON reader; flatten the schema") from None
     if not isinstance(schema, dict | bool):
         raise UserError(f"{origin}: a JSON Schema is an object, got {type(schema).__name__}")
     try:
@@ -114,7 +165,9 @@ def choice(texts: Sequence[str], origin: str = "--choice") -> Constraint:
 
     if not texts or any(not isinstance(t, str) or not t for t in texts):
         raise UserError(f"{origin}: give one or more non-empty texts")
-    lark = "start: " + " | ".join(json.dumps(t) for t in texts)
+    # One terminal, so the lexer (a DFA) holds the texts: as alternatives of a rule, thousands of
+    # them would overflow one row of llguidance's parser at the first token.
+    lark = "start: CHOICE\nCHOICE: " + " | ".join(json.dumps(t) for t in texts)
     return Constraint("choice", _check(LLMatcher.grammar_from_lark(lark), origin), origin)
 
 
@@ -223,10 +276,19 @@ class Matcher:
         return self.matcher.validate_tokens(list(tokens)) if tokens else 0
 
     def advance(self, tokens: Sequence[int]) -> None:
-        """The row's emitted tokens (an EOS kept by ``--ignore-eos`` is not the grammar's)."""
+        """The row's emitted tokens (an EOS kept by ``--ignore-eos`` is not the grammar's); a
+        grammar that fails on them (past llguidance's limits) fails this row alone."""
         tokens = [t for t in tokens if t not in self.eos]
         if tokens and not self.matcher.consume_tokens(tokens):
-            raise RuntimeError(f"the grammar rejected an emitted token: {self.matcher.get_error()}")
+            raise RuntimeFailure(self.failure() or f"{self.constraint.flag}: the grammar rejected an emitted token")
+
+    def failure(self) -> str | None:
+        """Why llguidance stopped this grammar (a parser or lexer limit hit mid-output), in one
+        line; None while it works."""
+        if not self.matcher.is_error():
+            return None
+        origin = self.constraint.origin or self.constraint.flag
+        return f"{origin}: llguidance failed ({_reason(self.matcher.get_error())})"
 
     def accepts_after(self, tokens: Sequence[int]) -> bool:
         """Whether the grammar is complete once ``tokens`` are added (the state is kept)."""
@@ -242,7 +304,7 @@ class Matcher:
         if token in self.eos:
             return False
         if not self.matcher.consume_token(token):
-            raise RuntimeError(f"the grammar rejected a drafted token: {self.matcher.get_error()}")
+            raise RuntimeFailure(self.failure() or f"{self.constraint.flag}: the grammar rejected a drafted token")
         return True
 
     @property

@@ -319,6 +319,15 @@ def test_invalid_utf8_is_one_error_and_reading_goes_on() -> None:
     assert items[3].line == 4
 
 
+@pytest.mark.parametrize("depth", [3000, 990])
+def test_a_line_nested_too_deeply_is_its_error_and_reading_goes_on(depth: int) -> None:
+    """3000 levels stop Python's JSON reader, 990 a check that walks the value: both the line's error."""
+    deep = json.dumps({"custom_id": "d", "prompt": "hi", "stop": "X"}).replace('"X"', "[" * depth + "]" * depth)
+    items = list(read_requests(["before", deep, "after"]))
+    assert items[1] == RequestError(2, None, "nested too deeply to read (about 1000 levels at most); flatten the line")
+    assert [item.prompt for item in (items[0], items[2])] == ["before", "after"]
+
+
 def test_duplicate_custom_ids() -> None:
     lines = [
         '{"custom_id": "a", "prompt": "x"}',

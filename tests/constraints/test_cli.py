@@ -85,6 +85,8 @@ def test_explain_shows_the_grammar_column_and_compare_presets_takes_a_choice(byt
         (("--regex", "a("), "--regex: invalid regex: unclosed group"),
         (("--grammar", "GRAMMAR"), "unknown name"),
         (("--json", "--regex", "a"), "--json and --regex are two constraints; give one"),
+        (("--regex", r"[^\s\S]"), "--regex: matches no text at all"),
+        (("--json-schema", '{"items": ' * 3000 + "{}" + "}" * 3000), "--json-schema: nested too deeply"),
     ],
 )
 def test_bad_constraints_fail_in_one_line_before_the_model_loads(
@@ -98,11 +100,18 @@ def test_bad_constraints_fail_in_one_line_before_the_model_loads(
     assert result.stdout == ""
 
 
-def test_a_constraint_another_stage_empties_names_both(byte_model_dir: Path) -> None:
-    banned = run("generate", "-p", "hi", "--raw", "--choice", "yes", "--ban", "y", "-q", model=byte_model_dir)
-    one_line(banned, 1, "--choice allows only tokens that --ban removed")
-    early = run("generate", "-p", "hi", "--raw", "--choice", "a", "--min-tokens", "3", "-q", model=byte_model_dir)
-    one_line(early, 1, "--choice allows only tokens that --min-tokens removed")
+@pytest.mark.parametrize(
+    ("args", "stage"),
+    [(("--ban", "y"), "--ban"), (("--ban", "s"), "--ban"), (("--min-tokens", "3"), "--min-tokens")],
+)
+def test_a_constraint_another_stage_leaves_no_end_is_refused_before_any_text(
+    byte_model_dir: Path, args: tuple[str, ...], stage: str
+) -> None:
+    """``--ban s`` lets "ye" out before the "s" it needs: refused before the first token, nothing on stdout."""
+    choice = ("--choice", "a") if stage == "--min-tokens" else ("--choice", "yes")
+    result = run("generate", "-p", "hi", "--raw", *choice, *args, "-q", model=byte_model_dir)
+    one_line(result, 2, f"--choice cannot be completed: it allows only tokens that {stage} removes; loosen one")
+    assert result.stdout == ""
 
 
 def test_a_tokenizer_llguidance_cannot_read_is_one_line(tiny_model_dir: Path) -> None:

@@ -103,6 +103,10 @@ def test_first_token_chi_squared_under_a_constraint_with_top_k_and_top_p(flat_lm
     assert chisquare(counts[support].numpy(), n * expected[support].numpy()).pvalue > 1e-3
 
 
+def one_key(i: int) -> dict:
+    return {"type": "object", "properties": {f"k{i}": {"type": "integer"}}, "required": [f"k{i}"]}
+
+
 @pytest.mark.parametrize(
     ("make", "fragment"),
     [
@@ -117,6 +121,19 @@ def test_first_token_chi_squared_under_a_constraint_with_top_k_and_top_p(flat_lm
             lambda: constraints.grammar("start: foo", "--grammar g.lark"),
             '--grammar g.lark: at 1(8): unknown name: "foo"',
         ),
+        (lambda: constraints.regex(r"[^\s\S]"), "--regex: matches no text at all; check the constraint"),
+        (
+            lambda: constraints.json_schema({"anyOf": [one_key(i) for i in range(3000)]}),
+            "--json-schema: too complex for llguidance (Current row has 3000 items; max is 2000",
+        ),
+        (
+            lambda: constraints.grammar("start: " + " | ".join(f'"t{i}"' for i in range(2001))),
+            "--grammar: too complex for llguidance (Current row has 2002 items",
+        ),
+        (
+            lambda: constraints.json_schema('{"items": ' * 3000 + "{}" + "}" * 3000),
+            "--json-schema: nested too deeply for a JSON reader; flatten the schema",
+        ),
     ],
 )
 def test_bad_constraints_are_one_line(make, fragment: str) -> None:
@@ -124,6 +141,16 @@ def test_bad_constraints_are_one_line(make, fragment: str) -> None:
         make()
     message = str(info.value)
     assert fragment in message and "\n" not in message
+
+
+def test_a_choice_of_ten_thousand_texts_is_one_lexeme_the_parser_can_hold(byte_lm) -> None:
+    """As alternatives of one rule, 2001 texts overflowed a row of llguidance's parser at the first token."""
+    vocab = byte_lm.model.config.vocab_size
+    table = constraints.tokenizer_table(byte_lm.tokenizer, vocab, sorted(byte_lm.eos_ids))
+    matcher = constraints.Matcher(constraints.choice([f"t{i}" for i in range(10000)]), table, vocab)
+    ids = byte_lm.tokenizer.encode("t9999", add_special_tokens=False)
+    matcher.advance(ids[:2])
+    assert matcher.accepts_after(ids[2:]) and matcher.accepts_after([]) and not matcher.stopped
 
 
 def test_masks_after_drafts_leave_the_state_alone(byte_lm) -> None:

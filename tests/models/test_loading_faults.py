@@ -228,6 +228,26 @@ def test_damaged_gguf_in_the_wheel_is_one_line(home: Path, tiny_gguf: Path, monk
     nothing_loadable_left(home / "models")
 
 
+@pytest.mark.parametrize(("length", "backend"), [(10, "auto"), (1000, "auto"), (1000, "transformers")])
+def test_a_gguf_cut_inside_its_metadata_is_one_line_naming_it(
+    home: Path, tiny_gguf: Path, length: int, backend: str
+) -> None:
+    """``--model FILE.gguf`` cut in its header (10 bytes) or its metadata: transformers' reader
+    (the llama.cpp backend's tokenizer, or the conversion) fails in ``struct``; the user's own
+    file is named, with no reinstall advice."""
+    cut = home.parent / "cut" / "model.gguf"
+    cut.parent.mkdir()
+    cut.write_bytes(tiny_gguf.read_bytes()[:length])
+    err = assert_one_line(
+        *run_cli(
+            "generate", "-p", "hi", "-n", "2", "--raw", "--device", "cpu", "-q", "-m", str(cut), "--backend", backend
+        )
+    )
+    assert f"cannot read the GGUF file {cut} (the file ends inside its header or metadata: it is cut short)" in err
+    assert "pip install" not in err
+    nothing_loadable_left(home / "models")
+
+
 # --- 5. an incomplete converted model is replaced -------------------------------------------------
 
 
