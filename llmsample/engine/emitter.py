@@ -104,7 +104,7 @@ class Emitter:
                 self.reason = "stop"
             elif index == self.max_tokens - 1:
                 text, self.reason = text + self.stream.flush(), "length"
-            elif position == self.context - 1:  # the last position the model has
+            elif self.context and position >= self.context - 1:  # the last position the model has
                 text, self.reason = text + self.stream.flush(), "context"
         event = make_event(
             figures, index, text, self.lm.token_text, source=source, eos=is_eos, watch_names=self.watch_names

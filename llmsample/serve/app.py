@@ -305,9 +305,17 @@ def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries:
         events[index].append(record)
     elif isinstance(record, RowFailed):
         if record.message != "cancelled":  # cancelled: the client went away (or the server stops)
-            raise ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
+            raise _failure(record)
     else:
         summaries[index] = record
+
+
+
+def _failure(record: RowFailed) -> ApiError:
+    """A row that failed: the request's own fault (a constraint it cannot complete) is a 400."""
+    if record.user_error:
+        return bad_request(record.message)
+    return ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
 
 
 async def _stream(
@@ -333,8 +341,7 @@ def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
     if isinstance(record, RowFailed):
         if record.message == "cancelled":
             return ""
-        error = ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
-        return f"data: {dumps(error.body())}\n\n"
+        return f"data: {dumps(_failure(record).body())}\n\n"
     first = index % answer.serve.n == 0  # each prompt's tokens counted once, by its first choice
     usage[0], usage[1] = usage[0] + (record.prompt_tokens if first else 0), usage[1] + record.tokens
     return answer.chunk(index, summary=record)

@@ -109,6 +109,9 @@ def test_a_request_whose_grammar_fails_leaves_the_other_streams_alone(byte_model
         with pytest.raises(openai.BadRequestError) as refused:
             client.completions.create(model=model, prompt="hi", max_tokens=20, extra_body=schema(WIDE))
         assert "too complex for llguidance (Current row has 3000 items" in refused.value.message
+        with pytest.raises(openai.BadRequestError) as unfinishable:  # the request's own fault: 400, not 500
+            client.completions.create(model=model, prompt="hi", max_tokens=20, extra_body={"choice": ["yes"], "ban": ["s"]})
+        assert "cannot be completed" in unfinishable.value.message
         inner = {"type": "object", "properties": {"b": {"type": "boolean"}, "a": WIDE}, "required": ["b", "a"]}
         with pytest.raises(openai.InternalServerError) as failed:
             client.completions.create(model=model, prompt="hi", max_tokens=20, extra_body=schema(inner))
