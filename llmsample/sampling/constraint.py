@@ -345,7 +345,7 @@ def batch_masks(matchers: Sequence[Matcher], drafts: Sequence[Sequence[int]]) ->
 
 
 def incomplete_message(summary: Any) -> str | None:
-    """The one line for a constrained output the length limit (or a stop string) cut short;
+    """The one line for a constrained output the length limit (a stop string, the context) cut short;
     None when the output is complete or unconstrained."""
     outcome = summary.facts.constraint
     if outcome is None or outcome.complete:
@@ -353,5 +353,10 @@ def incomplete_message(summary: Any) -> str | None:
     if summary.stop_reason == "stop":
         return (
             f"the output is incomplete under {outcome.constraint}: a stop string ended it after {summary.tokens} tokens"
+        )
+    if summary.stop_reason == "context":
+        return (
+            f"the output is incomplete under {outcome.constraint}: the model's context ended it after "
+            f"{summary.tokens} tokens; shorten the prompt"
         )
     return f"the output is incomplete under {outcome.constraint} after {summary.tokens} tokens; raise --max-tokens"

@@ -105,3 +105,16 @@ def test_llama_cpp_stops_at_the_context(tmp_path: Path, monkeypatch: pytest.Monk
         summary = jsonl(done.stdout)[-1]
         assert summary["backend"] == "llama.cpp" and summary["stop_reason"] == "context"
         assert summary["prompt_tokens"] + summary["tokens"] == 40
+
+
+def test_a_constrained_output_the_context_cut_short_says_so() -> None:
+    """Not "raise --max-tokens": more tokens would not fit; a shorter prompt would."""
+    from types import SimpleNamespace
+
+    from llmsample.sampling.constraint import incomplete_message
+
+    outcome = SimpleNamespace(constraint="--json-schema", complete=False)
+    summary = SimpleNamespace(facts=SimpleNamespace(constraint=outcome), stop_reason="context", tokens=21)
+    assert incomplete_message(summary) == (
+        "the output is incomplete under --json-schema: the model's context ended it after 21 tokens; shorten the prompt"
+    )
