@@ -223,7 +223,13 @@ def test_a_mask_that_leaves_nothing_is_never_lifted(cfg: SamplingConfig, stages:
     assert [f.candidates for f in figures] == [0, 0]
     assert sum(figures[0].removed.values()) == len(TEXTS)
     lm = SimpleNamespace(
-        tokenizer=TOKENIZER, eos_ids={0}, device="cpu", dtype=torch.float32, token_text=str, backend="transformers"
+        tokenizer=TOKENIZER,
+        eos_ids={0},
+        device="cpu",
+        dtype=torch.float32,
+        token_text=str,
+        backend="transformers",
+        context_length=None,
     )
     emitter = Emitter(lm, cfg, RunStats("m", "p", None), torch.tensor([[8]]), ignore_eos=False)
     with pytest.raises(RuntimeFailure, match=f"^{stages} leave no token to generate at token 0 .position 1.:"):
