@@ -64,6 +64,16 @@ def make_tiny_model(
     return save_tiny_llama(path, tokenizer, vocab_size, seed, init, layers, hidden, positions)
 
 
+def with_chat_template(path: Path, template: str) -> Path:
+    """The model at ``path`` with ``template`` as its tokenizer's chat template (saved in place)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def save_tiny_llama(
     path: Path, tokenizer, vocab_size: int, seed: int, init: float, layers: int, hidden: int, positions: int = 1024
 ) -> Path:

@@ -6,16 +6,14 @@ conversation replays to the same replies."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError
+from llmsample.files import replace_whole
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
 if TYPE_CHECKING:
@@ -104,23 +102,13 @@ def save(path: Path, conversation: Conversation, header: dict[str, Any]) -> None
 
 
 def write_whole(path: Path, text: str) -> None:
-    """All of ``text`` or nothing: written beside ``path``, synced, then renamed over it, so a
-    full disk or an interrupt never tears an earlier save (the file stays as it was)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    """All of ``text`` or nothing (:func:`~llmsample.files.replace_whole`): an earlier save stays whole."""
     try:
-        with open(temporary, "xb") as out:
-            out.write(text.encode("utf-8"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):  # never made (no such folder): nothing to remove
-            temporary.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            kept = f"{path} is as it was" if path.exists() else "nothing was written"
-            reason = exc.strerror or exc
-            raise UserError(f"cannot write {path} ({reason}); {kept}: make room or choose another file") from exc
-        raise
+        replace_whole(path, text.encode("utf-8"))
+    except OSError as exc:
+        kept = f"{path} is as it was" if path.exists() else "nothing was written"
+        reason = exc.strerror or exc
+        raise UserError(f"cannot write {path} ({reason}); {kept}: make room or choose another file") from exc
 
 
 def load(path: Path) -> tuple[dict[str, Any], Conversation]:

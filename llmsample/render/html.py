@@ -4,12 +4,11 @@ probability and each token's alternatives on hover or keyboard focus."""
 from __future__ import annotations
 
 import html
-import os
-import secrets
 from pathlib import Path
 
 from llmsample.errors import RuntimeFailure
 from llmsample.events import Summary, TokenEvent
+from llmsample.files import replace_whole
 from llmsample.render.bands import BANDS, band_for
 from llmsample.sampling.stages import label
 
@@ -127,21 +126,13 @@ def compare_page(runs: list[tuple[str, int, list[TokenEvent]]]) -> str:
 
 
 def write_page(path: Path, document: str) -> None:
-    """The whole page or nothing: written to a temporary file beside the target, then renamed
-    over it, so a full disk or an interrupt never leaves half a page (or clobbers the old one).
-    The directory was checked before the run; a failure now is a runtime failure (exit 1)."""
-    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    """The whole page or nothing (:func:`~llmsample.files.replace_whole`): a full disk or an
+    interrupt never leaves half a page (or clobbers the old one). The directory was checked
+    before the run; a failure now is a runtime failure (exit 1)."""
     try:
-        with open(temporary, "xb") as out:
-            out.write(document.encode("utf-8"))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException as exc:
-        temporary.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise RuntimeFailure(f"cannot write --html {path} ({exc.strerror or exc}); nothing was written") from exc
-        raise
+        replace_whole(path, document.encode("utf-8"))
+    except OSError as exc:
+        raise RuntimeFailure(f"cannot write --html {path} ({exc.strerror or exc}); nothing was written") from exc
 
 
 class HtmlRenderer:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_env, make_tiny_model
+from tests.conftest import REPO, cli_env, make_tiny_model, with_chat_template
 
 # system w5 … w6, user w3 … w6, assistant w4 … w6; the reply starts after "w4".
 TEMPLATE = (
@@ -19,13 +19,7 @@ TEMPLATE = (
 
 
 def make_chat_model(path: Path, **kwargs) -> Path:
-    from transformers import AutoTokenizer
-
-    make_tiny_model(path, **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    return path
+    return with_chat_template(make_tiny_model(path, **kwargs), TEMPLATE)
 
 
 @pytest.fixture(scope="session")
@@ -43,15 +37,9 @@ def chat_lm(chat_model_dir: Path):
 @pytest.fixture(scope="session")
 def byte_chat_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A byte-level model with the chat template: its replies can hold any character."""
-    from transformers import AutoTokenizer
-
     from tests.constraints.conftest import make_byte_model
 
-    model = make_byte_model(tmp_path_factory.mktemp("bytes"))
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(model)
-    return model
+    return with_chat_template(make_byte_model(tmp_path_factory.mktemp("bytes")), TEMPLATE)
 
 
 def chat_command(model: Path, *args: str) -> list[str]:

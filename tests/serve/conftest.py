@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import TEST_HOME, make_tiny_model
+from tests.conftest import TEST_HOME, make_tiny_model, with_chat_template
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 NO_EOS = {"1": -100}  # logit_bias: the tiny model's <eos> never comes (long answers on demand)
@@ -85,13 +85,7 @@ def wait_in_flight(server: Server, count: int) -> None:
 
 @pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
-    path = make_tiny_model(tmp_path_factory.mktemp("tiny-chat"))
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    return path
+    return with_chat_template(make_tiny_model(tmp_path_factory.mktemp("tiny-chat")), TEMPLATE)
 
 
 @pytest.fixture(scope="session")
