@@ -42,30 +42,45 @@ class Totals:
 @dataclass(frozen=True)
 class Views:
     """How replies and chains are shown, handed down by the command (``generate``'s renderers
-    for the options, ``explain``'s chain table), so that chat shows exactly what they show."""
+    for its flags, quiet or not; ``explain``'s chain table), so that chat shows exactly what
+    they show."""
 
-    renderers: Callable[[dict[str, Any]], list[Any]]
+    renderers: Callable[[bool], list[Any]]
     chain_table: Callable[[Any, str], Any]
 
 
+@dataclass(frozen=True)
+class ChatSettings:
+    """The command's flags a chat reads, typed by the command: its decoding (``top_n``,
+    ``ignore_eos``, ``draft_tokens``) and where its own lines go (``quiet``, ``fmt``, ``no_color``)."""
+
+    system: str | None = None
+    top_n: int = 0
+    ignore_eos: bool = False
+    draft_tokens: int | None = None
+    quiet: bool = False
+    fmt: str = "text"
+    no_color: bool = False
+
+
 class Chat:
-    """``options``: the command's display and decoding flags (as ``generate`` takes them)."""
+    """``settings``: the command's display and decoding flags."""
 
     def __init__(
         self,
         lm: LoadedModel,
         preset: str,
         cfg: SamplingConfig,
-        options: dict[str, Any],
+        settings: ChatSettings,
         views: Views,
         watch: tuple[tuple[str, int], ...] = (),
         drafter: Callable[[], Drafter] | None = None,
     ) -> None:
-        self.lm, self.preset, self.cfg, self.options, self.drafter = lm, preset, cfg, options, drafter
+        self.lm, self.preset, self.cfg, self.settings, self.drafter = lm, preset, cfg, settings, drafter
         self.views = views
-        self.conversation = Conversation(options.get("system") or None)
+        self.conversation = Conversation(settings.system or None)
         positions = (lm.context_length or 4096) + 65
-        self.session = Session(lm, positions, DecodeOptions(options["top_n"], options["ignore_eos"], watch))
+        self.session = Session(lm, positions, DecodeOptions(settings.top_n, settings.ignore_eos, watch))
         self.totals = Totals()
         self.legend_shown = False
         self.last_summary: Summary | None = None
@@ -167,7 +182,7 @@ class Chat:
             self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
         prefix = [event.token_id for event in kept]
         stats = RunStats(model=self.lm.name, preset=self.preset, seed=seed)
-        item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.options.get("draft_tokens"))
+        item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.settings.draft_tokens)
         events, summary = self._stream(item, kept)
         if summary.stop_reason == "interrupted" and len(events) == len(kept):
             self.note("interrupted before the first token: nothing to keep")
@@ -215,7 +230,7 @@ class Chat:
         for renderer in renderers:
             renderer.summary(summary)
         sys.stdout.flush()
-        if not self.options["quiet"]:
+        if not self.settings.quiet:
             from llmsample.render.stream import summary_line
 
             self.note(summary_line(summary))
@@ -225,7 +240,7 @@ class Chat:
         # The legend once, before the first reply; each reply gets fresh renderers (--inspect's table).
         from llmsample.render.stream import OneLineRenderer, PlainRenderer
 
-        renderers = self.views.renderers({**self.options, "quiet": self.options["quiet"] or self.legend_shown})
+        renderers = self.views.renderers(self.settings.quiet or self.legend_shown)
         self.legend_shown = True
         if sys.stdout.isatty():  # --no-color on a terminal: a person reads the replies as they are
             return renderers
@@ -256,9 +271,9 @@ class Chat:
         """Tables (``/inspect``, ``/explain``, ``/set``): stdout, or stderr when stdout is JSON lines."""
         from llmsample.terminal import stderr_console, stdout_console, use_color
 
-        if self.options["fmt"] == "jsonl":
+        if self.settings.fmt == "jsonl":
             return stderr_console()
-        return stdout_console(use_color(self.options["no_color"]))
+        return stdout_console(use_color(self.settings.no_color))
 
 
 class TokenGuard:

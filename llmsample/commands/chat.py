@@ -51,7 +51,7 @@ def chat(**options: Any) -> None:
     """
     from llmsample.chat.repl import converse
     from llmsample.chat.slash import load_into
-    from llmsample.chat.talk import Chat, Views
+    from llmsample.chat.talk import Chat, ChatSettings, Views
     from llmsample.commands.explain import chain_table
     from llmsample.commands.generate import build_renderers
     from llmsample.engine.prompt import has_chat_template
@@ -69,7 +69,12 @@ def chat(**options: Any) -> None:
         from llmsample.commands.generate import build_drafter
 
         drafter = build_drafter(options, lm)
-    talk = Chat(lm, preset, cfg, options, Views(build_renderers, chain_table), resolve_watch(options, lm), drafter)
+    settings = ChatSettings(
+        options["system"], options["top_n"], options["ignore_eos"], options["draft_tokens"],
+        options["quiet"], options["fmt"], options["no_color"],
+    )  # fmt: skip
+    views = Views(lambda quiet: build_renderers({**options, "quiet": quiet}), chain_table)
+    talk = Chat(lm, preset, cfg, settings, views, resolve_watch(options, lm), drafter)
     try:
         if options["load_file"] is not None:
             load_into(talk, options["load_file"])

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.options import (
+    constraint_from,
     constraint_options,
     format_option,
     html_option,
@@ -63,9 +64,7 @@ def compare_presets(**options: Any) -> None:
             )
     preset_store.check_names(names)  # before the model load
     check_seeds(options["seed"], options["samples"])
-    from llmsample.sampling.constraint import from_options
-
-    constraint = from_options(options)  # a bad one fails before the model load
+    constraint = constraint_from(options)  # a bad one fails before the model load
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)

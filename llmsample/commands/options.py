@@ -17,6 +17,7 @@ from llmsample.sampling.config import ConfigError, SamplingConfig
 
 if TYPE_CHECKING:
     from llmsample.models.loading import LoadedModel
+    from llmsample.sampling.constraint import Constraint
 
 # The config's keys that repeat on the command line, each a flag in the singular (or as it is).
 REPEATED_FLAGS = {
@@ -405,15 +406,27 @@ def sampling_overrides(options: dict[str, Any]) -> dict[str, Any]:
 
 def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tuple[str, SamplingConfig]:
     """Preset (or ``--preset-file``) with the flags on top; bad values name the flag."""
-    from llmsample.sampling.constraint import from_options
-
     name, cfg = preset_store.load(preset or options.get("preset"), options.get("preset_file"))
     try:
         cfg = cfg.with_overrides(**sampling_overrides(options))
     except ConfigError as exc:
         raise UserError(f"--{REPEATED_FLAGS.get(exc.key, exc.key).replace('_', '-')}: {exc.reason}") from exc
-    constraint = from_options(options)  # a bad schema, regex or grammar fails here, before the model loads
+    constraint = constraint_from(options)  # a bad schema, regex or grammar fails here, before the model loads
     return name, cfg.with_overrides(constraint=constraint)
+
+
+def constraint_from(options: dict[str, Any]) -> Constraint | None:
+    """The constraint the command's flags ask for (None: none), read into typed flags."""
+    from llmsample.sampling.constraint import ConstraintFlags, from_flags
+
+    flags = ConstraintFlags(
+        json=bool(options.get("json")),
+        json_schema=options.get("json_schema"),
+        regex=options.get("regex"),
+        choice=tuple(options.get("choice") or ()),
+        grammar=options.get("grammar"),
+    )
+    return from_flags(flags)
 
 
 def read_prompt(prompt: str | None, raw: bool = False) -> str:

@@ -129,7 +129,7 @@ def run_rows(
         staying = [i for i, done in enumerate(result.finished) if not done]
         for i, done in enumerate(result.finished):
             if done:  # its sequence complete, for whoever continues it (a session's next turn)
-                rows[i].seq += result.emitted[i]
+                rows[i].text.seq += result.emitted[i]
                 ended.append(rows[i])
         newest = result.newest
         if len(staying) < len(rows):
@@ -168,10 +168,10 @@ def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> 
     drafts): a one-token step when nobody drafts, else one ragged verification pass."""
     backend = backends[0]
     for i, row in enumerate(rows):
-        if row.cached > len(row.seq) - 1:
+        if row.cached > len(row.text.seq) - 1:
             for b in backends:
-                b.rollback(i, len(row.seq) - 1)
-            row.cached = len(row.seq) - 1
+                b.rollback(i, len(row.text.seq) - 1)
+            row.cached = len(row.text.seq) - 1
     drafts = [row.propose(len(rows)) for row in rows] if backend.ragged else [[] for _ in rows]
     for row in rows:
         row.ready = True
@@ -180,7 +180,7 @@ def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> 
         for row in rows:
             row.cached += 1
         return StepInput(outputs[0], list(range(len(rows))), outputs[1] if len(outputs) > 1 else None)
-    fed = [[row.seq[-1], *draft] for row, draft in zip(rows, drafts, strict=True)]
+    fed = [[row.text.seq[-1], *draft] for row, draft in zip(rows, drafts, strict=True)]
     outputs = [b.verify(fed) for b in backends]
     width = outputs[0].shape[1]
     index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)

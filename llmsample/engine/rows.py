@@ -56,29 +56,66 @@ class RowFailed:
 
 
 @dataclass
-class Row:
-    """What the loop keeps per request between steps.
+class RowText:
+    """What a row has decoded and how it draws on: its ``emitter`` (events, stops), its random
+    ``generator``, the token ``history`` its chain reads, and ``seq``, the prompt and output ids."""
 
-    The cache holds ``seq`` but its newest token (``cached`` positions, which a verification
-    pass may have run past); ``logits`` are the logits at the positions fed in the last pass,
-    ``drafted``/``q`` the drafts fed there and their draft distributions."""
-
-    item: BatchItem
     emitter: Emitter
     generator: torch.Generator
     history: TokenHistory
     seq: list[int]
-    cached: int
-    drafter: Drafter | None
-    draft_length: DraftLength | None
-    drafted: Tensor
+
+
+@dataclass
+class Drafts:
+    """The drafts fed in the last pass (none for a plain row): their ids on the device
+    (``tokens``) and on the host (``ids``, the drafter's one transfer), and their draft
+    distributions ``q``."""
+
+    tokens: Tensor
     q: Tensor
-    draft_ids: list[int] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return self.tokens.shape[0]
+
+
+@dataclass
+class SpeculationCounts:
+    """A speculative row's counts so far: drafts proposed, drafts accepted, target passes."""
+
+    drafted: int = 0
+    accepted: int = 0
+    passes: int = 0
+
+
+@dataclass
+class Drafting:
+    """What a speculative row drafts with: its ``drafter``, the draft ``length`` it adapts, and
+    its ``counts``."""
+
+    drafter: Drafter
+    length: DraftLength
+    counts: SpeculationCounts = field(default_factory=SpeculationCounts)
+
+
+@dataclass
+class Row:
+    """What the loop keeps per request between steps.
+
+    The cache holds ``text.seq`` but its newest token (``cached`` positions, which a
+    verification pass may have run past); ``drafts`` are those fed in the last pass."""
+
+    item: BatchItem
+    text: RowText
+    cached: int
+    drafts: Drafts
+    drafting: Drafting | None = None  # None: a plain row
     reference: ReferenceTotals | None = None
     ready: bool = True  # False: the last pass's logits are not this row's to sample (see start_row)
     matcher: Matcher | None = None  # the constraint's grammar state after ``seq`` (--json-schema, ...)
     failed: UserError | None = None  # its constraint could not start: the row fails at its first step
-    counts: dict[str, int] = field(default_factory=lambda: {"drafted": 0, "accepted": 0, "passes": 0})
 
     @property
     def key(self) -> Any:
@@ -97,61 +134,59 @@ class Row:
         }  # fmt: skip
         return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint, **own)
 
-    @property
-    def draft_count(self) -> int:
-        return self.drafted.shape[0]
-
     def propose(self, rows: int) -> list[int]:
         """Drafts for the next pass of ``rows`` rows (none for a plain row), kept for
         verification; their ids."""
-        if self.drafter is None or self.draft_length is None:
+        if self.drafting is None:
             return []
-        cfg = self.item.cfg
+        cfg, text, drafts, drafter = self.item.cfg, self.text, self.drafts, self.drafting.drafter
         # A sampled row's random draws follow its draft lengths: it drafts as it would alone, so
         # its seed gives the same text in any batch. A greedy row's tokens do not depend on them.
         shared = rows if cfg.is_greedy else 1
-        k = min(self.draft_length.fit(shared), self.emitter.room() - 1)  # never past the length or context
+        k = min(self.drafting.length.fit(shared), text.emitter.room() - 1)  # never past the length or context
         if k > 0 and self.matcher is not None:
             # q masked like p at every position (a model draft); a draft the grammar rejects is cut.
             try:
-                drafted, q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator, matcher=self.matcher)
+                drafted, q = drafter.propose(text.seq, k, text.history, cfg, text.generator, matcher=self.matcher)
                 keep = self.matcher.valid_prefix(drafted.tolist())
             except RuntimeFailure:  # the grammar failed (Matcher.failure): the step fails this row
-                drafted, q, keep = self.drafted, self.q, 0
-            self.drafted, self.q = drafted[:keep], q[:keep]
+                drafted, q, keep = drafts.tokens, drafts.q, 0
+            drafts.tokens, drafts.q = drafted[:keep], q[:keep]
         elif k > 0:
-            self.drafted, self.q = self.drafter.propose(self.seq, k, self.history, cfg, self.generator)
+            drafts.tokens, drafts.q = drafter.propose(text.seq, k, text.history, cfg, text.generator)
         else:
-            self.drafted, self.q = self.drafted[:0], self.q[:0]
-        self.draft_ids = self.drafted.tolist() if self.draft_count else []  # the drafter's transfer
-        return self.draft_ids
+            drafts.tokens, drafts.q = drafts.tokens[:0], drafts.q[:0]
+        drafts.ids = drafts.tokens.tolist() if drafts.count else []  # the drafter's transfer
+        return drafts.ids
 
     def advance(self, emitted: list[int], newest: Tensor) -> None:
         """The step's tokens join the history and the sequence; ``newest``: the last, on the device.
         The grammar first: a :class:`RuntimeFailure` there leaves the row as it was, to be failed."""
         if self.matcher is not None:
             self.matcher.advance(emitted)
+        text = self.text
         if len(emitted) == 1:
-            self.history = self.history.advanced(newest, emitted)
+            text.history = text.history.advanced(newest, emitted)
         else:
             device = newest.device
             for token in emitted:
-                self.history = self.history.advanced(torch.tensor([token], device=device), [token])
-        self.seq += emitted
+                text.history = text.history.advanced(torch.tensor([token], device=device), [token])
+        text.seq += emitted
 
     def record_pass(self, accepted: int) -> None:
         """Speculation counts, current at every token so an interrupted run's summary has them."""
-        assert self.draft_length is not None
-        counts, k = self.counts, self.draft_count
-        counts["drafted"] += k
-        counts["accepted"] += accepted
-        counts["passes"] += 1
-        self.draft_length.update(accepted, k)
+        assert self.drafting is not None
+        counts, k = self.drafting.counts, self.drafts.count
+        counts.drafted += k
+        counts.accepted += accepted
+        counts.passes += 1
+        self.drafting.length.update(accepted, k)
 
     def speculation(self) -> Speculation:
-        counts = self.counts
-        tokens_per_pass = self.item.stats.tokens / max(counts["passes"], 1)
-        return Speculation(counts["drafted"], counts["accepted"], counts["passes"], tokens_per_pass)
+        assert self.drafting is not None
+        counts = self.drafting.counts
+        tokens_per_pass = self.item.stats.tokens / max(counts.passes, 1)
+        return Speculation(counts.drafted, counts.accepted, counts.passes, tokens_per_pass)
 
 
 def start_row(
@@ -167,28 +202,27 @@ def start_row(
     one and feeds the prompt's last token with the first drafts."""
     prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
     generator = make_generator(item.cfg.seed, lm.sample_device)
-    speculative = item.drafter is not None
     history = TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids)
     matcher, failed = None, None
     try:
         matcher = start_matcher(lm, item.cfg, vocab, history)
     except UserError as exc:  # this request's constraint, not the rows beside it
         failed = exc
+    emitter = Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names, item.stop_ids, item.keep_stop)
+    drafting = None
+    if item.drafter is not None:
+        length = DraftLength(k=item.draft_tokens or 4, adaptive=item.draft_tokens is None)
+        drafting = Drafting(item.drafter(), length)
     return Row(
         item=item,
-        emitter=Emitter(
-            lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names, item.stop_ids, item.keep_stop
-        ),
-        generator=generator,
-        history=history,
-        seq=list(item.prompt_ids),
+        text=RowText(emitter, generator, history, list(item.prompt_ids)),
         cached=len(item.prompt_ids),
-        drafter=item.drafter() if item.drafter is not None else None,
-        draft_length=DraftLength(k=item.draft_tokens or 4, adaptive=item.draft_tokens is None) if speculative else None,
-        drafted=torch.zeros(0, dtype=torch.long, device=lm.sample_device),
-        q=torch.zeros(0, vocab, device=lm.sample_device),
+        drafts=Drafts(
+            torch.zeros(0, dtype=torch.long, device=lm.sample_device), torch.zeros(0, vocab, device=lm.sample_device)
+        ),
+        drafting=drafting,
         reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
-        ready=not speculative,
+        ready=drafting is None,
         matcher=matcher,
         failed=failed,
     )

@@ -49,13 +49,13 @@ class Session:
             rows = yield from run_rows(
                 self.lm, [self._backend()], IterableFeed([]), [item], 1, self.options, self._prefill, retain=True
             )
-            completed = bool(rows) and rows[0].emitter.reason is not None
+            completed = bool(rows) and rows[0].text.emitter.reason is not None
             if completed:
                 row = rows[0]
-                keep = min(row.cached, len(row.seq) - 1)
+                keep = min(row.cached, len(row.text.seq) - 1)
                 if row.cached > keep:
                     self._backend().rollback(0, keep)
-                self.cached = row.seq[:keep]
+                self.cached = row.text.seq[:keep]
         finally:
             if not completed:  # interrupted or failed: what the cache holds is unknown, start afresh
                 self.reset()

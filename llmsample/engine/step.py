@@ -33,7 +33,7 @@ Record = tuple[Any, TokenEvent | Summary | RowFailed]
 @dataclass(frozen=True)
 class StepInput:
     """The logits of every position fed in the last pass, ``[positions, vocab]``, and where each
-    row's positions start (a row has ``1 + row.draft_count``); ``reference``: the reference
+    row's positions start (a row has ``1 + row.drafts.count``); ``reference``: the reference
     model's logits at the same positions (``--reference``)."""
 
     logits: Tensor
@@ -58,7 +58,7 @@ def sample_step(
     nothing and feeds its sequence's last token next."""
     emitted: list[list[int]] = [[] for _ in rows]
     finished = [False] * len(rows)
-    waiting = [row.seq[-1] if not row.ready else 0 for row in rows]
+    waiting = [row.text.seq[-1] if not row.ready else 0 for row in rows]
     newest = torch.tensor(waiting, device=step.logits.device)
     groups: dict[SamplingConfig, list[int]] = {}
     for i, row in enumerate(rows):
@@ -91,7 +91,7 @@ def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor |
     """Where the group's positions sit in the step's logits (a slice when that is all of them)."""
     if len(members) == len(rows):
         return slice(None)
-    index = [p for i in members for p in range(step.starts[i], step.starts[i] + 1 + rows[i].draft_count)]
+    index = [p for i in members for p in range(step.starts[i], step.starts[i] + 1 + rows[i].drafts.count)]
     return torch.tensor(index, device=step.logits.device)
 
 
@@ -102,33 +102,36 @@ def _draw_group(
     drafts (None when nobody drafted), and where each row's positions start within the group."""
     group = [rows[i] for i in members]
     logits = step.logits[_positions(rows, members, step)]
-    speculative = any(row.draft_count for row in group)
-    history = TokenHistory.stack(
-        [row.history.prefixes(row.drafted, row.draft_ids) if row.draft_count else row.history for row in group]
-    )
+    speculative = any(row.drafts.count for row in group)
+    histories = [
+        row.text.history.prefixes(row.drafts.tokens, row.drafts.ids) if row.drafts.count else row.text.history
+        for row in group
+    ]
+    history = TokenHistory.stack(histories)
     if group[0].matcher is not None:  # every row's masks, after each of its drafts, in one call
-        masks = batch_masks([row.matcher for row in group if row.matcher], [row.draft_ids for row in group])
+        masks = batch_masks([row.matcher for row in group if row.matcher], [row.drafts.ids for row in group])
         history = dataclasses.replace(history, allowed=masks)
     cfg = group[0].item.cfg
     if group[0].matcher is None and cfg.constraint is not None:  # it could not start: it fails in _emit
         cfg = dataclasses.replace(cfg, constraint=None)
-    per_position = [row.item.cfg for row in group for _ in range(row.draft_count + 1)]
+    per_position = [row.item.cfg for row in group for _ in range(row.drafts.count + 1)]
     chain = sampler_chain(logits, history, cfg, RowValues.of(per_position, logits.device))
     if not speculative:
-        tokens = agree(chain.draw([row.generator for row in group]))
+        tokens = agree(chain.draw([row.text.generator for row in group]))
         return chain, tokens, None, list(range(len(members)))
     parts, counts, starts, at = [], [], [], 0
     for row in group:
-        k = row.draft_count
+        k = row.drafts.count
         starts.append(at)
         probs = chain.probs[at : at + k + 1]
         if k == 0:
-            count, after = torch.zeros((), dtype=torch.long, device=probs.device), chain.rows(at).draw([row.generator])
+            count = torch.zeros((), dtype=torch.long, device=probs.device)
+            after = chain.rows(at).draw([row.text.generator])
         else:
-            count, after = accept_drafts(probs[None], row.q[None], row.drafted[None], row.generator)
+            count, after = accept_drafts(probs[None], row.drafts.q[None], row.drafts.tokens[None], row.text.generator)
             count = count[0]
         # Position j carries the emitted token: the draft while accepted, then the correction.
-        drafts = torch.cat([row.drafted, after])
+        drafts = torch.cat([row.drafts.tokens, after])
         parts.append(torch.where(torch.arange(k + 1, device=drafts.device) < count, drafts, after))
         counts.append(count.expand(k + 1))
         at += k + 1
@@ -147,12 +150,12 @@ def _emit(
     if failure is not None:  # its grammar failed computing this step's mask: this row alone ends
         yield row.key, RowFailed(row.key, failure)
         return True
-    speculative = row.draft_length is not None
+    speculative = row.drafting is not None
     if speculative:
         row.record_pass(accepted)
     for j, figure in enumerate(figures):
         try:
-            event = row.emitter.emit(figure, source="draft" if j < accepted else "target")
+            event = row.text.emitter.emit(figure, source="draft" if j < accepted else "target")
         except RuntimeFailure as exc:  # this request's numbers broke, not the run
             yield row.key, RowFailed(row.key, str(exc))
             return True
@@ -163,11 +166,11 @@ def _emit(
         if speculative:
             row.item.stats.note(speculation=row.speculation())
         yield row.key, event
-        if row.emitter.reason:
+        if row.text.emitter.reason:
             if row.matcher is not None:
                 emitted = [f.token_id for f in figures[: j + 1]]
-                complete = row.emitter.reason == "eos" or row.matcher.accepts_after(emitted)
+                complete = row.text.emitter.reason == "eos" or row.matcher.accepts_after(emitted)
                 row.item.stats.note(constraint=ConstraintOutcome(row.matcher.constraint.flag, complete))
-            yield row.key, row.item.stats.summary(row.emitter.reason)
+            yield row.key, row.item.stats.summary(row.text.emitter.reason)
             return True
     return False

@@ -192,29 +192,42 @@ def read_text(path: str, flag: str) -> str:
         raise UserError(f"{flag} {path}: {reason}") from exc
 
 
-def from_options(options: dict[str, Any]) -> Constraint | None:
+@dataclass(frozen=True)
+class ConstraintFlags:
+    """The constraint flags as given (None, False or empty: not given), typed: the commands read
+    them from Click's options, so nothing below them takes the options dict."""
+
+    json: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] = ()
+    grammar: str | None = None
+
+
+def from_flags(flags: ConstraintFlags) -> Constraint | None:
     """The one constraint the flags ask for (none given: None; two: an error)."""
-    given = [flag for key, flag in FLAGS.items() if options.get(key) not in (None, False, ())]
+    given = [flag for key, flag in FLAGS.items() if getattr(flags, key) not in (None, False, ())]
     if not given:
         return None
     if len(given) > 1:
         raise UserError(f"{given[0]} and {given[1]} are two constraints; give one")
-    if options.get("json"):
+    if flags.json:
         return any_json()
-    if options.get("json_schema"):
+    if flags.json_schema:
         from os.path import exists  # False, not an error, for text no path could be (too long, NUL)
 
-        value = options["json_schema"]
+        value = flags.json_schema
         # A file that exists is read, whatever its name starts with (true_schema.json); else
         # text that opens as a schema (an object, or true/false) is the schema itself.
         if not exists(value) and value.lstrip().startswith(("{", "true", "false")):
             return json_schema(value)
         return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}")
-    if options.get("regex"):
-        return regex(options["regex"])
-    if options.get("choice"):
-        return choice(list(options["choice"]))
-    path = options["grammar"]
+    if flags.regex:
+        return regex(flags.regex)
+    if flags.choice:
+        return choice(list(flags.choice))
+    path = flags.grammar
+    assert path is not None  # the one flag given
     return grammar(read_text(path, "--grammar"), f"--grammar {path}", gbnf=path.endswith(".gbnf"))
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from llmsample.chat.slash import resolve_token, run_command
-from llmsample.chat.talk import Chat, Views
+from llmsample.chat.talk import Chat, ChatSettings, Views
 from llmsample.commands.explain import chain_table
 from llmsample.commands.generate import build_renderers
 from llmsample.engine.loop import generate, run_to_end
@@ -19,10 +19,7 @@ from llmsample.events import RunStats
 from llmsample.sampling.config import SamplingConfig
 
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=5)
-OPTIONS = {
-    "top_n": 3, "ignore_eos": True, "fmt": "text", "no_color": True, "quiet": False, "inspect": False,
-    "html": None, "color_by": "sampled", "draft_tokens": None, "system": "w20 w21",
-}  # fmt: skip
+RENDERING = {"fmt": "text", "no_color": True, "inspect": False, "html": None, "color_by": "sampled"}
 
 
 def scratch(lm, ids: list[int], cfg: SamplingConfig = GREEDY) -> list[int]:
@@ -32,7 +29,8 @@ def scratch(lm, ids: list[int], cfg: SamplingConfig = GREEDY) -> list[int]:
 
 @pytest.fixture
 def chat(chat_lm):
-    talk = Chat(chat_lm, "t", GREEDY, OPTIONS, Views(build_renderers, chain_table))
+    views = Views(lambda quiet: build_renderers({**RENDERING, "quiet": quiet}), chain_table)
+    talk = Chat(chat_lm, "t", GREEDY, ChatSettings("w20 w21", top_n=3, ignore_eos=True, no_color=True), views)
     yield talk
     talk.close()
 

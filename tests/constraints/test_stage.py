@@ -181,8 +181,8 @@ def test_json_schema_names_a_file_when_one_exists(tmp_path, monkeypatch: pytest.
     schema is the schema (a long one is no path, not an error)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "true_schema.json").write_text('{"type": "object"}', encoding="utf-8")
-    read = constraints.from_options({"json_schema": "true_schema.json"})
+    read = constraints.from_flags(constraints.ConstraintFlags(json_schema="true_schema.json"))
     assert read is not None and read.origin == "--json-schema true_schema.json"
     for inline in ('{"type": "object"}', '{"description": "%s"}' % ("x" * 5000)):
-        compiled = constraints.from_options({"json_schema": inline})
+        compiled = constraints.from_flags(constraints.ConstraintFlags(json_schema=inline))
         assert compiled is not None and compiled.origin == "--json-schema"
