@@ -70,9 +70,10 @@ def serve(**options: Any) -> None:
     from llmsample.engine.batch import default_batch_size
     from llmsample.sampling import presets as preset_store
     from llmsample.serve.access import AccessLog
-    from llmsample.serve.app import ServeState, create_app
+    from llmsample.serve.app import create_app
     from llmsample.serve.engine import Engine
     from llmsample.serve.server import bind, exposure_warning, serve_forever
+    from llmsample.serve.state import ServeState
 
     if options["compile_model"]:
         raise UserError(

@@ -6,13 +6,11 @@ page at ``/`` (:mod:`llmsample.serve.page`)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import hmac
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.applications import Starlette
@@ -21,49 +19,25 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL, Request
+from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
 from llmsample.batch.responses import dumps
-from llmsample.batch.run import BatchSettings, prompt_ids, request_config
-from llmsample.engine.rows import BatchItem, RowFailed
-from llmsample.errors import UserError, first_line
-from llmsample.events import RunStats, Summary, TokenEvent
-from llmsample.models.device import dtype_name
-from llmsample.models.loading import LoadedModel
-from llmsample.sampling.vocabulary import Vocabulary
+from llmsample.engine.rows import RowFailed
+from llmsample.errors import first_line
+from llmsample.events import Summary, TokenEvent
 from llmsample.serve.access import TOKENS
 from llmsample.serve.compat import log_ignored
-from llmsample.serve.engine import Busy, Closing, Engine
+from llmsample.serve.engine import Busy, Closing
 from llmsample.serve.errors import ApiError, bad_request
 from llmsample.serve.mailbox import Mailbox
-from llmsample.serve.parsing import ServeRequest, load_json, parse_body
-from llmsample.serve.responses import DONE, Answer, fingerprint
-
-MAX_BODY_BYTES = 4 * 2**20
-READ_TIMEOUT_S = 30.0
+from llmsample.serve.parsing import load_json, parse_body
+from llmsample.serve.responses import DONE, Answer
+from llmsample.serve.rows import build_items, prompt_texts
+from llmsample.serve.state import READ_TIMEOUT_S, ServeState
 
 _TOKENIZING = ThreadPoolExecutor(1, thread_name_prefix="llmsample-tokenize")
 """Prompts are tokenized here, off the event loop (a 4 MiB prompt takes seconds, and ``/health``
 and every stream must go on meanwhile); one at a time, as the loop did them, so two requests
 never use the tokenizer at once. Its work starts no OpenMP team: tests/serve/test_threads.py."""
-
-
-@dataclass
-class ServeState:
-    """What every request reads: the model, the engine, the server's defaults and its limits."""
-
-    lm: LoadedModel
-    engine: Engine
-    settings: BatchSettings = field(default_factory=BatchSettings)
-    api_key: str | None = None
-    max_body: int = MAX_BODY_BYTES
-    read_timeout: float = READ_TIMEOUT_S  # seconds a client has to send a request's body
-    presets: frozenset[str] = frozenset()
-    drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
-    strict_api: bool = False  # --strict-api: a key the server would ignore is a 400
-
-    @property
-    def fingerprint(self) -> str:
-        return fingerprint(self.lm.name, dtype_name(self.lm.dtype), str(self.lm.device))
 
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
@@ -125,101 +99,11 @@ async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, functools.partial(work, *args))
 
 
-def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[BatchItem]:
-    """The request's rows: ``n`` per prompt, in order."""
-    prompts = zip(serve.requests, serve.token_prompts, strict=True)
-    return [item for request, tokens in prompts for item in _prompt_items(state, serve, request, tokens, chat)]
-
-
-def _prompt_items(
-    state: ServeState, serve: ServeRequest, request: Request, tokens: tuple[int, ...] | None, chat: bool
-) -> list[BatchItem]:
-    """One prompt's rows (``tokens``: sent as ids, taken as they are): its settings over the
-    server's defaults, ``n`` rows with seeds ``seed, seed+1, ...``; a bad setting or a prompt
-    that does not fit is a 400."""
-    lm = state.lm
-    try:
-        preset, cfg = request_config(request, state.settings)
-        ids = list(tokens) if tokens else prompt_ids(lm, request, state.settings, cfg.max_tokens)
-    except UserError as exc:
-        text = str(exc)
-        if text.startswith("the prompt is") or "chat template" in text:
-            raise ApiError(400, text, "messages" if chat else "prompt") from None
-        raise bad_request(text) from None
-    context = lm.context_length
-    if context and len(ids) >= context:
-        raise ApiError(400, f"prompt: {len(ids)} tokens leave no room in the context of {context}", "prompt")
-    if context and serve.unlimited:
-        cfg = dataclasses.replace(cfg, max_tokens=max(context - len(ids), 1))
-    if context and len(ids) + cfg.max_tokens > context:
-        room = context - len(ids)
-        if serve.max_tokens_key is not None:
-            name = serve.max_tokens_key
-            raise ApiError(
-                400,
-                f"{name}: {cfg.max_tokens} with a prompt of {len(ids)} tokens is beyond the context of "
-                f"{context}; ask for at most {room}",
-                name,
-            )
-        cfg = dataclasses.replace(cfg, max_tokens=room)
-    if serve.ignore_eos:  # the end of text masked to the last token, as min_tokens masks it
-        cfg = dataclasses.replace(cfg, min_tokens=cfg.max_tokens)
-    _check_logit_bias(lm, cfg)
-    if any(token >= len(lm.tokenizer) for token in serve.stop_ids):
-        message = f"stop_token_ids: {list(serve.stop_ids)} holds an id past the vocabulary (0..{len(lm.tokenizer) - 1})"
-        raise ApiError(400, message, "stop_token_ids")
-    items = []
-    for i in range(serve.n):
-        row_cfg = dataclasses.replace(cfg, seed=((cfg.seed or 0) + i) % 2**63) if i else cfg
-        stats = RunStats(lm.name, preset, row_cfg.seed)
-        key = state.engine.new_key()
-        draft = (state.drafter, state.settings.draft_tokens)
-        ends = (frozenset(serve.stop_ids), serve.keep_stop)
-        items.append(BatchItem(key, ids, row_cfg, stats, *draft, _top_n(state, serve), *ends))
-    return items
-
-
-def _prompt_texts(lm: LoadedModel, serve: ServeRequest) -> ServeRequest:
-    """Token-id prompts checked against the vocabulary and given their text (``echo``,
-    ``text_offset``), with the tokenizer alone (no torch on this thread)."""
-    if not any(serve.token_prompts):
-        return serve
-    size, requests = len(lm.tokenizer), []
-    for request, tokens in zip(serve.requests, serve.token_prompts, strict=True):
-        if tokens and max(tokens) >= size:
-            raise ApiError(400, f"prompt: token id {max(tokens)} is past the vocabulary (0..{size - 1})", "prompt")
-        text = lm.tokenizer.decode(list(tokens), skip_special_tokens=False) if tokens else request.prompt
-        requests.append(dataclasses.replace(request, prompt=text))
-    return dataclasses.replace(serve, requests=tuple(requests))
-
-
-def _top_n(state: ServeState, serve: ServeRequest) -> int:
-    """The alternatives a request's records show: the engine's all for ``tokens: full``, the
-    asked-for top log probabilities, else none (no candidate list built for every token)."""
-    if serve.tokens == "full":
-        return state.engine.options.top_n
-    request = serve.request
-    return request.top_logprobs if request.logprobs else 0
-
-
-def _check_logit_bias(lm: LoadedModel, cfg: Any) -> None:
-    """Texts in ``logit_bias`` must be one token each: checked here, so a bad one is this
-    request's 400 and never a failure in the loop that every other request shares. With the
-    tokenizer alone: a torch operation on this thread would start an OpenMP team of its own and
-    slow every forward pass of the engine's (see :mod:`llmsample.serve.engine`)."""
-    if not cfg.logit_bias:
-        return
-    vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
-    for token, _ in cfg.logit_bias:
-        try:
-            vocabulary.token_id(token)
-        except ValueError as exc:
-            raise ApiError(400, f"logit_bias: {exc}", "logit_bias") from None
-
-
 async def completions(state: ServeState, request: HttpRequest, url: str) -> Response:
     chat = url == CHAT_URL
-    serve = parse_body(await read_json(request, state.max_body, state.read_timeout), url, state.presets, state.strict_api)
+    serve = parse_body(
+        await read_json(request, state.max_body, state.read_timeout), url, state.presets, state.strict_api
+    )
     log_ignored(list(serve.warnings))
     if serve.model is not None and serve.model != state.lm.name:
         raise ApiError(
@@ -228,7 +112,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
             "model",
             "model_not_found",
         )
-    serve = await off_loop(_prompt_texts, state.lm, serve)
+    serve = await off_loop(prompt_texts, state.lm, serve)
     items = await off_loop(build_items, state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:
@@ -308,7 +192,6 @@ def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries:
             raise _failure(record)
     else:
         summaries[index] = record
-
 
 
 def _failure(record: RowFailed) -> ApiError:

@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from llmsample.batch.requests import COMPLETIONS_URL
 from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel, load_model
-from llmsample.serve.app import ServeState, build_items
 from llmsample.serve.engine import Busy, Engine
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import parse_body
+from llmsample.serve.rows import build_items
+from llmsample.serve.state import ServeState
 from tests.conftest import make_tiny_model
 
 

@@ -20,8 +20,9 @@ import pytest
 
 from llmsample.batch.requests import COMPLETIONS_URL
 from llmsample.models.loading import LoadedModel, load_model
-from llmsample.serve.app import ServeState, create_app
+from llmsample.serve.app import create_app
 from llmsample.serve.engine import Engine
+from llmsample.serve.state import ServeState
 from tests.conftest import make_tiny_model
 from tests.serve.conftest import Server, serve_process
 

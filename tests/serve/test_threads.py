@@ -15,10 +15,11 @@ from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
 from llmsample.batch.run import BatchSettings
 from llmsample.errors import RuntimeFailure
 from llmsample.models.loading import load_model
-from llmsample.serve.app import ServeState, build_items
 from llmsample.serve.engine import Engine
 from llmsample.serve.parsing import parse_body
+from llmsample.serve.rows import build_items
 from llmsample.serve.server import bind, serve_forever
+from llmsample.serve.state import ServeState
 from tests.conftest import make_tiny_model
 
 # Every setting that reads the vocabulary (a ban on <eos> until min_tokens, penalties, a bias, DRY,
