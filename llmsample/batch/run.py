@@ -4,7 +4,6 @@ records back to output records, written in input order as soon as every earlier 
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling import presets as preset_store
-from llmsample.sampling.config import ConfigError, SamplingConfig
+from llmsample.sampling.config import ConfigError, SamplingConfig, fresh_seed
 from llmsample.sampling.constraint import incomplete_message
 
 Record = dict[str, Any]
@@ -88,7 +87,7 @@ def request_config(request: Request, settings: BatchSettings) -> tuple[str, Samp
     except ConfigError as exc:
         raise UserError(f"{exc.key}: {exc.reason}") from exc
     if cfg.seed is None:
-        cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
+        cfg = dataclasses.replace(cfg, seed=fresh_seed())
     return name, cfg
 
 

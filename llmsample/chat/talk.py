@@ -5,7 +5,6 @@ conversation (plus forced tokens for ``/branch``), so only what changed is prefi
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import signal
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.engine.session import Session
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Candidate, RunStats, Summary, TokenEvent
+from llmsample.sampling.config import fresh_seed
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -106,7 +106,7 @@ class Chat:
             raise UserError("there is no reply in this chat yet to regenerate; say something first")
         old = turns[-1].reply, turns[-1].saved
         turns[-1].reply = turns[-1].saved = None
-        return self._kept_unless_interrupted(old, [], secrets.randbits(63))
+        return self._kept_unless_interrupted(old, [], fresh_seed())
 
     def branch(self, position: int, token: int) -> Reply | None:
         """The last reply up to ``position``, then ``token``, then sampled on from there."""
@@ -120,7 +120,7 @@ class Chat:
             ),
         ]
         self.conversation.turns[-1].reply = None
-        return self._kept_unless_interrupted((reply, None), kept, secrets.randbits(63), reply.settings)
+        return self._kept_unless_interrupted((reply, None), kept, fresh_seed(), reply.settings)
 
     def _kept_unless_interrupted(self, old: tuple[Reply | None, Any], *answer: Any) -> Reply | None:
         """A new take on the last reply; the old one stays when the new one shows nothing."""
@@ -170,7 +170,7 @@ class Chat:
         return turns[-1].reply
 
     def _seed(self) -> int:
-        return self.cfg.seed if self.cfg.seed is not None else secrets.randbits(63)
+        return self.cfg.seed if self.cfg.seed is not None else fresh_seed()
 
     def _answer(self, kept: list[TokenEvent], seed: int, settings: SamplingConfig | None = None) -> Reply | None:
         """Decode the last turn's reply after the rendered conversation and ``kept`` tokens."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -103,9 +102,11 @@ def compare_models(**options: Any) -> None:
         if not given.strip():
             raise UserError("--continuation is empty; give the text to score")
     else:
+        from llmsample.sampling.config import fresh_seed
+
         preset, cfg = resolve_sampling(options)
         if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
-            cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
+            cfg = dataclasses.replace(cfg, seed=fresh_seed())
     prompt = read_prompt(options["prompt"], options["raw"])
     lm_a, lm_b = load_pair(options, specs)
     room = 0 if given is not None else cfg.max_tokens

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import secrets
 import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -51,10 +50,11 @@ def run(options: dict[str, Any]) -> None:
     """Shared by ``generate`` and ``speculate``: the same renderers over the same events."""
     from llmsample.engine.prompt import encode_prompt
     from llmsample.events import RunStats
+    from llmsample.sampling.config import fresh_seed
 
     preset, cfg = resolve_sampling(options)
     if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
-        cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
+        cfg = dataclasses.replace(cfg, seed=fresh_seed())
     prompt = read_prompt(options["prompt"], options["raw"])
     if options.get("tp"):
         options = join_tensor_parallel(options)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,6 +96,15 @@ def _check_stop(value: Any) -> tuple[str, ...]:
     if any(s == "" for s in value):
         raise ConfigError("stop", "stop strings must not be empty")
     return tuple(value)
+
+
+FRESH_SEED_BITS = 53
+
+
+def fresh_seed() -> int:
+    """A seed for a run that was not given one: below 2**53, so a seed read back from JSON (jq,
+    ``JSON.parse``: doubles) is the same integer and repeats the run."""
+    return secrets.randbits(FRESH_SEED_BITS)
 
 
 def _check_seed(value: Any) -> int | None:

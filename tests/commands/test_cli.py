@@ -61,6 +61,23 @@ def test_prompt_from_stdin_and_seed_reproduces(tiny_model_dir: Path) -> None:
     assert first.exit_code == 0 and first.stdout == second.stdout and first.stdout.strip()
 
 
+def test_a_drawn_seed_survives_a_json_reader_and_repeats_the_run(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """jq and ``JSON.parse`` read numbers as doubles: a drawn seed must be below 2**53 to come back
+    as itself. Each draw is pinned to its top bit so a wider seed shows at once."""
+    import secrets
+
+    from llmsample.sampling import config
+
+    drawn = []
+    monkeypatch.setattr(secrets, "randbits", lambda bits: drawn.append(bits) or (1 << bits) - 1)
+    args = ("generate", "-m", str(tiny_model_dir), "--raw", "-p", "w3", "-n", "4", "--ignore-eos", "--format", "jsonl")
+    first = invoke(*args)
+    seed = json.loads(first.stdout.splitlines()[-1])["seed"]
+    assert drawn == [config.FRESH_SEED_BITS] and seed == 2**53 - 1 and int(float(seed)) == seed
+    again = invoke(*args, "--seed", str(int(float(seed))))
+    assert again.stdout.splitlines()[:-1] == first.stdout.splitlines()[:-1]  # the summary has timings
+
+
 def test_piped_text_has_no_escape_codes(tiny_model_dir: Path) -> None:
     result = subprocess.run(
         [
