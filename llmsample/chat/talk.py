@@ -231,9 +231,10 @@ class Chat:
             renderer.summary(summary)
         sys.stdout.flush()
         if not self.settings.quiet:
-            from llmsample.render.stream import summary_line
+            from llmsample.render.stream import print_summary
+            from llmsample.terminal import stderr_console
 
-            self.note(summary_line(summary))
+            print_summary(stderr_console(), summary)
         return events, summary
 
     def _renderers(self) -> list[Any]:

@@ -212,7 +212,7 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
     """Feed events to the renderers; on Ctrl-C, SIGTERM or SIGHUP keep what was printed, finish
     with an 'interrupted' summary and exit 130 (143, 129). Returns the summary."""
     from llmsample.events import Summary
-    from llmsample.render.stream import summary_line
+    from llmsample.render.stream import print_summary
     from llmsample.terminal import stderr_console
 
     code = 0
@@ -236,7 +236,7 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
         renderer.summary(summary)
     sys.stdout.flush()
     if not quiet:
-        stderr_console().print(f"[dim]{summary_line(summary)}[/]")
+        print_summary(stderr_console(), summary)
     if code:
         raise click.exceptions.Exit(code)
     return summary

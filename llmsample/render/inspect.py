@@ -26,17 +26,33 @@ def visible(text: str) -> str:
     return "".join(out) or "∅"
 
 
-def removed_cell(event: TokenEvent) -> str:
-    """The ``removed`` column: each filter's letter (from the stage table) and its count."""
-    return " ".join(f"{BY_NAME[name].letter}{count}" for name, count in event.removed.items() if count) or "-"
+def steady_removals(events: list[TokenEvent]) -> dict[str, int]:
+    """Filters that removed the same count at every step (top-k over a vocabulary of 49,152 says
+    ``k49102`` on each row): said once in the legend, so the column shows what changes."""
+    if len(events) < 2:
+        return {}
+    first = events[0].removed
+    return {name: n for name, n in first.items() if n and all(e.removed.get(name) == n for e in events)}
+
+
+def removed_cell(event: TokenEvent, steady: dict[str, int] | None = None) -> str:
+    """The ``removed`` column: each filter's letter (from the stage table) and its count, less the
+    ``steady`` ones the legend names."""
+    steady = steady or {}
+    return " ".join(f"{BY_NAME[name].letter}{n}" for name, n in event.removed.items() if n and name not in steady) or "-"
 
 
 def removed_legend(events: list[TokenEvent]) -> str:
-    """The letters of the filters these events report (top-k, top-p and min-p always)."""
+    """The letters of the filters these events report (top-k, top-p and min-p always), the counts
+    that never changed, and the draft mark when a token came from a draft."""
     names = [name for name in FILTER_STAGES if any(name in event.removed for event in events)]
     names = names or ["top_k", "top_p", "min_p"]
     letters = ", ".join(f"{BY_NAME[n].legend} ({BY_NAME[n].letter})" for n in names)
-    return f"removed: candidates dropped by {letters}; ✓ accepted draft token"
+    parts = [f"removed: candidates dropped by {letters}"]
+    parts += [f"{BY_NAME[n].legend} removed {count} at every step" for n, count in steady_removals(events).items()]
+    if any(event.source == "draft" for event in events):
+        parts.append("✓ accepted draft token")
+    return "; ".join(parts)
 
 
 def token_table(events: list[TokenEvent]) -> Table:
@@ -45,6 +61,7 @@ def token_table(events: list[TokenEvent]) -> Table:
                           ("H bits", "right"), ("removed", "left"), ("top alternatives", "left")):  # fmt: skip
         table.add_column(name, justify=justify, overflow="fold")
     watched = watched_names(events)
+    steady = steady_removals(events)
     for name in watched:  # --watch: each watched token's probability in the sampling distribution
         table.add_column(f"p {visible(name)}", justify="right", overflow="fold")
     for event in events:
@@ -59,7 +76,7 @@ def token_table(events: list[TokenEvent]) -> Table:
             f"{event.model_prob:.3f}",
             str(event.model_rank),
             f"{event.entropy:.2f}",
-            removed_cell(event),
+            removed_cell(event, steady),
             alternatives,
             *(f"{event.watch[name].prob:.3f}" if name in event.watch else "" for name in watched),
         )

@@ -94,7 +94,24 @@ def legend(color_by: str) -> Text:
     return text
 
 
-def summary_line(summary: Summary) -> str:
+def summary_lines(summary: Summary, width: int | None) -> str:
+    """The figures broken between parts to fit a terminal's ``width``, never inside one (a wrapped
+    "1.2 tok/s" reads as two figures); one line when ``width`` is None."""
+    lines: list[str] = []
+    for part in summary_parts(summary):
+        if lines and (width is None or len(lines[-1]) + len(" · ") + len(part) <= width):
+            lines[-1] += " · " + part
+        else:
+            lines.append(part)
+    return "\n".join(lines)
+
+
+def print_summary(console: Console, summary: Summary) -> None:
+    """The dim summary on stderr: fitted to a terminal, one line into a pipe or a file."""
+    console.print(Text(summary_lines(summary, console.width if console.is_terminal else None), style="dim"))
+
+
+def summary_parts(summary: Summary) -> list[str]:
     parts = [f"{summary.tokens} tokens", f"stop: {summary.stop_reason}"]
     if summary.ttft_s is not None:
         parts.append(f"first token {summary.ttft_s:.2f} s")
@@ -114,4 +131,4 @@ def summary_line(summary: Summary) -> str:
         parts.append(f"{facts.device} llama.cpp {facts.quantization or ''}".rstrip())
     elif facts.device is not None:
         parts.append(f"{facts.device} {facts.dtype}")
-    return " · ".join(parts)
+    return parts

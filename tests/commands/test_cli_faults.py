@@ -324,12 +324,12 @@ def test_a_second_signal_while_shutting_down_is_ignored(tiny_model_dir: Path, si
     # stopped generation.
     patch = f"""
 import llmsample.render.stream as stream
-line = stream.summary_line
-def summary_line(summary):
+lines = stream.summary_lines
+def summary_lines(summary, width):
     os.kill(os.getpid(), {int(sig)})
     time.sleep(0.2)
-    return line(summary)
-stream.summary_line = summary_line
+    return lines(summary, width)
+stream.summary_lines = summary_lines
 """
     args = [*generate_args(tiny_model_dir, "--format", "jsonl"), "-n", "100000"]
     proc = subprocess.Popen(patched_cli(patch, args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env())

@@ -9,7 +9,7 @@ import torch
 
 from llmsample.engine.reference import ReferenceTotals, reference_figures
 from llmsample.events import ReferenceFigures, ReferenceSummary, RunFacts, Summary
-from llmsample.render.stream import summary_line
+from llmsample.render.stream import summary_lines
 
 
 def test_kl_matches_its_definition() -> None:
@@ -41,4 +41,4 @@ def test_totals_and_the_summary_line() -> None:
     data = totals.summary()
     assert data == ReferenceSummary("float32", 2, pytest.approx(0.03), 0.04, 0.5)
     summary = Summary("x", 2, 3, "length", 0.1, 10.0, "m", "p", 1, 0.3, facts=RunFacts(reference=data))
-    assert "vs float32: mean KL 0.0300 nats, same top 50.0%" in summary_line(summary)
+    assert "vs float32: mean KL 0.0300 nats, same top 50.0%" in summary_lines(summary, None)

@@ -17,7 +17,7 @@ from llmsample.models import device as device_module
 from llmsample.models.conversion import DEFAULT_DTYPE, record_dtype
 from llmsample.models.device import checkpoint_dtype, resolve_dtype
 from llmsample.models.loading import load_model
-from llmsample.render.stream import summary_line
+from llmsample.render.stream import summary_lines
 from llmsample.sampling.config import SamplingConfig
 
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
@@ -84,4 +84,4 @@ def test_load_model_runs_a_bf16_checkpoint_as_the_cpu_allows(tiny_model_dir, tmp
     name = "bfloat16" if native else "float32"
     assert summary.facts.device == "cpu" and summary.facts.dtype == name
     assert summary.to_dict()["dtype"] == name  # in the JSONL summary
-    assert summary_line(summary).endswith(f"cpu {name}")
+    assert summary_lines(summary, None).endswith(f"cpu {name}")
