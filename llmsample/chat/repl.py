@@ -94,6 +94,8 @@ def converse(chat: Chat, interactive: bool) -> None:
         if not message.strip():
             continue
         try:
+            if interactive and message.strip().lower() in ("exit", "quit"):  # as llm chat and Python's REPL
+                return
             if message.startswith("/"):
                 if run_command(chat, message) is EXIT:
                     return

@@ -20,7 +20,7 @@ EXIT = object()  # what /exit returns: leave the chat
 def run_command(chat: Chat, line: str) -> object | None:
     """Do one ``/command args`` line; returns :data:`EXIT` to leave."""
     name, _, args = line[1:].strip().partition(" ")
-    entry = COMMANDS.get(name.lower())
+    entry = COMMANDS.get(ALIASES.get(name.lower(), name.lower()))
     if entry is None:
         chat.note(f"unknown command /{name}; /help lists them")
         return None
@@ -67,6 +67,19 @@ def parse_value(key: str, text: str) -> Any:
         return text
 
 
+def setting_text(key: str, value: Any) -> str:
+    """A setting as the user would type it after ``/set KEY`` (not Python's repr): ``none``, a
+    number, JSON for texts and lists, ``TOKEN=BIAS`` pairs for the logit bias."""
+    if value is None:
+        return "none"
+    if key == "logit_bias":
+        pairs = value.items() if isinstance(value, dict) else value  # as_dict() gives a table
+        return " ".join(f"{token}={bias:g}" for token, bias in pairs) or "none"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return json.dumps(list(value) if isinstance(value, tuple) else value, ensure_ascii=False)
+
+
 def _set(chat: Chat, args: str) -> None:
     if not args:
         return _show_settings(chat)
@@ -75,12 +88,12 @@ def _set(chat: Chat, args: str) -> None:
     if key not in SamplingConfig.keys() or key == "description":  # noqa: SIM118
         raise UserError(f"/set: unknown key {key!r}; /set alone lists the keys and their values")
     if not text.strip():
-        raise UserError(f"/set {key}: give a value, e.g. /set {key} {getattr(chat.cfg, key)!r}")
+        raise UserError(f"/set {key}: give a value, e.g. /set {key} {setting_text(key, getattr(chat.cfg, key))}")
     try:
         chat.cfg = dataclasses.replace(chat.cfg, **{key: parse_value(key, text.strip())})
     except (ConfigError, TypeError, ValueError) as exc:
         raise UserError(f"/set {key}: {getattr(exc, 'reason', exc)}") from exc
-    chat.note(f"{key} = {getattr(chat.cfg, key)!r}")
+    chat.note(f"{key} = {setting_text(key, getattr(chat.cfg, key))}")
 
 
 def _show_settings(chat: Chat) -> None:
@@ -89,7 +102,7 @@ def _show_settings(chat: Chat) -> None:
     table = Table(title=f"settings (from preset {chat.preset!r})", box=None, pad_edge=False, show_header=False)
     for key, value in chat.cfg.as_dict().items():
         if key != "description":
-            table.add_row(key, escape(repr(value)))
+            table.add_row(key, escape(setting_text(key, value)))
     chat.console().print(table)
 
 
@@ -237,7 +250,7 @@ def _stats(chat: Chat, args: str) -> None:
 
 
 COMMANDS: dict[str, tuple[Callable[[Chat, str], Any], str, str]] = {
-    "help": (_help, "", "this list"),
+    "help": (_help, "", "this list (also /?)"),
     "set": (_set, "[KEY VALUE]", "change a sampling setting (validated as in presets); alone: show them"),
     "preset": (_preset, "NAME", "take a preset's settings"),
     "system": (_system, "[TEXT]", "set (or, alone, clear) the system message"),
@@ -251,5 +264,6 @@ COMMANDS: dict[str, tuple[Callable[[Chat, str], Any], str, str]] = {
     "branch": (_branch, "N TOKEN", "take TOKEN (text, id or #k: k-th alternative) at N and go on from there"),
     "watch": (_watch, "[TOKEN|off]", "report a token's probability at every step"),
     "stats": (_stats, "", "tokens, speed and cache use so far"),
-    "exit": (_exit, "", "leave (also Ctrl-D)"),
+    "exit": (_exit, "", "leave (also /bye, /quit, Ctrl-D, or exit or quit alone at a terminal)"),
 }
+ALIASES = {"?": "help", "bye": "exit", "quit": "exit", "q": "exit"}  # Ollama's /bye and /?, llm's quit

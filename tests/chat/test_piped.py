@@ -32,6 +32,19 @@ def test_piped_turns_are_plain_lines_and_a_saved_chat_replays_the_same(chat_mode
     assert replay.stdout.splitlines() == [lines[0], lines[2]]  # the branched reply, as saved
 
 
+def test_set_shows_values_as_typed_and_ollama_habits_work(chat_model_dir) -> None:
+    lines = ['/set stop ["w9", "w10"]', "/set logit_bias w7=-5 11=2.5", "/set seed none", "/set temperature 0.7",
+             "/set", "/?", "/bye", "w7 w8"]  # fmt: skip
+    done = run(chat_model_dir, "-n", "3", stdin="\n".join(lines) + "\n")
+    assert done.returncode == 0, done.stderr
+    notes = done.stderr
+    for shown in ('stop = ["w9", "w10"]', "logit_bias = w7=-5 11=2.5", "seed = none", "temperature = 0.7"):
+        assert shown in notes
+    assert "('" not in notes + done.stdout and "None" not in done.stdout  # no Python reprs, in notes or /set's table
+    assert "/branch N TOKEN" in done.stdout  # /? is /help
+    assert "prefilled" not in notes  # /bye left before the message after it
+
+
 def test_jsonl_has_token_records_and_one_summary_per_turn(chat_model_dir) -> None:
     done = run(chat_model_dir, "-t", "0", "-n", "3", "--ignore-eos", "--format", "jsonl", stdin="w7\nw8 w9\n")
     assert done.returncode == 0, done.stderr

@@ -70,7 +70,7 @@ def test_a_conversation_in_colour_and_every_slash_command(chat_model_dir, tmp_pa
         child.sendline('w12"""')
         child.expect_exact("prefilled")
         child.expect_exact(PROMPT)
-        child.sendline("/exit")
+        child.sendline("quit")  # alone at a terminal: leave, as llm chat and Python's REPL do
         child.expect(pexpect.EOF)
     finally:
         finish(child)
