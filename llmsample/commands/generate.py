@@ -85,7 +85,8 @@ def run(options: dict[str, Any]) -> None:
             lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch,
             reference=reference,
         )  # fmt: skip
-    summary = consume(events, build_renderers(options) if not options.get("silent") else [], stats, options["quiet"])
+    renderers = build_renderers(options, asked=(prompt, cfg)) if not options.get("silent") else []
+    summary = consume(events, renderers, stats, options["quiet"])
     if options.get("tp"):
         end_rank(0)
     from llmsample.sampling.constraint import incomplete_message
@@ -182,7 +183,8 @@ def with_plain_comparison(
     yield dataclasses.replace(summary, facts=dataclasses.replace(summary.facts, comparison=comparison))
 
 
-def build_renderers(options: dict[str, Any]) -> list[Renderer]:
+def build_renderers(options: dict[str, Any], asked: tuple[str, SamplingConfig] | None = None) -> list[Renderer]:
+    """The views a run's events go to; ``asked`` (the prompt and settings) heads an ``--html`` page."""
     from llmsample.render.stream import ColorRenderer, JsonlRenderer, PlainRenderer, legend
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
@@ -202,9 +204,10 @@ def build_renderers(options: dict[str, Any]) -> list[Renderer]:
         # JSONL already carries these numbers on stdout; the table then goes to stderr.
         renderers.append(InspectRenderer(stderr_console() if options["fmt"] == "jsonl" else stdout_console(color)))
     if options["html"]:
-        from llmsample.render.html import HtmlRenderer
+        from llmsample.render.html import HtmlRenderer, PageHead
 
-        renderers.append(HtmlRenderer(options["html"], color_by=options["color_by"]))
+        head = PageHead(asked[0], asked[1].as_dict(), options.get("system")) if asked else None
+        renderers.append(HtmlRenderer(options["html"], color_by=options["color_by"], head=head))
     return renderers
 
 

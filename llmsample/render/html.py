@@ -4,7 +4,10 @@ probability and each token's alternatives on hover or keyboard focus."""
 from __future__ import annotations
 
 import html
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from llmsample.errors import RuntimeFailure
 from llmsample.events import Summary, TokenEvent
@@ -34,9 +37,16 @@ STYLE = (
 .tok.draft { text-decoration: underline; }
 .tip table { border-collapse: collapse; } .tip td { padding: 0 .5rem 0 0; }
 .watch { margin-top: 1.5rem; } .watch figure { margin: .5rem 0; }
-.watch svg { width: 100%; max-width: 40rem; height: 6rem; border: 1px solid #8884; }
+.watch .plot { display: grid; grid-template-columns: 2.2rem minmax(0, 40rem); font: 12px system-ui; color: #777; }
+.watch .y { display: flex; flex-direction: column; justify-content: space-between; height: 6rem; text-align: right;
+            padding-right: .3rem; }
+.watch .x { grid-column: 2; display: flex; justify-content: space-between; }
+.watch svg { width: 100%; height: 6rem; border: 1px solid #8884; }
 .watch polyline { fill: none; stroke: #0072b2; stroke-width: 1.5; vector-effect: non-scaling-stroke; }
+.watch line { stroke: #8884; stroke-dasharray: 2 3; vector-effect: non-scaling-stroke; }
 .watch figcaption { font: 13px system-ui; color: #777; }
+.head pre { white-space: pre-wrap; margin: .3rem 0; } .head table { font-size: 13px; border-collapse: collapse; }
+.head td { padding: 0 .8rem 0 0; }
 """
 )
 
@@ -73,29 +83,56 @@ def token_spans(events: list[TokenEvent], color_by: str = "sampled") -> str:
 
 
 def watch_plots(events: list[TokenEvent]) -> str:
-    """``--watch``: per watched token, an inline SVG line of its sampled probability by position
-    (0 at the bottom, 1 at the top); empty without watched tokens."""
+    """``--watch``: per watched token, an inline SVG line of its sampled probability by position,
+    with its axes (probability 0 to 1, the first and last position); a token the chain kept at 0
+    throughout says so, with its highest probability under the raw model."""
     names = list(dict.fromkeys(name for event in events for name in event.watch))
-    figures = []
-    for name in names:
-        probs = [(event.index, event.watch[name].prob) for event in events if name in event.watch]
-        last = max(len(events) - 1, 1)
-        points = " ".join(
-            f"{index * PLOT_WIDTH / last:.1f},{(1 - min(max(p, 0.0), 1.0)) * PLOT_HEIGHT:.1f}" for index, p in probs
+    figures = "".join(_watch_plot(events, name) for name in names)
+    return f'<section class="watch"><h2>watched tokens</h2>{figures}</section>' if figures else ""
+
+
+def _watch_plot(events: list[TokenEvent], name: str) -> str:
+    seen = [(event.index, event.watch[name]) for event in events if name in event.watch]
+    last = max(len(events) - 1, 1)
+    points = " ".join(
+        f"{index * PLOT_WIDTH / last:.1f},{(1 - min(max(w.prob, 0.0), 1.0)) * PLOT_HEIGHT:.1f}" for index, w in seen
+    )
+    grid = "".join(f'<line x1="0" x2="{PLOT_WIDTH}" y1="{y}" y2="{y}"/>' for y in (PLOT_HEIGHT // 2,))
+    token_id = seen[0][1].token_id
+    peak = max(w.prob for _, w in seen)
+    caption = f"p({html.escape(repr(name))}, id {token_id}) in the sampling distribution by position; highest {peak:.4f}"
+    if peak == 0:
+        model_peak = max(w.model_prob for _, w in seen)
+        caption += f": removed at every step (its highest under the raw model {model_peak:.4f})"
+    return (
+        f'<figure class="watched" data-watch="{html.escape(name)}" data-token-id="{token_id}"><div class="plot">'
+        '<div class="y"><span>1</span><span>0.5</span><span>0</span></div>'
+        f'<svg viewBox="0 0 {PLOT_WIDTH} {PLOT_HEIGHT}" preserveAspectRatio="none" role="img" '
+        f'aria-label="probability of {html.escape(repr(name))} by position">{grid}<polyline points="{points}"/></svg>'
+        f'<div class="x"><span>position {events[0].index if events else 0}</span>'
+        f"<span>{events[-1].index if events else 0}</span></div></div><figcaption>{caption}</figcaption></figure>"
+    )
+
+
+@dataclass(frozen=True)
+class PageHead:
+    """What the run was asked: the prompt as given (and the system message), and its settings."""
+
+    prompt: str
+    settings: dict[str, Any]
+    system: str | None = None
+
+    def html(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(key)}</td><td>{html.escape(json.dumps(value, ensure_ascii=False))}</td></tr>"
+            for key, value in self.settings.items()
+            if key != "description"
         )
-        token_id = next(event.watch[name].token_id for event in events if name in event.watch)
-        peak = max(p for _, p in probs)
-        figures.append(
-            f'<figure class="watched" data-watch="{html.escape(name)}" data-token-id="{token_id}">'
-            f'<svg viewBox="0 0 {PLOT_WIDTH} {PLOT_HEIGHT}" preserveAspectRatio="none" role="img" '
-            f'aria-label="probability of {html.escape(repr(name))} by position">'
-            f'<polyline points="{points}"/></svg>'
-            f"<figcaption>p({html.escape(repr(name))}, id {token_id}) by position, 0 to 1; "
-            f"highest {peak:.4f}</figcaption></figure>"
+        system = f"<h3>system</h3><pre>{html.escape(self.system)}</pre>" if self.system else ""
+        return (
+            f'<details class="head" open><summary>prompt and settings</summary>{system}'
+            f'<pre class="prompt">{html.escape(self.prompt)}</pre><table class="settings">{rows}</table></details>'
         )
-    if not figures:
-        return ""
-    return f'<section class="watch"><h2>watched tokens</h2>{"".join(figures)}</section>'
 
 
 def page(body: str, color_by: str = "sampled", title: str = "llmsample") -> str:
@@ -107,12 +144,15 @@ def page(body: str, color_by: str = "sampled", title: str = "llmsample") -> str:
     )
 
 
-def render_page(events: list[TokenEvent], summary: Summary, color_by: str = "sampled") -> str:
+def render_page(
+    events: list[TokenEvent], summary: Summary, color_by: str = "sampled", head: PageHead | None = None
+) -> str:
     meta = (
         f"{summary.model} · preset {summary.preset} · seed {summary.seed} · {summary.tokens} tokens · "
         f"stop: {summary.stop_reason}"
     )
-    body = f'<p class="meta">{html.escape(meta)}</p>{token_spans(events, color_by)}{watch_plots(events)}'
+    asked = head.html() if head is not None else ""
+    body = f'<p class="meta">{html.escape(meta)}</p>{asked}{token_spans(events, color_by)}{watch_plots(events)}'
     return page(body, color_by)
 
 
@@ -136,13 +176,14 @@ def write_page(path: Path, document: str) -> None:
 
 
 class HtmlRenderer:
-    def __init__(self, path: Path, color_by: str = "sampled") -> None:
+    def __init__(self, path: Path, color_by: str = "sampled", head: PageHead | None = None) -> None:
         self.path = path
         self.color_by = color_by
+        self.head = head
         self.events: list[TokenEvent] = []
 
     def token(self, event: TokenEvent) -> None:
         self.events.append(event)
 
     def summary(self, summary: Summary) -> None:
-        write_page(self.path, render_page(self.events, summary, self.color_by))
+        write_page(self.path, render_page(self.events, summary, self.color_by, self.head))

@@ -146,6 +146,7 @@ def test_jsonl_inspect_and_html_show_the_watched_tokens(tiny_model_dir: Path, tm
     document = page.read_text()
     assert document.count("<svg") == 2 and document.count("<polyline") == 2
     assert 'data-watch="w5"' in document and 'data-watch="7"' in document and "<script" not in document
+    assert '<pre class="prompt">w3 w4</pre>' in document and "<td>seed</td><td>2</td>" in document  # what was asked
     plain_run = CliRunner().invoke(main, args(tiny_model_dir, "--format", "jsonl"))
     assert all("watch" not in strict(line) for line in plain_run.stdout.splitlines())  # only with --watch
     table = CliRunner().invoke(main, args(tiny_model_dir, "--watch", "w5", "--watch", "7", "--inspect", "--no-color"))
