@@ -123,6 +123,22 @@ def check_seeds(seed: int, samples: int) -> None:
             raise UserError(f"--seed: {which}{exc.reason}") from exc
 
 
+METRIC_KEY = {
+    "tokens": "tokens generated",
+    "tok/s": "tokens per second",
+    "logprob": "mean log-probability of the chosen tokens under the raw model (nats; nearer 0: likelier)",
+    "ppl": "perplexity, exp(-logprob): the model's surprise per token",
+    "entropy": "mean entropy of the distribution each token was drawn from (bits)",
+    "dist-1": "distinct words: unique tokens over all tokens (1: no token twice)",
+    "dist-2": "distinct pairs: unique token pairs over all pairs",
+    "rep-4": "share of 4-token sequences that repeat an earlier one (0: no loops)",
+    "diversity": "unique token pairs across the samples over all their pairs (1/samples: all the same)",
+    "overlap": "mean share of token pairs two samples have in common (1: identical)",
+    "diverges at": "first token where a sample leaves the greedy text (never: it is the greedy text)",
+}
+"""What each column of the metrics table means (printed under it)."""
+
+
 def metric_rows(aggregates: dict[str, PresetAggregate], samples: int) -> dict[str, dict[str, str]]:
     """Per preset, each aggregate formatted for the table."""
     rows = {}
@@ -196,3 +212,7 @@ def show(runs: list[PresetRun], samples: int, no_color: bool) -> None:
         for header in headers:
             table.add_row(header, *(row[header] for row in rows.values()))
     console.print(table)
+    key = Table(box=None, pad_edge=False, show_header=False, style="dim")
+    for header in headers:
+        key.add_row(header, METRIC_KEY[header], style="dim")
+    console.print(key)

@@ -134,6 +134,16 @@ def test_compare_accepts_every_seed_the_config_does(tiny_model_dir: Path) -> Non
     assert [json.loads(line)["seed"] for line in result.stdout.splitlines()] == [2**63 - 2, 2**63 - 1]
 
 
+
+def test_compare_table_has_a_key_for_every_metric(tiny_model_dir: Path) -> None:
+    from llmsample.commands.compare import METRIC_KEY
+
+    args = ("compare-presets", "-m", str(tiny_model_dir), "--raw", "-p", "w3", "-n", "3", "-q", "--samples", "2")
+    result = invoke(*args, "--presets", "balanced,deterministic")
+    assert result.exit_code == 0, result.output
+    for header, meaning in METRIC_KEY.items():
+        assert meaning[:30] in " ".join(result.stdout.split()), header
+
 FROZEN_AT_EXIT = """
 import atexit, gc, sys
 from llmsample.cli import main
