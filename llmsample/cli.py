@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import gc
 import logging
 import signal
@@ -9,6 +10,7 @@ import sys
 from typing import Any
 
 import click
+from rich_click import RichGroup
 
 from llmsample import __version__
 from llmsample.commands import (
@@ -49,7 +51,21 @@ def leave_objects_to_the_exit() -> None:
     gc.freeze()
 
 
-class LlmsampleGroup(click.Group):
+def near_misses(exc: click.NoSuchOption) -> list[str]:
+    """The command's own flags that the mistyped one is near: difflib's 0.6 cutoff, click's,
+    offers --compare for --temprature; a close spelling or a prefix (--temp) is what a user meant."""
+    if exc.ctx is None:
+        return list(exc.possibilities or [])
+    typed = exc.option_name
+    names = [name for param in exc.ctx.command.get_params(exc.ctx) for name in (*param.opts, *param.secondary_opts)]
+    if typed.replace("_", "-") in names:  # --top_k: the config key's spelling
+        return [typed.replace("_", "-")]
+    near = difflib.get_close_matches(typed, [n for n in names if n.startswith("--")], n=3, cutoff=0.75)
+    prefixed = [n for n in names if len(typed) > 4 and n.startswith(typed) and n not in near]
+    return near + prefixed[: 3 - len(near)]
+
+
+class LlmsampleGroup(RichGroup):
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         """Run the command, then report how it ended in at most one line on stderr; from then
         on interrupts are ignored, so a second Ctrl-C cannot turn the ending into a traceback.
@@ -90,6 +106,8 @@ class LlmsampleGroup(click.Group):
             silence(sys.stdout)
             return None if exc.quiet else str(exc), exc.exit_code
         except click.UsageError as exc:
+            if isinstance(exc, click.NoSuchOption):
+                exc.possibilities = near_misses(exc)
             command = exc.ctx.command_path if exc.ctx else "llmsample"
             return f"{exc.format_message()} (see '{command} --help')", exc.exit_code
         except click.ClickException as exc:
@@ -102,7 +120,14 @@ class LlmsampleGroup(click.Group):
             return None, exc.exit_code
 
 
-@click.group(cls=LlmsampleGroup, context_settings={"help_option_names": ["-h", "--help"]})
+HELP = {
+    "help_option_names": ["-h", "--help"],
+    # rich-click: a blank line after the summary and between paragraphs, as plain click prints them
+    "rich_help_config": {"text_paragraph_linebreaks": "\n\n", "padding_helptext_first_line": (0, 0, 1, 0)},
+}
+
+
+@click.group(cls=LlmsampleGroup, context_settings=HELP)
 @click.version_option(__version__, prog_name="llmsample")
 def main() -> None:
     """Generate text with a Hugging Face causal LM and see how every token was sampled."""

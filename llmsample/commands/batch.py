@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
@@ -24,7 +25,7 @@ from llmsample.commands.options import (
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @click.argument("input_path", metavar="[INPUT]", default="-", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write here (resumes a partial file)."

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.bench.quant import DEFAULT_VARIANTS
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import model_options
 from llmsample.errors import UserError
 from llmsample.render.numbers import format_number
@@ -63,7 +64,7 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
 SECTIONS = ("batch_sizes", "workloads", "quant")
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @model_options
 @click.option("--runs", type=click.IntRange(1, 50), default=5, show_default=True, help="Interleaved runs per side.")
 @click.option(

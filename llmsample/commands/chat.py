@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
@@ -24,7 +25,7 @@ from llmsample.commands.options import (
 from llmsample.errors import UserError
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @click.option("--system", metavar="TEXT", callback=check_utf8_option, help="The system message.")
 @click.option(
     "--load",
@@ -56,8 +57,6 @@ def chat(**options: Any) -> None:
     from llmsample.commands.generate import build_renderers
     from llmsample.engine.prompt import has_chat_template
 
-    if options["compare"]:
-        raise UserError("--compare is for generate and speculate; chat shows each reply's speed in its summary")
     if options["replay"] and options["load_file"] is None:
         raise UserError("--replay decodes a saved conversation again; give it with --load FILE")
     preset, cfg = resolve_sampling(options)

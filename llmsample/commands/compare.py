@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     constraint_from,
     constraint_options,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from llmsample.analysis.compare import PresetAggregate, PresetRun
 
 
-@click.command("compare-presets")
+@click.command("compare-presets", cls=GroupedCommand)
 @prompt_options
 @model_options
 @placement_options

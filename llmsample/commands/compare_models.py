@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     SAMPLING_KEYS,
     _check_device,
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 DEFAULT_NAME = "default"  # -m default: the default model (SmolLM2-135M-Instruct)
 
 
-@click.command("compare-models")
+@click.command("compare-models", cls=GroupedCommand)
 @prompt_options
 @click.option(
     "--model",

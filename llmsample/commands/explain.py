@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
@@ -25,7 +26,7 @@ from llmsample.commands.options import (
 )
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @prompt_options
 @model_options
 @placement_options

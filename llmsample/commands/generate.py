@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     end_rank,
     generation_options,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from llmsample.sampling.config import SamplingConfig
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @generation_options
 @click.option(
     "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md)."

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 
-@click.command()
+
+@click.command(cls=GroupedCommand)
 def models() -> None:
     """The default model (and whether it is converted yet), the cached models, and staging
     directories of conversions (abandoned ones are removed here, and said so)."""

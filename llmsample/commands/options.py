@@ -111,10 +111,17 @@ def _parse_logit_bias(
     return tuple(pairs)
 
 
-def _stack(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+def _stack(*decorators: Callable[[Any], Any], panel: str | None = None) -> Callable[[Any], Any]:
+    """Several options as one decorator; ``panel``: the heading they are listed under in ``--help``
+    (rich-click reads an option's ``panel``)."""
+
     def apply(f: Any) -> Any:
+        before = len(getattr(f, "__click_params__", []))
         for decorator in reversed(decorators):
             f = decorator(f)
+        if panel is not None:
+            for param in f.__click_params__[before:]:
+                param.panel = getattr(param, "panel", None) or panel
         return f
 
     return apply
@@ -145,6 +152,7 @@ model_options = _stack(
         show_default=True,
         help="llama.cpp runs GGUF models (the default one too) on the CPU; needs llmsample[llamacpp]. auto: llama.cpp for a GGUF on a CPU.",
     ),
+    panel="Model",
 )
 
 
@@ -189,6 +197,7 @@ placement_options = _stack(
         type=click.Choice(["int8", "int4"]),
         help="Quantize the weights as they load: int8 (torchao), int4 (bitsandbytes NF4); needs llmsample[quant].",
     ),
+    panel="Devices and memory",
 )
 
 
@@ -243,6 +252,7 @@ prompt_options = _stack(
         show_default=True,
         help="A prompt longer than the context: fail, or drop its oldest tokens.",
     ),
+    panel="Prompt",
 )
 
 sampling_options = _stack(
@@ -298,6 +308,7 @@ sampling_options = _stack(
         help="Never generate this text (repeatable).",
     ),
     click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
+    panel="Sampling",
 )
 
 constraint_options = _stack(
@@ -323,6 +334,7 @@ constraint_options = _stack(
         metavar="FILE",
         help="Constrain the output to a Lark grammar (llguidance's dialect); a .gbnf file is read as GBNF.",
     ),
+    panel="Constrained output",
 )
 
 
@@ -369,6 +381,7 @@ output_options = _stack(
     quiet_option("legend, progress or summary"),
     click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks)."),
     watch_option,
+    panel="Output",
 )
 
 
@@ -391,7 +404,12 @@ draft_options = _stack(
         show_default=True,
         help="Shortest n-gram to match (1 guesses too often).",
     ),
+    panel="Speculation",
+)
+
+compare_option = _stack(
     click.option("--compare", is_flag=True, help="Also decode without speculation (same seed) and report the speedup."),
+    panel="Speculation",
 )
 
 
@@ -486,7 +504,7 @@ def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
     return _stack(
         prompt_options, model_options, placement_options, sampling_options, constraint_options, output_options,
-        draft_options,
+        draft_options, compare_option,
     )(f)  # fmt: skip
 
 

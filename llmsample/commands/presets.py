@@ -5,16 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from rich_click import RichGroup
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.sampling import presets as preset_store
 
 
-@click.group()
+@click.group(cls=RichGroup)
 def presets() -> None:
     """List and show decoding presets (built-in, user, or a file)."""
 
 
-@presets.command("list")
+@presets.command("list", cls=GroupedCommand)
 def list_presets() -> None:
     """Every preset: name, where it comes from, description. A broken file does not hide the
     others: it is left out and named on stderr (one line each), and the exit code stays 0."""
@@ -39,7 +41,7 @@ def list_presets() -> None:
         click.echo(f"Warning: skipped {problem}", err=True)
 
 
-@presets.command("show")
+@presets.command("show", cls=GroupedCommand)
 @click.argument("name", required=False)
 @click.option("--file", "path", type=click.Path(path_type=Path, dir_okay=False), help="Show a preset file instead.")
 def show(name: str | None, path: Path | None) -> None:

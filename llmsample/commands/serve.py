@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     draft_options,
     load_model_with_progress,
@@ -19,7 +20,7 @@ from llmsample.commands.options import (
 from llmsample.errors import UserError
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @model_options
 @sampling_options
 @draft_options
@@ -79,8 +80,6 @@ def serve(**options: Any) -> None:
         raise UserError(
             "--compile decodes rows of one prompt in lockstep; a server's requests have their own prompts: leave it out"
         )
-    if options["compare"]:
-        raise UserError("--compare runs a second decode per request, which a server does not do; leave it out")
     resolve_sampling(options)  # bad flags and an unknown preset fail before the model loads
     warning = exposure_warning(options["host"], options["api_key"])
     if warning:

@@ -7,10 +7,11 @@ from typing import Any
 import click
 
 from llmsample.commands.generate import run
+from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import generation_options, reference_option
 
 
-@click.command()
+@click.command(cls=GroupedCommand)
 @generation_options
 @reference_option
 def speculate(**options: Any) -> None:
