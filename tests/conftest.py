@@ -28,6 +28,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"
+# Processes started outside a test (session and module fixtures) log their runs here, not in the user's log.
+os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")
 
 
 def quant_library(name: str) -> Any:
@@ -137,8 +139,9 @@ def tiny_lm(tiny_model_dir: Path):
 
 @pytest.fixture(autouse=True)
 def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the real user's presets; the model cache is the test cache."""
+    """No test reads or writes the real user's presets or run log; the model cache is the test cache."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the run log (llmsample logs): on, and the test's own
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)

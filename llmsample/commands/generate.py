@@ -209,6 +209,14 @@ def build_renderers(options: dict[str, Any], asked: tuple[str, SamplingConfig] |
 
         head = PageHead(asked[0], asked[1].as_dict(), options.get("system")) if asked else None
         renderers.append(HtmlRenderer(options["html"], color_by=options["color_by"], head=head))
+    if asked and not options.get("no_log", True):
+        from llmsample.logs.store import logging_on
+
+        if logging_on():
+            from llmsample.logs.recorder import LogRecorder
+
+            command = click.get_current_context().info_name or "generate"
+            renderers.append(LogRecorder(command, asked[0], options.get("system"), asked[1].as_dict()))
     return renderers
 
 

@@ -407,6 +407,11 @@ draft_options = _stack(
     panel="Speculation",
 )
 
+log_option = _stack(
+    click.option("--no-log", is_flag=True, help="Keep this run out of `llmsample logs` (also LLMSAMPLE_NO_LOG=1)."),
+    panel="Output",
+)
+
 compare_option = _stack(
     click.option("--compare", is_flag=True, help="Also decode without speculation (same seed) and report the speedup."),
     panel="Speculation",
@@ -504,7 +509,7 @@ def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
     return _stack(
         prompt_options, model_options, placement_options, sampling_options, constraint_options, output_options,
-        draft_options, compare_option,
+        draft_options, compare_option, log_option,
     )(f)  # fmt: skip
 
 

@@ -1,0 +1,37 @@
+"""The log as one more renderer: it reads the run's events like the others and keeps the run when
+its summary comes. A log that cannot be written (a read-only or full disk, a locked database) costs
+one warning line, never the run."""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from llmsample.events import Summary, TokenEvent
+from llmsample.logs.store import LoggedRun, add
+
+
+class LogRecorder:
+    """Collects a run's token records; writes the run at its summary (interrupted runs too)."""
+
+    def __init__(self, command: str, prompt: str, system: str | None, settings: dict[str, Any]) -> None:
+        self.asked = (command, prompt, system, settings)
+        self.records: list[dict[str, Any]] = []
+        self.run_id: int | None = None
+
+    def token(self, event: TokenEvent) -> None:
+        self.records.append(event.to_dict())
+
+    def summary(self, summary: Summary) -> None:
+        command, prompt, system, settings = self.asked
+        facts = summary.facts
+        run = LoggedRun(
+            command, summary.model, facts.backend, summary.preset, summary.seed, prompt, system, settings,
+            summary.text, summary.stop_reason, summary.tokens, asdict(summary), self.records,
+        )  # fmt: skip
+        try:
+            self.run_id = add(run)
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            print(f"Warning: the run was not logged ({exc}); `llmsample logs off` stops logging", file=sys.stderr)

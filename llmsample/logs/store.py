@@ -1,0 +1,147 @@
+"""The log database: one row per run in SQLite (WAL, so several shells, a batch and a server write
+at once), under ``$XDG_DATA_HOME/llmsample/logs.db``. On unless ``--no-log``, ``LLMSAMPLE_NO_LOG``
+or ``llmsample logs off`` (a file beside the presets, as llm keeps its ``logs-off``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY,
+    started TEXT NOT NULL,
+    command TEXT NOT NULL,
+    model TEXT NOT NULL,
+    backend TEXT,
+    preset TEXT,
+    seed INTEGER,
+    prompt TEXT NOT NULL,
+    system TEXT,
+    settings TEXT NOT NULL,
+    text TEXT NOT NULL,
+    stop_reason TEXT NOT NULL,
+    tokens INTEGER NOT NULL,
+    summary TEXT NOT NULL,
+    records TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_started ON runs (started);
+"""
+BUSY_MS = 5000  # a writer waits this long for another one's transaction before giving up
+
+
+def database_path() -> Path:
+    """``$LLMSAMPLE_LOGS`` if set, else ``$XDG_DATA_HOME/llmsample/logs.db`` (``~/.local/share``)."""
+    if os.environ.get("LLMSAMPLE_LOGS"):
+        return Path(os.environ["LLMSAMPLE_LOGS"])
+    xdg = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(xdg) / "llmsample" / "logs.db"
+
+
+def off_switch() -> Path:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(xdg) / "llmsample" / "logs-off"
+
+
+def logging_on() -> bool:
+    """Runs are kept unless ``LLMSAMPLE_NO_LOG`` is set (non-empty) or ``llmsample logs off`` was said."""
+    return not os.environ.get("LLMSAMPLE_NO_LOG") and not off_switch().exists()
+
+
+@dataclass(frozen=True)
+class LoggedRun:
+    """One run as kept: what was asked, what came out, and every token's record (JSON objects)."""
+
+    command: str
+    model: str
+    backend: str | None
+    preset: str | None
+    seed: int | None
+    prompt: str
+    system: str | None
+    settings: dict[str, Any]
+    text: str
+    stop_reason: str
+    tokens: int
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    id: int | None = None
+    started: str = ""
+
+
+@contextmanager
+def connect(path: Path | None = None, create: bool = True) -> Iterator[sqlite3.Connection]:
+    """The database, made on first use (mode 0600: prompts are private), in WAL mode; closed after."""
+    path = path or database_path()
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    elif not path.exists():
+        raise FileNotFoundError(path)
+    db = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
+    db.row_factory = sqlite3.Row
+    try:
+        if create:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.executescript(SCHEMA)
+        yield db
+    finally:
+        db.close()
+
+
+def add(run: LoggedRun, path: Path | None = None) -> int:
+    """Keep ``run``; its id. One transaction: a run is in the log whole or not at all."""
+    started = run.started or datetime.now(UTC).isoformat(timespec="seconds")
+    values = (
+        started, run.command, run.model, run.backend, run.preset, run.seed, run.prompt, run.system,
+        _json(run.settings), run.text, run.stop_reason, run.tokens, _json(run.summary),
+        "\n".join(_json(record) for record in run.records),
+    )  # fmt: skip
+    with connect(path) as db:
+        cursor = db.execute(
+            "INSERT INTO runs (started, command, model, backend, preset, seed, prompt, system, settings, text, "
+            "stop_reason, tokens, summary, records) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            values,
+        )
+        return int(cursor.lastrowid or 0)
+
+
+def recent(limit: int, search: str | None = None, path: Path | None = None) -> list[LoggedRun]:
+    """The newest runs first; ``search``: those whose prompt or text holds it (case-insensitive)."""
+    where, args = "", [limit]
+    if search:
+        where, args = "WHERE instr(lower(prompt), lower(?)) OR instr(lower(text), lower(?))", [search, search, limit]
+    try:
+        with connect(path, create=False) as db:
+            rows = db.execute(f"SELECT * FROM runs {where} ORDER BY id DESC LIMIT ?", args).fetchall()
+    except FileNotFoundError:
+        return []
+    return [_run(row) for row in rows]
+
+
+def get(run_id: int, path: Path | None = None) -> LoggedRun | None:
+    try:
+        with connect(path, create=False) as db:
+            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+    except FileNotFoundError:
+        return None
+    return _run(row) if row is not None else None
+
+
+def _run(row: sqlite3.Row) -> LoggedRun:
+    data = dict(row)
+    records = [json.loads(line) for line in data.pop("records").splitlines() if line]
+    settings, summary = json.loads(data.pop("settings")), json.loads(data.pop("summary"))
+    return LoggedRun(**data, settings=settings, summary=summary, records=records)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
