@@ -17,6 +17,7 @@ from llmsample.commands import (
     chat,
     compare,
     compare_models,
+    engines,
     explain,
     generate,
     models,
@@ -119,3 +120,6 @@ main.add_command(presets.presets)
 main.add_command(models.models)
 main.add_command(bench.bench)
 main.add_command(serve.serve)
+main.add_command(engines.start)
+main.add_command(engines.ps)
+main.add_command(engines.stop)

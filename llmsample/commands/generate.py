@@ -19,6 +19,7 @@ from llmsample.commands.options import (
     resolve_sampling,
     resolve_watch,
 )
+from llmsample.commands.warm import with_engine_options
 from llmsample.errors import Interrupted, RuntimeFailure, UserError, ignore_further_interrupts, signals_deferred
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md)."
 )
 @reference_option
+@with_engine_options
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
 
@@ -43,7 +45,17 @@ def generate(**options: Any) -> None:
     llmsample generate -p "Write a haiku" --preset creative --seed 7 --inspect
     echo "Once upon a time" | llmsample generate --raw --format jsonl
     llmsample generate -p "Explain top-p" --quantize int8 --reference --format jsonl
+
+    A warm engine of the same model (llmsample start) answers instead of loading the model here.
     """
+    from llmsample.client.route import choose
+
+    target = choose(options)  # before anything imports torch: the warm path stays light
+    if target is not None:
+        from llmsample.commands.warm import generate_on
+
+        generate_on(target, options)
+        return
     run(options)
 
 
