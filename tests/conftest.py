@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-import tempfile
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 

@@ -83,7 +83,12 @@ def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float |
     """The engine in a session of its own (a Ctrl-C at this terminal later does not reach it)."""
     command = [sys.executable, "-m", "llmsample", "serve", "--engine", "-q", "--device", options["device"],
                "--dtype", options["dtype"], "--backend", options["backend"]]  # fmt: skip
-    for flag, key in (("-m", "model"), ("--quantize", "quantize"), ("--batch-size", "batch_size"), ("--max-queue", "max_queue")):
+    for flag, key in (
+        ("-m", "model"),
+        ("--quantize", "quantize"),
+        ("--batch-size", "batch_size"),
+        ("--max-queue", "max_queue"),
+    ):
         if options[key] is not None:
             command += [flag, str(options[key])]
     if keep_s is not None:
