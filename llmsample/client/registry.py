@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Iterator
@@ -113,12 +114,29 @@ def remove_record(directory: Path, ident: str, pid: int | None = None) -> None:
 
 
 def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running process of this user's (a zombie, never reaped where no init
+    reaps orphans, has ended)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):  # gone, or someone else's process holds the pid now
         return False
-    except PermissionError:  # someone else's process now holds the pid
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc here: the signal's answer stands
+        return True
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def answers(path: str) -> bool:
+    """Whether an engine listens on the socket at ``path`` (a dead one's refuses connections)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(2)
+    try:
+        probe.connect(path)
+    except OSError:
         return False
+    finally:
+        probe.close()
     return True
 
 
@@ -140,7 +158,7 @@ def engines(directory: Path | None = None) -> Iterator[EngineRecord]:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
             continue
-        if not alive(record.pid) or not Path(record.socket).exists():
+        if not alive(record.pid) or not answers(record.socket):
             remove_record(directory, record.id, record.pid)
             continue
         yield record

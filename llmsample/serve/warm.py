@@ -120,15 +120,9 @@ def job_items(state: ServeState, job: Job) -> list[BatchItem]:
 
 def bind_unix(path: Path) -> socket.socket:
     """The engine's socket, 0600 from the start; a live engine already there is one line."""
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(str(path))
+    if registry.answers(str(path)):
         raise UserError(f"an engine already listens on {path}; stop it first (llmsample stop)")
-    except OSError:
-        pass  # nobody there: a stale socket file is replaced
-    finally:
-        probe.close()
-    path.unlink(missing_ok=True)
+    path.unlink(missing_ok=True)  # nobody there: a stale socket file is replaced
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     previous = os.umask(0o177)
     try:
