@@ -23,6 +23,7 @@ from llmsample.commands.warm import with_engine_options
 from llmsample.errors import Interrupted, RuntimeFailure, UserError, ignore_further_interrupts, signals_deferred
 
 if TYPE_CHECKING:
+    from llmsample.client.connection import Target
     from llmsample.engine.speculative import Drafter
     from llmsample.events import RunStats, Summary
     from llmsample.models.loading import LoadedModel
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
 @click.command()
 @generation_options
 @click.option(
-    "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md)."
+    "--tp",
+    is_flag=True,
+    help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md).",
 )
 @reference_option
 @with_engine_options
@@ -52,8 +55,6 @@ def generate(**options: Any) -> None:
 
     target = choose(options)  # before anything imports torch: the warm path stays light
     if target is not None:
-        from llmsample.commands.warm import generate_on
-
         generate_on(target, options)
         return
     run(options)
@@ -105,6 +106,30 @@ def run(options: dict[str, Any]) -> None:
     incomplete = incomplete_message(summary)
     if incomplete is not None:  # the text as far as it got is out; a script must not parse it
         raise RuntimeFailure(incomplete)
+
+
+def generate_on(target: Target, options: dict[str, Any]) -> None:
+    """``generate`` on an engine: the settings resolved here as in-process (the seed drawn here),
+    the prompt sent as text (the engine applies the chat template), the records rendered here."""
+    from llmsample.client.connection import say, stream_job
+    from llmsample.client.wire import Job
+    from llmsample.events import RunStats
+
+    preset, cfg = resolve_sampling(options)
+    if cfg.seed is None:
+        cfg = dataclasses.replace(cfg, seed=secrets.randbits(63))
+    prompt = read_prompt(options["prompt"], options["raw"])
+    job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"],
+              model=None if target.where.startswith("unix:") else options["model"])  # fmt: skip
+    stats = RunStats(model=target.name or options["model"] or "", preset=preset, seed=cfg.seed)
+    events = stream_job(target, job, say)
+    try:
+        summary = consume(events, build_renderers(options) if not options.get("silent") else [], stats,
+                          options["quiet"])  # fmt: skip
+    finally:
+        events.close()  # a Ctrl-C: the connection closes, and the engine cancels the row
+    if summary.stop_reason == "cancelled":
+        raise RuntimeFailure(f"the engine at {target.where} stopped before the answer was done")
 
 
 def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
