@@ -45,7 +45,6 @@ def _locked(path: Path) -> Iterator[None]:
 
 @click.command()
 @model_options
-@click.option("--quantize", type=click.Choice(["int8", "int4"]), help="Quantize the weights as they load.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
 @click.option("--max-queue", type=click.IntRange(0, 100000), help="Rows that may wait for a free one [default: 256].")
 @click.option("--keep-alive", default="10m", show_default=True, metavar="DURATION",
@@ -83,12 +82,7 @@ def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float |
     """The engine in a session of its own (a Ctrl-C at this terminal later does not reach it)."""
     command = [sys.executable, "-m", "llmsample", "serve", "--engine", "-q", "--device", options["device"],
                "--dtype", options["dtype"], "--backend", options["backend"]]  # fmt: skip
-    for flag, key in (
-        ("-m", "model"),
-        ("--quantize", "quantize"),
-        ("--batch-size", "batch_size"),
-        ("--max-queue", "max_queue"),
-    ):
+    for flag, key in (("-m", "model"), ("--batch-size", "batch_size"), ("--max-queue", "max_queue")):
         if options[key] is not None:
             command += [flag, str(options[key])]
     if keep_s is not None:
