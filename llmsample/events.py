@@ -155,6 +155,8 @@ class RunFacts:
     comparison: PlainComparison | None = None
     cache: CacheReuse | None = None
     constraint: ConstraintOutcome | None = None
+    engine: str | None = None  # where a warm engine decoded the run (None: in this process)
+    warm: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
@@ -174,6 +176,8 @@ class RunFacts:
             data["cache"] = asdict(self.cache)
         if self.constraint is not None:
             data.update(asdict(self.constraint))
+        if self.engine is not None:
+            data.update(engine=self.engine, warm=self.warm)
         return data
 
 

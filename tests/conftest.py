@@ -3,9 +3,11 @@ real default model (converted once into a cache kept between test runs)."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import signal
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +139,12 @@ def tiny_lm(tiny_model_dir: Path):
     return load_model(str(tiny_model_dir), "cpu", "float32")
 
 
+@functools.cache
+def runtime_dir() -> str:
+    """The suite's own engine directory: short (a Unix socket's path holds 107 bytes at most)."""
+    return tempfile.mkdtemp(prefix="llmsample-run-")
+
+
 @pytest.fixture(autouse=True)
 def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads or writes the real user's presets or run log; the model cache is the test cache."""
@@ -144,6 +152,8 @@ def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the run log (llmsample logs): on, and the test's own
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir())  # no test finds the real user's warm engines
+    monkeypatch.delenv("LLMSAMPLE_HOST", raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("FORCE_COLOR", raising=False)
 

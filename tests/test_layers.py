@@ -92,6 +92,7 @@ UPPER = (
     "llmsample.bench",
     "llmsample.chat",
     "llmsample.serve",
+    "llmsample.client",
 )
 
 
@@ -114,6 +115,14 @@ def test_batch_sits_below_the_commands_and_serve() -> None:
     assert offenders(("llmsample.batch",), above) == {}
     core = ("llmsample.engine", "llmsample.models")
     assert offenders(("llmsample.batch",), core, exempt=("llmsample.batch.run",)) == {}
+
+
+def test_the_client_stands_apart_from_the_model_stack() -> None:
+    """A command on a warm engine loads no model code: the client imports neither the core nor
+    the server, and the server's warm endpoints read the client's wire format, not the reverse."""
+    heavy = ("llmsample.engine", "llmsample.models", "llmsample.serve", "llmsample.commands", "llmsample.batch.run")
+    assert offenders(("llmsample.client",), heavy) == {}
+    assert "llmsample.client.wire" in MODULES["llmsample.serve.warm"]
 
 
 def circles(modules: dict[str, set[str]]) -> list[list[str]]:

@@ -19,9 +19,11 @@ from llmsample.commands.options import (
     resolve_sampling,
     resolve_watch,
 )
+from llmsample.commands.warm import with_engine_options
 from llmsample.errors import Interrupted, RuntimeFailure, UserError, ignore_further_interrupts, signals_deferred
 
 if TYPE_CHECKING:
+    from llmsample.client.connection import Target
     from llmsample.engine.speculative import Drafter
     from llmsample.events import RunStats, Summary
     from llmsample.models.loading import LoadedModel
@@ -32,9 +34,12 @@ if TYPE_CHECKING:
 @click.command(cls=GroupedCommand)
 @generation_options
 @click.option(
-    "--tp", is_flag=True, help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md)."
+    "--tp",
+    is_flag=True,
+    help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md).",
 )
 @reference_option
+@with_engine_options
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
 
@@ -43,7 +48,15 @@ def generate(**options: Any) -> None:
     llmsample generate -p "Write a haiku" --preset creative --seed 7 --inspect
     echo "Once upon a time" | llmsample generate --raw --format jsonl
     llmsample generate -p "Explain top-p" --quantize int8 --reference --format jsonl
+
+    A warm engine of the same model (llmsample start) answers instead of loading the model here.
     """
+    from llmsample.client.route import choose
+
+    target = choose(options)  # before anything imports torch: the warm path stays light
+    if target is not None:
+        generate_on(target, options)
+        return
     run(options)
 
 
@@ -51,12 +64,8 @@ def run(options: dict[str, Any]) -> None:
     """Shared by ``generate`` and ``speculate``: the same renderers over the same events."""
     from llmsample.engine.prompt import encode_prompt
     from llmsample.events import RunStats
-    from llmsample.sampling.config import fresh_seed
 
-    preset, cfg = resolve_sampling(options)
-    if cfg.seed is None:  # a fresh seed, reported in the summary so the run can be repeated
-        cfg = dataclasses.replace(cfg, seed=fresh_seed())
-    prompt = read_prompt(options["prompt"], options["raw"])
+    preset, cfg, prompt = what_was_asked(options)
     if options.get("tp"):
         options = join_tensor_parallel(options)
     lm = load_model_with_progress(options)
@@ -95,6 +104,38 @@ def run(options: dict[str, Any]) -> None:
     incomplete = incomplete_message(summary)
     if incomplete is not None:  # the text as far as it got is out; a script must not parse it
         raise RuntimeFailure(incomplete)
+
+
+def what_was_asked(options: dict[str, Any]) -> tuple[str, SamplingConfig, str]:
+    """The preset, the settings and the prompt, resolved alike in-process and for an engine; a
+    fresh seed drawn here, reported in the summary so the run can be repeated."""
+    from llmsample.sampling.config import fresh_seed
+
+    preset, cfg = resolve_sampling(options)
+    if cfg.seed is None:
+        cfg = dataclasses.replace(cfg, seed=fresh_seed())
+    return preset, cfg, read_prompt(options["prompt"], options["raw"])
+
+
+def generate_on(target: Target, options: dict[str, Any]) -> None:
+    """``generate`` on an engine: the settings resolved here as in-process (the seed drawn here),
+    the prompt sent as text (the engine applies the chat template), the records rendered here."""
+    from llmsample.client.connection import say, stream_job
+    from llmsample.client.wire import Job
+    from llmsample.events import RunStats
+
+    preset, cfg, prompt = what_was_asked(options)
+    job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"],
+              model=None if target.where.startswith("unix:") else options["model"])  # fmt: skip
+    stats = RunStats(model=target.name or options["model"] or "", preset=preset, seed=cfg.seed)
+    events = stream_job(target, job, say)
+    try:
+        renderers = build_renderers(options, asked=(prompt, cfg)) if not options.get("silent") else []
+        summary = consume(events, renderers, stats, options["quiet"])
+    finally:
+        events.close()  # a Ctrl-C: the connection closes, and the engine cancels the row
+    if summary.stop_reason == "cancelled":
+        raise RuntimeFailure(f"the engine at {target.where} stopped before the answer was done")
 
 
 def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:

@@ -7,7 +7,9 @@ from typing import Any
 
 from rich_click import RichCommand, RichOptionPanel
 
-PANELS = ("Prompt", "Sampling", "Output", "Constrained output", "Speculation", "Model", "Devices and memory")
+PANELS = (
+    "Prompt", "Sampling", "Output", "Constrained output", "Speculation", "Engine", "Model", "Devices and memory",
+)  # fmt: skip
 """The headings in the order a user reaches for them; a command's own options come last, under Options."""
 
 

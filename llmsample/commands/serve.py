@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -54,6 +56,8 @@ from llmsample.errors import UserError
     is_flag=True,
     help="Refuse (400) any request key the server would otherwise ignore with a warning (unknown keys, hints).",
 )
+@click.option("--engine", is_flag=True, hidden=True, help="Serve as this user's warm engine (llmsample start).")
+@click.option("--keep-alive", type=click.FloatRange(0, min_open=True), hidden=True, help="An engine's idle seconds.")
 @quiet_option("startup line or request log")
 def serve(**options: Any) -> None:
     """Serve the model over the OpenAI API (chat and completions, streamed or whole).
@@ -75,6 +79,7 @@ def serve(**options: Any) -> None:
     from llmsample.serve.engine import Engine
     from llmsample.serve.server import bind, exposure_warning, serve_forever
     from llmsample.serve.state import ServeState
+    from llmsample.serve.warm import Idle, add_routes
 
     if options["compile_model"]:
         raise UserError(
@@ -84,7 +89,15 @@ def serve(**options: Any) -> None:
     warning = exposure_warning(options["host"], options["api_key"])
     if warning:
         click.echo(warning, err=True)
-    sock = bind(options["host"], options["port"])
+    if options["engine"]:
+        from llmsample.client import registry
+        from llmsample.serve.warm import bind_unix
+
+        directory = registry.runtime_dir()
+        sock_path = registry.socket_path(directory, registry.engine_id(registry.spec_of(options)))
+        sock = bind_unix(sock_path)
+    else:
+        sock = bind(options["host"], options["port"])
     overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
     settings = BatchSettings(preset=options["preset"], preset_file=options["preset_file"], overrides=overrides,
                              system=options["system"], draft_tokens=options["draft_tokens"])  # fmt: skip
@@ -100,16 +113,42 @@ def serve(**options: Any) -> None:
     engine = Engine(lm, batch_size, options["max_queue"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
                        drafter=drafter, read_timeout=options["read_timeout"], strict_api=options["strict_api"])  # fmt: skip
-    host, port = sock.getsockname()[:2]
-
-    def ready() -> None:  # once a signal stops the server cleanly: whoever waits for this line may stop it
-        if not options["quiet"]:
-            shown = f"[{host}]" if ":" in host else host
-            click.echo(f"llmsample serve: {lm.name} on http://{shown}:{port}/v1 (batch size {batch_size})", err=True)
-        sys.stderr.flush()
-
+    idle = Idle(state)
+    if options["engine"]:
+        ready = engine_ready(options, state, idle, directory, sock_path)
+    else:
+        ready = tcp_ready(options, sock, lm.name, batch_size)
     try:
         app = create_app(state)
+        add_routes(app, state, idle)
         serve_forever(app if options["quiet"] else AccessLog(app), sock, engine, ready, options["read_timeout"])
     finally:
         sock.close()
+        if options["engine"]:
+            registry.remove_record(directory, registry.engine_id(registry.spec_of(options)), os.getpid())
+
+
+def tcp_ready(options: dict[str, Any], sock: Any, name: str, batch_size: int) -> Callable[[], None]:
+    """Once a signal stops the server cleanly: whoever waits for this line may stop it."""
+    host, port = sock.getsockname()[:2]
+
+    def ready() -> None:
+        if not options["quiet"]:
+            shown = f"[{host}]" if ":" in host else host
+            click.echo(f"llmsample serve: {name} on http://{shown}:{port}/v1 (batch size {batch_size})", err=True)
+        sys.stderr.flush()
+
+    return ready
+
+
+def engine_ready(options: dict[str, Any], state: Any, idle: Any, directory: Any, sock_path: Any) -> Callable[[], None]:
+    """A warm engine is ready once its record is written (``llmsample start`` waits for it); from
+    then on its keep-alive counts."""
+    from llmsample.serve.warm import keep_alive, register
+
+    def ready() -> None:
+        register(directory, options, state, sock_path, options["keep_alive"])
+        if options["keep_alive"]:
+            keep_alive(idle, options["keep_alive"])
+
+    return ready

@@ -16,18 +16,26 @@ def encode_prompt(
     template when it has one, plain text for completion with ``raw``. A prompt that does not fit
     the context is an error, or loses its oldest tokens with ``truncate="left"`` (keeping ``room``
     positions free for the answer where it can)."""
+    return torch.tensor([prompt_id_list(lm, prompt, system, raw, truncate, room)], device=lm.device)
+
+
+def prompt_id_list(
+    lm: LoadedModel, prompt: str, system: str | None = None, raw: bool = False, truncate: str = "error", room: int = 0
+) -> list[int]:
+    """:func:`encode_prompt`'s ids as a list, with the tokenizer alone: a warm engine encodes a
+    command's prompt on its tokenizing thread, where no torch operation may run."""
     if not raw and has_chat_template(lm):
         if not prompt.strip():
             raise UserError("the prompt is empty; pass --prompt TEXT (or --raw to let the model start on its own)")
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        return encode_messages(lm, messages, truncate, room)
+        return _fit_ids(lm, render_messages(lm, messages), truncate, room)
     tokenizer = lm.tokenizer
     ids = tokenizer(prompt)["input_ids"]
     if not ids and tokenizer.bos_token_id is not None:
         ids = [tokenizer.bos_token_id]
     if not ids:
         raise UserError("the prompt is empty and this tokenizer has no BOS token to start from; pass --prompt TEXT")
-    return _fit(lm, ids, truncate, room)
+    return _fit_ids(lm, ids, truncate, room)
 
 
 def has_chat_template(lm: LoadedModel) -> bool:
@@ -48,6 +56,10 @@ def render_messages(lm: LoadedModel, messages: list[dict[str, str]]) -> list[int
 
 
 def _fit(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> Tensor:
+    return torch.tensor([_fit_ids(lm, ids, truncate, room)], device=lm.device)
+
+
+def _fit_ids(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> list[int]:
     limit = lm.context_length
     if limit and len(ids) >= limit:
         if truncate != "left":
@@ -56,4 +68,4 @@ def _fit(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> Tensor:
                 "shorten it or pass --truncate left to drop its oldest tokens"
             )
         ids = ids[-max(limit - room, limit // 2) :]
-    return torch.tensor([ids], device=lm.device)
+    return ids

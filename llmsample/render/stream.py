@@ -131,4 +131,6 @@ def summary_parts(summary: Summary) -> list[str]:
         parts.append(f"{facts.device} llama.cpp {facts.quantization or ''}".rstrip())
     elif facts.device is not None:
         parts.append(f"{facts.device} {facts.dtype}")
+    if facts.engine is not None:
+        parts.append(f"engine {facts.engine}")
     return parts

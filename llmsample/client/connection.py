@@ -1,0 +1,157 @@
+"""HTTP to an engine with the standard library alone (``http.client``: importing httpx would cost
+the start-up this package exists to save): over the engine's Unix socket, or to any
+``llmsample serve`` by URL. A job's answer is a stream of JSON lines (:mod:`llmsample.client.wire`)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from llmsample import __version__
+from llmsample.client.wire import JOB_PATH, VERSION_HEADER, Failed, Job, decode, served
+from llmsample.errors import RuntimeFailure, UserError
+from llmsample.events import Summary, TokenEvent
+
+WAIT_CAP_S = 1.0
+"""A busy engine's ``Retry-After`` is how long an answer takes; a row may free sooner: ask again
+at least this often."""
+
+
+class UnixConnection(http.client.HTTPConnection):
+    """``http.client`` over a Unix socket."""
+
+    def __init__(self, path: str, timeout: float | None = None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+@dataclass(frozen=True)
+class Target:
+    """An engine: ``unix:PATH`` (one of ``llmsample start``'s) or an ``http(s)://`` URL."""
+
+    where: str
+    api_key: str | None = None
+    name: str | None = None  # the model it serves, when known before asking
+
+    def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        if self.where.startswith("unix:"):
+            return UnixConnection(self.where.removeprefix("unix:"), timeout)
+        url = urllib.parse.urlsplit(self.where)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise UserError(f"--host {self.where!r}: expected a URL such as http://HOST:PORT")
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        return kind(url.hostname, url.port, timeout=timeout)
+
+    def headers(self) -> dict[str, str]:
+        headers = {VERSION_HEADER: __version__, "Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+def get_json(target: Target, path: str, timeout: float = 5.0) -> Any:
+    """A GET answered with JSON; unreachable or failing is :class:`RuntimeFailure`."""
+    connection = target.connection(timeout)
+    try:
+        connection.request("GET", path, headers=target.headers())
+        response = connection.getresponse()
+        body = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise RuntimeFailure(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise _refusal(target, response.status, body)
+    return json.loads(body)
+
+
+def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iterator[TokenEvent | Summary]:
+    """The job's records as the engine decodes them, its summary last (saying where it ran).
+    ``waiting`` is told once, in one line, when the engine is full and the job waits for a row."""
+    body = json.dumps(job.to_json(), allow_nan=False)
+    connection, response = _admitted(target, body, waiting)
+    ended = False
+    try:
+        for line in response:
+            record = decode(line)
+            if isinstance(record, Failed):
+                raise (UserError if record.user_error else RuntimeFailure)(record.message)
+            if isinstance(record, Summary):
+                ended = True
+                yield served(record, target.where)
+                return
+            yield record
+    except (OSError, http.client.HTTPException, ValueError):
+        pass  # the stream broke off: said below, in one line
+    finally:
+        connection.close()
+    if not ended:
+        raise RuntimeFailure(f"the engine at {target.where} went away mid-answer")
+
+
+def _admitted(
+    target: Target, body: str, waiting: Callable[[str], None]
+) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    told = False
+    while True:
+        connection = target.connection()
+        try:
+            connection.request("POST", JOB_PATH, body, target.headers())
+            response = connection.getresponse()
+        except (OSError, http.client.HTTPException) as exc:
+            connection.close()
+            raise RuntimeFailure(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+        if response.status == 200:
+            return connection, response
+        answer = response.read()
+        connection.close()
+        if response.status != 503 or _code(answer) != "server_busy":
+            raise _refusal(target, response.status, answer)
+        if not told:
+            waiting(f"the engine at {target.where} is busy; waiting for a free row (--local runs here instead)")
+            told = True
+        time.sleep(min(float(response.headers.get("Retry-After") or 1), WAIT_CAP_S))
+
+
+def _code(body: bytes) -> str | None:
+    try:
+        return json.loads(body)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _refusal(target: Target, status: int, body: bytes) -> Exception:
+    """The engine's answer as the in-process run's error: a bad request is the user's (exit 2)."""
+    try:
+        message = json.loads(body)["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = body.decode(errors="replace").strip()[:200] or f"HTTP {status}"
+    if status in (400, 401, 404, 409):
+        return UserError(message)
+    return RuntimeFailure(f"the engine at {target.where} answered {status}: {message}")
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+
+
+def say(line: str) -> None:
+    """One line on stderr, as the CLI's own notices are."""
+    print(f"llmsample: {line}", file=sys.stderr, flush=True)

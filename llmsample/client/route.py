@@ -1,0 +1,65 @@
+"""Which engine a command runs on, decided from its options before anything heavy is imported:
+``--local`` (in this process), ``--host URL`` / ``LLMSAMPLE_HOST`` (that server, or a one-line
+error), else a warm engine of this user's started with the same model options, else in-process."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from llmsample import __version__
+from llmsample.client import registry
+from llmsample.client.connection import Target
+from llmsample.errors import UserError
+
+UNSERVED = {
+    "tp": "--tp",
+    "compile_model": "--compile",
+    "draft": "--draft",
+    "reference": "--reference",
+    "watch": "--watch",
+    "ignore_eos": "--ignore-eos",
+    "json": "--json",
+    "json_schema": "--json-schema",
+    "regex": "--regex",
+    "choice": "--choice",
+    "grammar": "--grammar",
+    "device_map": "--device-map",
+    "max_memory": "--max-memory",
+    "offload_folder": "--offload-folder",
+}
+"""Options an engine's rows cannot take yet (a model of its own, a per-run setting of the loop,
+a constraint): a command given one runs in-process, and with ``--host`` it is refused."""
+
+
+def unserved(options: dict[str, Any]) -> str | None:
+    """The first option given that an engine cannot honour."""
+    return next((flag for key, flag in UNSERVED.items() if options.get(key)), None)
+
+
+def choose(options: dict[str, Any]) -> Target | None:
+    """The engine to run on, or None for the in-process run."""
+    if options.get("local"):
+        return None
+    host = options.get("host") or os.environ.get("LLMSAMPLE_HOST")
+    if host:
+        flag = unserved(options)
+        if flag:
+            raise UserError(f"{flag} does not run on an engine (--host / LLMSAMPLE_HOST); leave it out or pass --local")
+        return Target(host.rstrip("/"), os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"))
+    if unserved(options) or not _has_engines():
+        return None
+    record = registry.find(registry.spec_of(options))
+    if record is None:
+        return None
+    if record.version != __version__:
+        raise UserError(
+            f"the warm engine for {record.name} runs llmsample {record.version}, this is {__version__}: "
+            f"restart it (llmsample stop --all; llmsample start) or pass --local"
+        )
+    return Target(record.where, name=record.name)
+
+
+def _has_engines() -> bool:
+    """Whether there is an engine directory at all: a command never creates it."""
+    return registry.runtime_path().is_dir()

@@ -1,0 +1,136 @@
+"""What a command and an engine say to each other: a job (the prompt and the resolved sampling
+settings, so the engine decodes exactly what the in-process run would) and the loop's records as
+JSON lines, rebuilt here into the same dataclasses the renderers read in-process. Floats go through
+``repr`` and back, so every number the renderers print is the engine's to the last bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from llmsample.events import (
+    CacheReuse,
+    Candidate,
+    ConstraintOutcome,
+    PlainComparison,
+    ReferenceFigures,
+    ReferenceSummary,
+    RunFacts,
+    Speculation,
+    Summary,
+    TokenEvent,
+    Watched,
+)
+from llmsample.sampling.config import SamplingConfig
+
+JOB_PATH = "/llmsample/v1/generate"
+ENGINE_PATH = "/llmsample/v1/engine"
+VERSION_HEADER = "X-Llmsample-Version"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt for the engine, as ``generate`` resolved it before loading anything: the text
+    (the engine applies the chat template, as the in-process run does), the settings with their
+    seed, and how many alternatives each record lists."""
+
+    prompt: str
+    cfg: SamplingConfig
+    preset: str
+    system: str | None = None
+    raw: bool = False
+    truncate: str = "error"
+    top_n: int = 5
+    model: str | None = None  # the model the caller expects (None: whatever the engine serves)
+
+    def to_json(self) -> dict[str, Any]:
+        config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg) if f.name != "constraint"}
+        data = asdict(self)
+        data["cfg"] = config
+        return data
+
+
+def job_from_json(data: Any) -> Job:
+    """The engine's side; a body that is not a job raises ``ValueError`` naming what is wrong."""
+    if not isinstance(data, dict):
+        raise ValueError("the body must be a JSON object")
+    names = {f.name for f in fields(Job)}
+    if set(data) - names or "prompt" not in data or "cfg" not in data or "preset" not in data:
+        raise ValueError(f"a job has the keys {', '.join(sorted(names))} (prompt, cfg and preset required)")
+    config = data["cfg"]
+    known = {f.name for f in fields(SamplingConfig)} - {"constraint"}
+    if not isinstance(config, dict) or set(config) - known:
+        raise ValueError(f"cfg: unknown keys {sorted(set(config) - known) if isinstance(config, dict) else config!r}")
+    cfg = SamplingConfig(**{key: _tuples(value) for key, value in config.items()})
+    return Job(**{**data, "cfg": cfg})
+
+
+def _tuples(value: Any) -> Any:
+    """JSON's lists back to the config's tuples (``logit_bias``: pairs)."""
+    if isinstance(value, list):
+        return tuple(_tuples(item) for item in value)
+    return value
+
+
+def encode(record: Any) -> str:
+    """One record as a JSON line: a token, a summary, or a row's failure."""
+    if isinstance(record, TokenEvent):
+        return json.dumps({"type": "token", **asdict(record)}, allow_nan=False)
+    if isinstance(record, Summary):
+        return json.dumps({"type": "summary", **asdict(record)}, allow_nan=False)
+    return json.dumps({"type": "failed", "message": record.message, "user_error": record.user_error})
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A row the engine could not finish: ``user_error`` as the in-process run would raise it."""
+
+    message: str
+    user_error: bool
+
+
+def decode(line: str) -> TokenEvent | Summary | Failed:
+    """A line of :func:`encode` as the record it was."""
+    data = json.loads(line)
+    kind = data.pop("type")
+    if kind == "token":
+        return _token(data)
+    if kind == "summary":
+        return _summary(data)
+    if kind == "failed":
+        return Failed(data["message"], bool(data["user_error"]))
+    raise ValueError(f"unknown record type {kind!r}")
+
+
+def _token(data: dict[str, Any]) -> TokenEvent:
+    data["top"] = tuple(Candidate(**candidate) for candidate in data["top"])
+    data["watch"] = {name: Watched(**figures) for name, figures in data.get("watch", {}).items()}
+    if data.get("reference") is not None:
+        data["reference"] = ReferenceFigures(**data["reference"])
+    return TokenEvent(**data)
+
+
+SECTIONS = {
+    "speculation": Speculation,
+    "reference": ReferenceSummary,
+    "comparison": PlainComparison,
+    "cache": CacheReuse,
+    "constraint": ConstraintOutcome,
+}
+
+
+def _summary(data: dict[str, Any]) -> Summary:
+    facts = dict(data.pop("facts"))
+    for key, kind in SECTIONS.items():
+        if facts.get(key) is not None:
+            facts[key] = kind(**facts[key])
+    if facts.get("device_map") is not None:
+        facts["device_map"] = tuple(facts["device_map"])
+    return Summary(**data, facts=RunFacts(**facts))
+
+
+def served(summary: Summary, where: str) -> Summary:
+    """The summary as the client reports it: which engine decoded it, warm."""
+    return dataclasses.replace(summary, facts=dataclasses.replace(summary.facts, engine=where, warm=True))

@@ -1,0 +1,59 @@
+"""The client side imports no torch, transformers or llama_cpp: a whole ``generate`` on a warm
+engine runs with them blocked; and the records survive the wire as the same dataclasses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from llmsample.client.wire import Job, decode, encode, job_from_json
+from llmsample.events import Candidate, ReferenceFigures, RunFacts, Speculation, Summary, TokenEvent, Watched
+from llmsample.sampling.config import SamplingConfig
+from tests.conftest import REPO
+from tests.warm.conftest import Engine
+
+BLOCK = "import sys\nfor name in ('torch', 'transformers', 'llama_cpp'):\n    sys.modules[name] = None\n"
+CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.warm", "llmsample.cli"]
+
+
+@pytest.mark.parametrize("module", CLIENT)
+def test_imports_without_the_model_stack(module: str) -> None:
+    result = subprocess.run([sys.executable, "-c", f"{BLOCK}import {module}"], capture_output=True, text=True,
+                            cwd=REPO, timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr.strip().splitlines()[-1]
+
+
+def test_a_warm_generate_runs_with_the_model_stack_blocked(engine: Engine) -> None:
+    args = ["generate", *engine.load_args, "-p", "w3 w4", "--seed", "3", "-n", "8", "--inspect"]
+    code = f"{BLOCK}from llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
+    blocked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=engine.env,
+                             cwd=REPO, timeout=120)  # fmt: skip
+    assert blocked.returncode == 0, blocked.stderr
+    assert blocked.stdout == engine.generate(*args[1 + len(engine.load_args) :]).stdout
+    # The check can fail: in-process, the same command needs torch.
+    local = subprocess.run([sys.executable, "-c", code.replace("main()", "sys.argv.append('--local'); main()")],
+                           capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=120)  # fmt: skip
+    assert local.returncode != 0
+
+
+def test_records_round_trip() -> None:
+    token = TokenEvent(
+        3, 17, " w5", 0.1 + 0.2, 1 / 3, 2, 1.5e-9, (Candidate(17, " w5", 0.30000000000000004, 0.25),),
+        {"top_k": 4}, "draft", True, {"w9": Watched(9, 0.01, 0.02, 7)}, ReferenceFigures(0.003, True, 0.29),
+    )  # fmt: skip
+    summary = Summary(" w5", 1, 2, "length", 0.01, None, "m", "balanced", 7, 0.2,
+                      RunFacts(device="cpu", speculation=Speculation(4, 3, 2, 1.5), device_map=("cpu",)))  # fmt: skip
+    assert decode(encode(token)) == token
+    assert decode(encode(summary)) == summary
+
+
+def test_a_job_round_trips() -> None:
+    cfg = SamplingConfig(temperature=0.7, stop=("w3",), logit_bias=(("w4", 2.5),), seed=2**62 + 1)
+    job = Job("hi", cfg, "creative", system="s", raw=True, truncate="left", top_n=3, model="m")
+    import json
+
+    assert job_from_json(json.loads(json.dumps(job.to_json()))) == job
+    with pytest.raises(ValueError, match="unknown keys"):
+        job_from_json({**job.to_json(), "cfg": {"temprature": 1}})

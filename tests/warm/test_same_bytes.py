@@ -1,0 +1,86 @@
+"""The same command prints the same bytes through a warm engine as in-process (same seed and
+settings): plain text, the inspection table, the HTML page, JSONL records, colour in a terminal,
+and a user error. Only the summary's clocks and where it ran may differ."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.warm.conftest import Engine
+
+TIMING = ("ttft_s", "tokens_per_s", "elapsed_s")
+
+
+def both(engine: Engine, *args: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """The command on the engine, then in-process."""
+    warm = engine.generate(*args)
+    local = engine.generate(*args, "--local")
+    return warm, local
+
+
+def test_plain_inspect_and_html(engine: Engine, tmp_path: Path) -> None:
+    args = ("-p", "w3 w4 w5", "--system", "w9", "--seed", "5", "-n", "24", "--top-n", "3", "--stop", "w7", "--inspect")
+    warm = engine.generate(*args, "--html", str(tmp_path / "warm.html"))
+    local = engine.generate(*args, "--html", str(tmp_path / "local.html"), "--local")
+    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
+    assert warm.stdout == local.stdout and warm.stdout.count("\n") > 5  # the text and the table
+    assert (tmp_path / "warm.html").read_bytes() == (tmp_path / "local.html").read_bytes()
+    assert "engine unix:" in warm.stderr and "engine" not in local.stderr  # the summary line says where
+
+
+def test_jsonl_records(engine: Engine) -> None:
+    warm, local = both(
+        engine, "-p", "w4 w6", "--raw", "--preset", "creative", "--seed", "11", "-n", "20", "--min-p", "0.02",
+        "--dry-multiplier", "0.8", "--logit-bias", "w5=2.5", "--ban", "w8", "--format", "jsonl",
+    )  # fmt: skip
+    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
+    warm_lines, local_lines = warm.stdout.splitlines(), local.stdout.splitlines()
+    assert warm_lines[:-1] == local_lines[:-1] and len(warm_lines) == 21  # every token record, byte for byte
+    warm_summary, local_summary = json.loads(warm_lines[-1]), json.loads(local_lines[-1])
+    assert warm_summary.pop("engine").startswith("unix:") and warm_summary.pop("warm") is True
+    for key in TIMING:
+        warm_summary.pop(key), local_summary.pop(key)
+    assert warm_summary == local_summary
+
+
+def in_terminal(engine: Engine, *args: str) -> bytes:
+    """stdout through a pseudo-terminal (colour on), stderr apart."""
+    leader, follower = pty.openpty()
+    command = [sys.executable, "-m", "llmsample", "generate", *engine.load_args, *args]
+    env = {**engine.env, "TERM": "xterm-256color", "COLUMNS": "100"}
+    proc = subprocess.Popen(command, stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(leader)
+    assert proc.wait(300) == 0, proc.stderr.read() if proc.stderr else ""
+    return out
+
+
+def test_colour_in_a_terminal(engine: Engine) -> None:
+    args = ("-p", "w3 w3 w4", "--seed", "2", "-n", "16", "--color-by", "model", "--inspect", "-q")
+    warm = in_terminal(engine, *args)
+    assert b"\x1b[" in warm  # coloured
+    assert warm == in_terminal(engine, *args, "--local")
+
+
+@pytest.mark.parametrize("prompt", ["   "])
+def test_a_user_error_is_the_same_line(engine: Engine, prompt: str) -> None:
+    warm, local = both(engine, "-p", prompt)
+    assert warm.returncode == local.returncode == 2
+    assert warm.stdout == local.stdout == ""
+    assert warm.stderr == local.stderr and len(warm.stderr.splitlines()) == 1
