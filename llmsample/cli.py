@@ -68,6 +68,7 @@ COMMANDS = {
     "start": "engines:start",
     "ps": "engines:ps",
     "stop": "engines:stop",
+    "logs": "logs:logs",
 }
 """Each subcommand's module under ``llmsample.commands``, imported when the command runs: a
 command's start-up pays for its own imports only (a warm ``generate`` answers in a fraction of

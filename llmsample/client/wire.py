@@ -93,7 +93,13 @@ class Failed:
 
 def decode(line: str) -> TokenEvent | Summary | Failed:
     """A line of :func:`encode` as the record it was."""
-    data = json.loads(line)
+    return from_dict(json.loads(line))
+
+
+def from_dict(data: dict[str, Any]) -> TokenEvent | Summary | Failed:
+    """A record's JSON object (``type``: token, summary or failed) as the record it was; a token's
+    ``TokenEvent.to_dict`` reads back too (the run log keeps those)."""
+    data = dict(data)
     kind = data.pop("type")
     if kind == "token":
         return _token(data)

@@ -95,7 +95,7 @@ def run(options: dict[str, Any]) -> None:
             lm, prompt_ids, cfg, stats, top_n=options["top_n"], ignore_eos=options["ignore_eos"], watch=watch,
             reference=reference,
         )  # fmt: skip
-    renderers = build_renderers(options, asked=(prompt, cfg)) if not options.get("silent") else []
+    renderers = build_renderers(options, asked=(prompt, cfg.as_dict())) if not options.get("silent") else []
     summary = consume(events, renderers, stats, options["quiet"])
     if options.get("tp"):
         end_rank(0)
@@ -130,7 +130,7 @@ def generate_on(target: Target, options: dict[str, Any]) -> None:
     stats = RunStats(model=target.name or options["model"] or "", preset=preset, seed=cfg.seed)
     events = stream_job(target, job, say)
     try:
-        renderers = build_renderers(options, asked=(prompt, cfg)) if not options.get("silent") else []
+        renderers = build_renderers(options, asked=(prompt, cfg.as_dict())) if not options.get("silent") else []
         summary = consume(events, renderers, stats, options["quiet"])
     finally:
         events.close()  # a Ctrl-C: the connection closes, and the engine cancels the row
@@ -225,8 +225,9 @@ def with_plain_comparison(
     yield dataclasses.replace(summary, facts=dataclasses.replace(summary.facts, comparison=comparison))
 
 
-def build_renderers(options: dict[str, Any], asked: tuple[str, SamplingConfig] | None = None) -> list[Renderer]:
-    """The views a run's events go to; ``asked`` (the prompt and settings) heads an ``--html`` page."""
+def build_renderers(options: dict[str, Any], asked: tuple[str, dict[str, Any]] | None = None) -> list[Renderer]:
+    """The views a run's events go to; ``asked`` (the prompt and settings) heads an ``--html`` page
+    and goes to the run log with them."""
     from llmsample.render.stream import ColorRenderer, JsonlRenderer, PlainRenderer, legend
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
@@ -248,7 +249,7 @@ def build_renderers(options: dict[str, Any], asked: tuple[str, SamplingConfig] |
     if options["html"]:
         from llmsample.render.html import HtmlRenderer, PageHead
 
-        head = PageHead(asked[0], asked[1].as_dict(), options.get("system")) if asked else None
+        head = PageHead(asked[0], asked[1], options.get("system")) if asked else None
         renderers.append(HtmlRenderer(options["html"], color_by=options["color_by"], head=head))
     if asked and not options.get("no_log", True):
         from llmsample.logs.store import logging_on
@@ -257,7 +258,7 @@ def build_renderers(options: dict[str, Any], asked: tuple[str, SamplingConfig] |
             from llmsample.logs.recorder import LogRecorder
 
             command = click.get_current_context().info_name or "generate"
-            renderers.append(LogRecorder(command, asked[0], options.get("system"), asked[1].as_dict()))
+            renderers.append(LogRecorder(command, *asked, options.get("system")))
     return renderers
 
 

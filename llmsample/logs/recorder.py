@@ -16,7 +16,7 @@ from llmsample.logs.store import LoggedRun, add
 class LogRecorder:
     """Collects a run's token records; writes the run at its summary (interrupted runs too)."""
 
-    def __init__(self, command: str, prompt: str, system: str | None, settings: dict[str, Any]) -> None:
+    def __init__(self, command: str, prompt: str, settings: dict[str, Any], system: str | None) -> None:
         self.asked = (command, prompt, system, settings)
         self.records: list[dict[str, Any]] = []
         self.run_id: int | None = None

@@ -74,3 +74,35 @@ def test_several_writers_at_once_lose_nothing(tmp_path: Path) -> None:
     assert all(w.wait(timeout=120) == 0 for w in writers), [w.stderr.read() for w in writers]
     runs = store.recent(1000, path=tmp_path / "logs.db")
     assert len(runs) == 150 and len({r.prompt for r in runs}) == 150 and len({r.id for r in runs}) == 150
+
+
+def logs(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llmsample", "logs", *args], capture_output=True, text=True,
+                          env=cli_env(), timeout=120)  # fmt: skip
+
+
+def test_logs_lists_searches_and_shows_a_run_as_it_was_printed(tiny_model_dir: Path, tmp_path: Path) -> None:
+    page = tmp_path / "run.html"
+    printed = run(tiny_model_dir, "-p", "w3 w4", "--seed", "3", "--format", "jsonl", "--html", str(page), "-q")
+    assert printed.returncode == 0, printed.stderr
+    (kept,) = store.recent(5)
+    listed = logs("list", "--format", "jsonl")
+    assert [json.loads(line)["id"] for line in listed.stdout.splitlines()] == [kept.id]
+    assert f"{kept.id}" in logs().stdout and '"w3 w4"' in logs("search", "W3 w4").stdout
+    assert logs("search", "nowhere").stdout == ""
+    again = logs("show", str(kept.id), "--format", "jsonl", "--html", str(tmp_path / "again.html"))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[:-1] == printed.stdout.splitlines()[:-1]  # the same token lines
+    assert json.loads(again.stdout.splitlines()[-1])["text"] == json.loads(printed.stdout.splitlines()[-1])["text"]
+    assert (tmp_path / "again.html").read_text() == page.read_text()  # the same page, prompt and settings included
+    missing = logs("show", "999")
+    assert missing.returncode == 2 and missing.stdout == "" and "no run 999 in the log" in missing.stderr
+
+
+def test_logs_off_and_on(tiny_model_dir: Path) -> None:
+    assert logs("off").returncode == 0 and store.off_switch().exists()
+    assert run(tiny_model_dir, "-p", "w3", "-q").returncode == 0 and store.recent(5) == []
+    assert "not being kept" in logs().stderr
+    assert logs("on").returncode == 0 and not store.off_switch().exists()
+    assert run(tiny_model_dir, "-p", "w3", "-q").returncode == 0 and len(store.recent(5)) == 1
+    assert logs("path").stdout.strip() == str(store.database_path())
