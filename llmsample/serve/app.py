@@ -1,7 +1,8 @@
 """The HTTP side: a Starlette app whose completion endpoints turn each request into rows of the
 engine's one batch (:mod:`llmsample.serve.engine`) and answer in OpenAI's shapes, whole or as
-server-sent events; plus ``/v1/models``, ``/health``, ``/tokenize``, ``/detokenize`` and the
-page at ``/`` (:mod:`llmsample.serve.page`)."""
+server-sent events, and the Responses and Messages APIs on the same path
+(:mod:`llmsample.serve.responses_api`, :mod:`llmsample.serve.messages_api`); plus
+``/v1/models``, ``/health``, ``/tokenize``, ``/detokenize`` and the page at ``/``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from llmsample.batch.responses import dumps
 from llmsample.engine.rows import RowFailed
 from llmsample.errors import first_line
 from llmsample.events import TokenEvent
+from llmsample.serve import messages_api, responses_api
 from llmsample.serve.access import TOKENS
 from llmsample.serve.compat import log_ignored
 from llmsample.serve.errors import ApiError
@@ -33,10 +35,14 @@ Handler = Callable[[HttpRequest], Awaitable[Response]]
 
 
 def _endpoint(
-    state: ServeState, handler: Callable[[ServeState, HttpRequest], Awaitable[Response]], auth: bool = True
+    state: ServeState,
+    handler: Callable[[ServeState, HttpRequest], Awaitable[Response]],
+    auth: bool = True,
+    answer: Callable[[ApiError], Response] = ApiError.response,
 ) -> Handler:
-    """Every failure a client caused is an OpenAI error object; the key is checked first. A
-    failure of ours is one too (a 500), and one line on stderr rather than a traceback."""
+    """Every failure a client caused is an error object (``answer``: OpenAI's, or another API's
+    shape); the key is checked first. A failure of ours is one too (a 500), and one line on
+    stderr rather than a traceback."""
 
     async def run(request: HttpRequest) -> Response:
         try:
@@ -44,20 +50,26 @@ def _endpoint(
                 _check_key(request, state.api_key)
             return await handler(state, request)
         except ApiError as exc:
-            return exc.response()
+            return answer(exc)
         except Exception as exc:  # the server goes on; the client gets an error object
             message = f"{type(exc).__name__}: {first_line(exc)}"
             print(f"llmsample serve: {request.method} {request.url.path} failed: {message}", file=sys.stderr)
-            return ApiError(500, f"the server failed: {message}", None, "internal_error").response()
+            return answer(ApiError(500, f"the server failed: {message}", None, "internal_error"))
 
     return run
 
 
 def _check_key(request: HttpRequest, key: str) -> None:
+    """``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's)."""
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
+    if "x-api-key" in request.headers and not given:
+        scheme, token = "bearer", request.headers["x-api-key"]
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        message = "missing API key: send Authorization: Bearer KEY" if not given else "incorrect API key"
+        missing = not given and "x-api-key" not in request.headers
+        message = (
+            "missing API key: send Authorization: Bearer KEY (or x-api-key: KEY)" if missing else "incorrect API key"
+        )
         raise ApiError(401, message, None, "invalid_api_key")
 
 
@@ -163,6 +175,8 @@ async def detokenize(state: ServeState, request: HttpRequest) -> Response:
 
 
 def create_app(state: ServeState) -> Starlette:
+    anthropic = messages_api.error_response
+
     async def chat(state: ServeState, request: HttpRequest) -> Response:
         return await completions(state, request, CHAT_URL)
 
@@ -172,6 +186,11 @@ def create_app(state: ServeState) -> Starlette:
     routes = [
         Route(CHAT_URL, _endpoint(state, chat), methods=["POST"]),
         Route(COMPLETIONS_URL, _endpoint(state, complete), methods=["POST"]),
+        Route("/v1/responses", _endpoint(state, responses_api.responses), methods=["POST"]),
+        Route("/v1/messages", _endpoint(state, messages_api.messages, answer=anthropic), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens", _endpoint(state, messages_api.count_tokens, answer=anthropic), methods=["POST"]
+        ),
         Route("/v1/models", _endpoint(state, models), methods=["GET"]),
         Route("/v1/models/{name:path}", _endpoint(state, model), methods=["GET"]),
         Route("/health", _endpoint(state, health, auth=False), methods=["GET"]),
