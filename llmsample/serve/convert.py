@@ -6,7 +6,6 @@ tools chat tools, and a chat error's key is renamed back to the caller's name fo
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Collection
 from typing import Any
 
@@ -77,15 +76,18 @@ def chat_request(
 
 def renamed(exc: ApiError, names: dict[str, str]) -> ApiError:
     """``exc`` with chat's key names (in its message and ``param``) as the caller's API has them."""
-    param = names.get(exc.param, exc.param) if exc.param else exc.param
+    param = _renamed_text(exc.param, names) if exc.param else exc.param
     return ApiError(exc.status, _renamed_text(exc.message, names), param, exc.code, exc.headers)
 
 
 def _renamed_text(text: str, names: dict[str, str]) -> str:
-    head = re.match(r"(?:body\.)?([a-z_]+)", text)
-    if head is None or head.group(1) not in names:
-        return text
-    return names[head.group(1)] + text[head.end() :]
+    """``text`` with its leading key path (``response_format.json_schema.schema: ...``) renamed by
+    the longest of ``names`` it starts with."""
+    text = text.removeprefix("body.")
+    for name in sorted(names, key=len, reverse=True):
+        if text.startswith(name) and text[len(name) : len(name) + 1] in ("", ".", ":", "["):
+            return names[name] + text[len(name) :]
+    return text
 
 
 def hint(key: str, reason: str, strict: bool, warnings: list[str]) -> None:

@@ -66,6 +66,9 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
     for key, reason in HINTS.items():
         if key in given and not (key == "thinking" and given[key].get("type") == "disabled"):
             convert.hint(key, reason, strict, warnings)
+    stops = given.get("stop_sequences", [])
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise ApiError(400, f"stop_sequences: expected a list of strings, got {stops!r}", "stop_sequences")
     chat = {key: value for key, value in given.items() if key not in OWN}
     chat["messages"] = _messages(given["messages"], given.get("system"))
     for ours, theirs in (("max_tokens", "max_tokens"), ("stop", "stop_sequences"), ("top_k", "top_k")):

@@ -49,7 +49,10 @@ HINTS = {
     "max_tool_calls": "no tools are called",
     "reasoning": "the model reasons as its chat template has it",
 }
-NAMES = {"max_tokens": "max_output_tokens", "messages": "input", "response_format": "text.format"}
+NAMES = {
+    "max_tokens": "max_output_tokens", "messages": "input",
+    "response_format.json_schema": "text.format", "response_format": "text.format",
+}  # fmt: skip
 ROLES = ("user", "assistant", "system", "developer")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
