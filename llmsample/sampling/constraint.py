@@ -44,6 +44,7 @@ class Constraint:
     kind: str
     grammar: str = field(repr=False)
     origin: str = ""
+    ignored: tuple[str, ...] = ()  # schema keywords left unenforced (lenient): "uniqueItems", "format: hostname"
 
     @property
     def flag(self) -> str:
@@ -65,16 +66,40 @@ def _one_line(message: str) -> str:
 
 def _check(grammar: str, origin: str, unsupported: str = "") -> str:
     """The grammar, validated, then run over bytes (:func:`_probe`); a failure is one line."""
+    _checked(grammar, origin, unsupported)
+    return grammar
+
+
+def _checked(grammar: str, origin: str, unsupported: str = "") -> list[str]:
+    """:func:`_check`, returning llguidance's warnings (what a lenient schema left out)."""
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
         reason = _one_line(messages[0] if messages else "invalid")
-        if unsupported and reason.startswith("Unimplemented keys"):
+        if unsupported and reason.startswith(("Unimplemented keys", "Unknown format", "oneOf constraints")):
             reason += f" ({unsupported})"
         raise UserError(f"{origin}: {reason}")
     _probe(grammar, origin)
-    return grammar
+    return messages
+
+
+def _ignored(messages: list[str]) -> tuple[str, ...]:
+    """The keywords llguidance's warnings name, in order, once each: ``Unimplemented keys:
+    ["if", "then"]`` gives ``if``, ``then``; ``Unknown format: x`` gives ``format: x``; the
+    oneOf fallback gives ``oneOf`` (enforced as anyOf: one branch, not exactly one)."""
+    found: list[str] = []
+    for message in messages:
+        if message.startswith("Unimplemented keys:"):
+            try:
+                found += [str(key) for key in json.loads(message.split(":", 1)[1])]
+            except ValueError:
+                found.append(message)
+        elif message.startswith("Unknown format:"):
+            found.append("format: " + message.split(":", 1)[1].strip())
+        elif message.startswith("oneOf"):
+            found.append("oneOf")
+    return tuple(dict.fromkeys(found))
 
 
 class _ByteTokens:
@@ -124,8 +149,15 @@ def _reason(error: str) -> str:
     return " ".join(first.removeprefix("Parser Error:").split()).rstrip(".;")
 
 
-def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
-    """A JSON Schema (a dict or its text); an unsupported keyword is named in the error."""
+LENIENT_OPTIONS: dict[str, Any] = {"coerce_one_of": True, "lenient": True}
+"""What a validator leaves alone, left alone: ``oneOf`` enforced as ``anyOf``, unknown ``format``
+values (annotations, as JSON Schema has them) and keywords llguidance cannot enforce
+(``uniqueItems``, ``if``/``then``/``else``, ``dependencies``, ``not``, ...) unenforced."""
+
+
+def json_schema(schema: Any, origin: str = "--json-schema", strict: bool = False) -> Constraint:
+    """A JSON Schema (a dict or its text). Lenient by default: what llguidance cannot enforce is
+    left out and named in ``ignored``; ``strict`` refuses such a schema, naming the keyword."""
     from llguidance import LLMatcher
 
     if isinstance(schema, str):
@@ -137,12 +169,22 @@ def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
             raise UserError(f"{origin}: nested too deeply for a JSON reader; flatten the schema") from None
     if not isinstance(schema, dict | bool):
         raise UserError(f"{origin}: a JSON Schema is an object, got {type(schema).__name__}")
+    options = JSON_OPTIONS if strict else {**JSON_OPTIONS, **LENIENT_OPTIONS}
     try:
-        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
     except ValueError as exc:
         raise UserError(f"{origin}: {' '.join(str(exc).split())}") from exc
-    unsupported = "llguidance does not support this keyword; leave it out of the schema"
-    return Constraint("json_schema", _check(grammar, origin, unsupported), origin)
+    unsupported = "llguidance does not support this keyword; leave it out of the schema, or drop --strict-schema"
+    ignored = _ignored(_checked(grammar, origin, unsupported))  # strict: any of them was an error
+    return Constraint("json_schema", grammar, origin, ignored)
+
+
+def ignored_warning(constraint: Constraint) -> str | None:
+    """The one warning line for a schema's unenforced keywords; None when every one is enforced."""
+    if not constraint.ignored:
+        return None
+    keys = ", ".join(constraint.ignored)
+    return f"{constraint.origin}: not enforced (llguidance cannot): {keys}; --strict-schema refuses such a schema"
 
 
 def any_json(origin: str = "--json") -> Constraint:
@@ -202,6 +244,7 @@ class ConstraintFlags:
     regex: str | None = None
     choice: tuple[str, ...] = ()
     grammar: str | None = None
+    strict_schema: bool = False  # refuse a schema with keywords llguidance cannot enforce
 
 
 def from_flags(flags: ConstraintFlags) -> Constraint | None:
@@ -220,8 +263,8 @@ def from_flags(flags: ConstraintFlags) -> Constraint | None:
         # A file that exists is read, whatever its name starts with (true_schema.json); else
         # text that opens as a schema (an object, or true/false) is the schema itself.
         if not exists(value) and value.lstrip().startswith(("{", "true", "false")):
-            return json_schema(value)
-        return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}")
+            return json_schema(value, strict=flags.strict_schema)
+        return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}", flags.strict_schema)
     if flags.regex:
         return regex(flags.regex)
     if flags.choice:
