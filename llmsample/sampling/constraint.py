@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import RuntimeFailure, UserError
+from llmsample.sampling import lenient
 
 if TYPE_CHECKING:  # the batch reader compiles constraints and imports no torch
     from torch import Tensor
@@ -84,24 +85,6 @@ def _checked(grammar: str, origin: str, unsupported: str = "") -> list[str]:
     return messages
 
 
-def _ignored(messages: list[str]) -> tuple[str, ...]:
-    """The keywords llguidance's warnings name, in order, once each: ``Unimplemented keys:
-    ["if", "then"]`` gives ``if``, ``then``; ``Unknown format: x`` gives ``format: x``; the
-    oneOf fallback gives ``oneOf`` (enforced as anyOf: one branch, not exactly one)."""
-    found: list[str] = []
-    for message in messages:
-        if message.startswith("Unimplemented keys:"):
-            try:
-                found += [str(key) for key in json.loads(message.split(":", 1)[1])]
-            except ValueError:
-                found.append(message)
-        elif message.startswith("Unknown format:"):
-            found.append("format: " + message.split(":", 1)[1].strip())
-        elif message.startswith("oneOf"):
-            found.append("oneOf")
-    return tuple(dict.fromkeys(found))
-
-
 class _ByteTokens:
     """A vocabulary of the 256 bytes and an EOS: what :func:`_probe` runs a grammar over."""
 
@@ -149,17 +132,10 @@ def _reason(error: str) -> str:
     return " ".join(first.removeprefix("Parser Error:").split()).rstrip(".;")
 
 
-LENIENT_OPTIONS: dict[str, Any] = {"coerce_one_of": True, "lenient": True}
-"""What a validator leaves alone, left alone: ``oneOf`` enforced as ``anyOf``, unknown ``format``
-values (annotations, as JSON Schema has them) and keywords llguidance cannot enforce
-(``uniqueItems``, ``if``/``then``/``else``, ``dependencies``, ``not``, ...) unenforced."""
-
-
 def json_schema(schema: Any, origin: str = "--json-schema", strict: bool = False) -> Constraint:
-    """A JSON Schema (a dict or its text). Lenient by default: what llguidance cannot enforce is
-    left out and named in ``ignored``; ``strict`` refuses such a schema, naming the keyword."""
-    from llguidance import LLMatcher
-
+    """A JSON Schema (a dict or its text). Lenient by default (:mod:`llmsample.sampling.lenient`):
+    what llguidance cannot enforce is left out and named in ``ignored``; ``strict`` refuses such
+    a schema, naming the keyword."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -169,14 +145,44 @@ def json_schema(schema: Any, origin: str = "--json-schema", strict: bool = False
             raise UserError(f"{origin}: nested too deeply for a JSON reader; flatten the schema") from None
     if not isinstance(schema, dict | bool):
         raise UserError(f"{origin}: a JSON Schema is an object, got {type(schema).__name__}")
-    options = JSON_OPTIONS if strict else {**JSON_OPTIONS, **LENIENT_OPTIONS}
+    if strict:
+        return _strict_schema(schema, origin)
+    schema, loosened = lenient.loosened(schema)
+    options = {**JSON_OPTIONS, **lenient.OPTIONS}
+    try:
+        grammar, ignored = _schema_grammar(schema, origin, options)
+    except UserError as exc:
+        dialect = lenient.unknown_dialect(schema, str(exc))
+        if dialect is None:
+            raise
+        grammar, ignored = _schema_grammar({k: v for k, v in schema.items() if k != "$schema"}, origin, options)
+        loosened = (f"$schema: {dialect}", *loosened)
+    return Constraint("json_schema", grammar, origin, (*loosened, *ignored))
+
+
+def _strict_schema(schema: Any, origin: str) -> Constraint:
+    """Refused when llguidance cannot enforce all of it; the message says when the lenient
+    compile (the default) would take it."""
+    try:
+        return Constraint("json_schema", _schema_grammar(schema, origin, JSON_OPTIONS)[0], origin)
+    except UserError as exc:
+        try:
+            json_schema(schema, origin)
+        except UserError:
+            raise exc from None
+        raise UserError(f"{exc}; without --strict-schema it is left unenforced") from None
+
+
+def _schema_grammar(schema: Any, origin: str, options: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """llguidance's grammar of the schema, checked, and the keywords its warnings name."""
+    from llguidance import LLMatcher
+
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
     except ValueError as exc:
         raise UserError(f"{origin}: {' '.join(str(exc).split())}") from exc
-    unsupported = "llguidance does not support this keyword; leave it out of the schema, or drop --strict-schema"
-    ignored = _ignored(_checked(grammar, origin, unsupported))  # strict: any of them was an error
-    return Constraint("json_schema", grammar, origin, ignored)
+    unsupported = "llguidance does not support this keyword; leave it out of the schema"
+    return grammar, lenient.ignored_keywords(_checked(grammar, origin, unsupported))
 
 
 def ignored_warning(constraint: Constraint) -> str | None:

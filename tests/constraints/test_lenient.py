@@ -18,6 +18,7 @@ from llmsample.serve.parsing import parse_body
 from tests.constraints.test_cli import run
 
 UNIQUE = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+LOOKAHEAD = {"type": "string", "pattern": "(?=x)x+"}  # look-around: llguidance's regex engine has none
 CASES = [
     (UNIQUE, ("uniqueItems",)),
     ({"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}, ("if", "then")),
@@ -28,6 +29,12 @@ CASES = [
         {"type": "object", "properties": {"a": UNIQUE, "b": {"not": {}}, "c": {"type": "string", "format": "x"}}},
         ("not", "uniqueItems", "format: x"),
     ),
+    ({"type": "object", "properties": {"a": UNIQUE, "b": UNIQUE}}, ("uniqueItems",)),  # "(2 times)": named once
+    (
+        {"type": "object", "properties": {"a": LOOKAHEAD, "b": LOOKAHEAD}, "required": ["a"]},
+        ("pattern: (?=x)x+",),
+    ),
+    ({"$schema": "http://json-schema.org/schema", "type": "string"}, ("$schema: http://json-schema.org/schema",)),
 ]
 
 
@@ -36,7 +43,8 @@ def test_lenient_by_default_and_each_ignored_keyword_named(schema: dict, ignored
     assert constraints.json_schema(schema).ignored == ignored
     with pytest.raises(UserError) as refused:
         constraints.json_schema(schema, strict=True)
-    assert "--json-schema: " in str(refused.value) and "--strict-schema" in str(refused.value)
+    assert str(refused.value).startswith("--json-schema: ")
+    assert str(refused.value).endswith("; without --strict-schema it is left unenforced")
 
 
 def test_what_llguidance_enforces_is_not_reported() -> None:
@@ -44,6 +52,14 @@ def test_what_llguidance_enforces_is_not_reported() -> None:
     assert constraints.json_schema(schema).ignored == ()
     assert constraints.json_schema({"oneOf": [{"type": "string"}, {"type": "integer"}]}).ignored == ()
     assert constraints.ignored_warning(constraints.json_schema(schema)) is None
+    data = {"enum": [{"pattern": "(?=x)"}, 1]}  # a value, not a schema: left as it is
+    assert constraints.json_schema(data).ignored == ()
+    for refused in (
+        {"type": "string", "pattern": "(x"},
+        {"$schema": "http://json-schema.org/draft-07/schema#", "type": "strang"},
+    ):
+        with pytest.raises(UserError):  # what is wrong, not merely unenforceable, is still refused
+            constraints.json_schema(refused)
     warning = constraints.ignored_warning(constraints.json_schema(UNIQUE, "schema.json"))
     assert (
         warning == "schema.json: not enforced (llguidance cannot): uniqueItems; --strict-schema refuses such a schema"
@@ -98,5 +114,5 @@ def test_generate_warns_in_one_line_and_records_them(byte_model_dir: Path) -> No
     assert strict.returncode == 2 and strict.stdout == ""
     assert [line for line in strict.stderr.splitlines() if line.strip()] == [
         'Error: --json-schema: Unimplemented keys: ["uniqueItems"] (llguidance does not support this keyword; '
-        "leave it out of the schema, or drop --strict-schema)"
+        "leave it out of the schema); without --strict-schema it is left unenforced"
     ]
