@@ -135,7 +135,15 @@ def test_bad_requests_are_anthropic_errors(
     assert caught.value.body["error"]["message"].startswith(start)
 
 
-def test_the_key_comes_as_x_api_key(byte_server: Server) -> None:
+def test_the_key_comes_as_x_api_key_or_bearer(byte_server: Server) -> None:
+    """Anthropic's docs and older clients send ``x-api-key``; this client sends ``Authorization: Bearer``."""
+    import httpx
+
+    body = {"model": model(byte_server), "messages": USER, "max_tokens": 1}
+    for key, status in ((KEY, 200), ("wrong", 401)):
+        answer = httpx.post(byte_server.url + "/v1/messages", json=body, headers={"x-api-key": key}, timeout=60)
+        assert answer.status_code == status
+    assert answer.json() == {"type": "error", "error": {"type": "authentication_error", "message": "incorrect API key"}}
     with pytest.raises(anthropic.AuthenticationError) as caught:
         client(byte_server, key="wrong").messages.create(model="m", messages=USER, max_tokens=1)
     assert caught.value.body["error"]["type"] == "authentication_error"
