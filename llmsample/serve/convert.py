@@ -13,9 +13,6 @@ from llmsample.batch.requests import CHAT_URL
 from llmsample.serve.errors import ApiError
 from llmsample.serve.parsing import ServeRequest, parse_body
 
-PASSED = ("temperature", "top_p", "stream", "model", "user", "llmsample", "preset", "seed")
-"""Keys every API shares with chat completions, under the same name and meaning."""
-
 
 def joined_text(value: Any, where: str, kinds: Collection[str]) -> str:
     """A content string, or a list of text parts (``{"type": KIND, "text"}``, ``KIND`` one of

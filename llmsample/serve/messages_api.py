@@ -64,7 +64,10 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
             raise ApiError(400, f"{key}: Field required", key)
     warnings: list[str] = []
     for key, reason in HINTS.items():
-        if key in given and not (key == "thinking" and given[key].get("type") == "disabled"):
+        value = given.get(key)
+        if value is not None and not (
+            key == "thinking" and isinstance(value, dict) and value.get("type") == "disabled"
+        ):
             convert.hint(key, reason, strict, warnings)
     stops = given.get("stop_sequences", [])
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
