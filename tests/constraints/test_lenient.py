@@ -110,6 +110,13 @@ def test_generate_warns_in_one_line_and_records_them(byte_model_dir: Path) -> No
         "Warning: --json-schema: not enforced (llguidance cannot): uniqueItems; --strict-schema refuses such a schema"
     ]
     assert json.loads(result.stdout.splitlines()[-1])["constraint_ignored"] == ["uniqueItems"]
+    short = {**UNIQUE, "items": {"type": "integer", "minimum": 0, "maximum": 9}, "maxItems": 2}  # completes
+    lines = [{"custom_id": "a", "prompt": "hi", "raw": True, "json_schema": short, "max_tokens": 40, "seed": 1},
+             {"custom_id": "b", "prompt": "hi", "json_schema": UNIQUE, "strict_schema": True}]  # fmt: skip
+    batch = run("batch", "--tokens", "none", stdin="\n".join(json.dumps(line) for line in lines), model=byte_model_dir)
+    lenient, strict_line = (json.loads(line) for line in batch.stdout.splitlines())
+    assert lenient["custom_id"] == "a" and lenient["constraint_ignored"] == ["uniqueItems"]
+    assert strict_line["custom_id"] == "b" and "uniqueItems" in strict_line["error"]["message"]
     strict = run("generate", "-p", "hi", "--json-schema", schema, "--strict-schema", model=byte_model_dir)
     assert strict.returncode == 2 and strict.stdout == ""
     assert [line for line in strict.stderr.splitlines() if line.strip()] == [

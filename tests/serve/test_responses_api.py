@@ -113,6 +113,19 @@ def test_our_records_where_asked(byte_server: Server) -> None:
     assert "llmsample" not in create(byte_server, max_output_tokens=2).model_extra
 
 
+def test_a_schema_with_keywords_left_out_says_so(byte_server: Server) -> None:
+    unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    extra = {"seed": 3, "json_schema": unique, "llmsample": {"tokens": "ids"}}
+    answer = create(byte_server, max_output_tokens=40, extra_body=extra)
+    assert answer.model_extra["warnings"] == [
+        "json_schema: not enforced (llguidance cannot): uniqueItems; --strict-schema refuses such a schema"
+    ]
+    assert answer.model_extra["llmsample"]["constraint_ignored"] == ["uniqueItems"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(byte_server, max_output_tokens=4, extra_body={**extra, "strict_schema": True})
+    assert refused.value.body["param"] == "json_schema" and "uniqueItems" in refused.value.body["message"]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
