@@ -422,7 +422,8 @@ def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tupl
 
 def constraint_from(options: dict[str, Any]) -> Constraint | None:
     """The constraint the command's flags ask for (None: none), read into typed flags."""
-    from llmsample.sampling.constraint import ConstraintFlags, from_flags, ignored_warning
+    from llmsample.sampling.constraint import ConstraintFlags, from_flags
+    from llmsample.sampling.lenient import warning as unenforced
 
     flags = ConstraintFlags(
         json=bool(options.get("json")),
@@ -433,7 +434,7 @@ def constraint_from(options: dict[str, Any]) -> Constraint | None:
         strict_schema=bool(options.get("strict_schema")),
     )
     constraint = from_flags(flags)
-    warning = ignored_warning(constraint) if constraint is not None else None
+    warning = unenforced(constraint.origin, constraint.ignored) if constraint is not None else None
     if warning:
         click.echo(f"Warning: {warning}", err=True)
     return constraint

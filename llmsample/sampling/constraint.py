@@ -185,14 +185,6 @@ def _schema_grammar(schema: Any, origin: str, options: dict[str, Any]) -> tuple[
     return grammar, lenient.ignored_keywords(_checked(grammar, origin, unsupported))
 
 
-def ignored_warning(constraint: Constraint) -> str | None:
-    """The one warning line for a schema's unenforced keywords; None when every one is enforced."""
-    if not constraint.ignored:
-        return None
-    keys = ", ".join(constraint.ignored)
-    return f"{constraint.origin}: not enforced (llguidance cannot): {keys}; --strict-schema refuses such a schema"
-
-
 def any_json(origin: str = "--json") -> Constraint:
     """Any JSON object."""
     return Constraint("json", json_schema({"type": "object"}, origin).grammar, origin)

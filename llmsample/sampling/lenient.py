@@ -81,3 +81,10 @@ def unknown_dialect(schema: Any, message: str) -> str | None:
     if isinstance(uri, str) and f"Resource '{uri.rstrip('#')}'" in message:
         return uri
     return None
+
+
+def warning(origin: str, ignored: tuple[str, ...]) -> str | None:
+    """The one warning line for a schema's unenforced keywords; None when every one is enforced."""
+    if not ignored:
+        return None
+    return f"{origin}: not enforced (llguidance cannot): {', '.join(ignored)}; --strict-schema refuses such a schema"

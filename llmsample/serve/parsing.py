@@ -173,10 +173,10 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
 
 def _unenforced(request: Request) -> list[str]:
     """A lenient schema's warning line (its keywords llguidance left unenforced), if any."""
-    from llmsample.sampling.constraint import ignored_warning
+    from llmsample.sampling.lenient import warning as unenforced
 
     constraint = request.overrides.get("constraint")
-    warning = ignored_warning(constraint) if constraint is not None else None
+    warning = unenforced(constraint.origin, constraint.ignored) if constraint is not None else None
     return [warning] if warning else []
 
 

@@ -13,6 +13,7 @@ from llmsample.batch.requests import CHAT_URL, Request, RequestError, read_reque
 from llmsample.errors import UserError
 from llmsample.events import ConstraintOutcome, RunFacts
 from llmsample.sampling import constraint as constraints
+from llmsample.sampling import lenient
 from llmsample.serve.errors import ApiError
 from llmsample.serve.parsing import parse_body
 from tests.constraints.test_cli import run
@@ -51,7 +52,7 @@ def test_what_llguidance_enforces_is_not_reported() -> None:
     schema = {"type": "object", "properties": {"h": {"type": "string", "format": "date-time"}}, "required": ["h"]}
     assert constraints.json_schema(schema).ignored == ()
     assert constraints.json_schema({"oneOf": [{"type": "string"}, {"type": "integer"}]}).ignored == ()
-    assert constraints.ignored_warning(constraints.json_schema(schema)) is None
+    assert lenient.warning("--json-schema", constraints.json_schema(schema).ignored) is None
     data = {"enum": [{"pattern": "(?=x)"}, 1]}  # a value, not a schema: left as it is
     assert constraints.json_schema(data).ignored == ()
     for refused in (
@@ -60,7 +61,7 @@ def test_what_llguidance_enforces_is_not_reported() -> None:
     ):
         with pytest.raises(UserError):  # what is wrong, not merely unenforceable, is still refused
             constraints.json_schema(refused)
-    warning = constraints.ignored_warning(constraints.json_schema(UNIQUE, "schema.json"))
+    warning = lenient.warning("schema.json", constraints.json_schema(UNIQUE, "schema.json").ignored)
     assert (
         warning == "schema.json: not enforced (llguidance cannot): uniqueItems; --strict-schema refuses such a schema"
     )
