@@ -137,6 +137,7 @@ class ConstraintOutcome:
 
     constraint: str
     complete: bool
+    constraint_ignored: tuple[str, ...] = ()  # schema keywords left unenforced (lenient)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,9 @@ class RunFacts:
         if self.cache is not None:
             data["cache"] = asdict(self.cache)
         if self.constraint is not None:
-            data.update(asdict(self.constraint))
+            data.update(constraint=self.constraint.constraint, complete=self.constraint.complete)
+            if self.constraint.constraint_ignored:
+                data["constraint_ignored"] = list(self.constraint.constraint_ignored)
         if self.engine is not None:
             data.update(engine=self.engine, warm=self.warm)
         return data

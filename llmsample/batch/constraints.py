@@ -11,6 +11,8 @@ from llmsample.sampling import constraint as constraints
 from llmsample.sampling.constraint import Constraint
 
 KEYS = ("json", "json_schema", "regex", "choice", "grammar")
+STRICT_KEY = "strict_schema"
+"""``true``: a schema with keywords llguidance cannot enforce is refused (``--strict-schema``)."""
 
 
 class ConstraintError(ValueError):
@@ -24,8 +26,17 @@ def _compiled(make: Any, *args: Any) -> Constraint:
         raise ConstraintError(str(exc)) from None
 
 
+def strict_schema(given: dict[str, Any]) -> bool:
+    """The request's ``strict_schema`` key (not given: lenient)."""
+    value = given.get(STRICT_KEY, False)
+    if not isinstance(value, bool):
+        raise ConstraintError(f"{STRICT_KEY}: expected true or false, got {value!r}")
+    return value
+
+
 def request_constraint(given: dict[str, Any]) -> Constraint | None:
     """From a request's own keys; at most one of them."""
+    strict = strict_schema(given)
     keys = [key for key in KEYS if key in given]
     if not keys:
         return None
@@ -37,7 +48,7 @@ def request_constraint(given: dict[str, Any]) -> Constraint | None:
             raise ConstraintError(f"json: expected true or false, got {value!r}")
         return _compiled(constraints.any_json, "json") if value else None
     if key == "json_schema":
-        return _compiled(constraints.json_schema, value, "json_schema")
+        return _compiled(constraints.json_schema, value, "json_schema", strict)
     if key == "choice":
         texts = [value] if isinstance(value, str) else value
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -50,7 +61,7 @@ def request_constraint(given: dict[str, Any]) -> Constraint | None:
     return _compiled(constraints.grammar, value, "grammar")
 
 
-def response_format(value: Any) -> Constraint | None:
+def response_format(value: Any, strict: bool = False) -> Constraint | None:
     """OpenAI's ``response_format``: ``{"type": "text" | "json_object" | "json_schema", ...}``."""
     where = "body.response_format"
     if not isinstance(value, dict) or value.get("type") not in ("text", "json_object", "json_schema"):
@@ -69,4 +80,4 @@ def response_format(value: Any) -> Constraint | None:
     unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
     if unknown:
         raise ConstraintError(f"{where}.json_schema.{unknown[0]}: unknown key; allowed keys: name, schema, strict")
-    return _compiled(constraints.json_schema, spec.get("schema", {}), f"{where}.json_schema.schema")
+    return _compiled(constraints.json_schema, spec.get("schema", {}), f"{where}.json_schema.schema", strict)

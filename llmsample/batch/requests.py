@@ -47,11 +47,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from llmsample.batch.constraints import KEYS as CONSTRAINT_KEYS
-from llmsample.batch.constraints import ConstraintError, request_constraint, response_format
+from llmsample.batch.constraints import STRICT_KEY, ConstraintError, request_constraint, response_format, strict_schema
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
 SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key != "description")  # noqa: SIM118 (a classmethod)
-OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS, *CONSTRAINT_KEYS)
+OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS, *CONSTRAINT_KEYS, STRICT_KEY)
 OPENAI_MARKERS = frozenset({"method", "url", "body"})
 OPENAI_KEYS = ("custom_id", "method", "url", "body")
 CHAT_URL = "/v1/chat/completions"
@@ -302,7 +302,7 @@ def _openai_request(data: dict[str, Any], number: int) -> Request:
         raise _LineError(str(exc), custom_id) from None
 
 
-def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str) -> Request:
+def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, strict: bool = False) -> Request:
     allowed = BODY_KEYS[url]
     for key in body:
         if key not in allowed:
@@ -320,7 +320,7 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str) ->
     names = {key: sampling.get(key, key) for key in SAMPLING_KEYS}  # our key -> the body's name for it
     overrides = _overrides({key: body[name] for key, name in names.items() if name in body}, "body.", names)
     if "response_format" in body:
-        overrides |= _constraint(response_format, body["response_format"])
+        overrides |= _constraint(lambda value: response_format(value, strict), body["response_format"])
     logprobs, top_logprobs = _logprobs(body, url)
     if url == CHAT_URL:
         if "messages" not in body:
@@ -385,6 +385,14 @@ def _overrides(values: dict[str, Any], where: str = "", names: dict[str, str] | 
     return {key: getattr(config, key) for key in values}
 
 
+def _strict(given: dict[str, Any]) -> bool:
+    """``strict_schema`` of our keys: a schema's unenforceable keywords refused, not left out."""
+    try:
+        return strict_schema(given)
+    except ConstraintError as exc:
+        raise _LineError(str(exc)) from None
+
+
 def _constraint(parse: Any, value: Any) -> dict[str, Any]:
     """The ``constraint`` override of a line's constraint keys (none: nothing)."""
     try:
@@ -440,7 +448,7 @@ def openai_body(body: dict[str, Any], url: str, custom_id: str, own: dict[str, A
     try:
         _check_unicode(body)
         _check_unicode(own)
-        request = _openai_body(body, url, 0, custom_id)
+        request = _openai_body(body, url, 0, custom_id, _strict(own))
         extra = _overrides({key: value for key, value in own.items() if key in SAMPLING_KEYS}, "body.")
         extra |= _constraint(request_constraint, own)
         if "constraint" in extra and "constraint" in request.overrides:

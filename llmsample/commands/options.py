@@ -334,6 +334,11 @@ constraint_options = _stack(
         metavar="FILE",
         help="Constrain the output to a Lark grammar (llguidance's dialect); a .gbnf file is read as GBNF.",
     ),
+    click.option(
+        "--strict-schema",
+        is_flag=True,
+        help="Refuse a JSON schema with keywords llguidance cannot enforce [default: leave them unenforced, warned].",
+    ),
     panel="Constrained output",
 )
 
@@ -441,6 +446,7 @@ def resolve_sampling(options: dict[str, Any], preset: str | None = None) -> tupl
 def constraint_from(options: dict[str, Any]) -> Constraint | None:
     """The constraint the command's flags ask for (None: none), read into typed flags."""
     from llmsample.sampling.constraint import ConstraintFlags, from_flags
+    from llmsample.sampling.lenient import warning as unenforced
 
     flags = ConstraintFlags(
         json=bool(options.get("json")),
@@ -448,8 +454,13 @@ def constraint_from(options: dict[str, Any]) -> Constraint | None:
         regex=options.get("regex"),
         choice=tuple(options.get("choice") or ()),
         grammar=options.get("grammar"),
+        strict_schema=bool(options.get("strict_schema")),
     )
-    return from_flags(flags)
+    constraint = from_flags(flags)
+    warning = unenforced(constraint.origin, constraint.ignored) if constraint is not None else None
+    if warning:
+        click.echo(f"Warning: {warning}", err=True)
+    return constraint
 
 
 def read_prompt(prompt: str | None, raw: bool = False) -> str:

@@ -170,7 +170,8 @@ def _emit(
             if row.matcher is not None:
                 emitted = [f.token_id for f in figures[: j + 1]]
                 complete = row.text.emitter.reason == "eos" or row.matcher.accepts_after(emitted)
-                row.item.stats.note(constraint=ConstraintOutcome(row.matcher.constraint.flag, complete))
+                constraint = row.matcher.constraint
+                row.item.stats.note(constraint=ConstraintOutcome(constraint.flag, complete, constraint.ignored))
             yield row.key, row.item.stats.summary(row.text.emitter.reason)
             return True
     return False

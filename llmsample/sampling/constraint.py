@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import RuntimeFailure, UserError
+from llmsample.sampling import lenient
 
 if TYPE_CHECKING:  # the batch reader compiles constraints and imports no torch
     from torch import Tensor
@@ -44,6 +45,7 @@ class Constraint:
     kind: str
     grammar: str = field(repr=False)
     origin: str = ""
+    ignored: tuple[str, ...] = ()  # schema keywords left unenforced (lenient): "uniqueItems", "format: hostname"
 
     @property
     def flag(self) -> str:
@@ -65,16 +67,22 @@ def _one_line(message: str) -> str:
 
 def _check(grammar: str, origin: str, unsupported: str = "") -> str:
     """The grammar, validated, then run over bytes (:func:`_probe`); a failure is one line."""
+    _checked(grammar, origin, unsupported)
+    return grammar
+
+
+def _checked(grammar: str, origin: str, unsupported: str = "") -> list[str]:
+    """:func:`_check`, returning llguidance's warnings (what a lenient schema left out)."""
     from llguidance import LLMatcher
 
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
         reason = _one_line(messages[0] if messages else "invalid")
-        if unsupported and reason.startswith("Unimplemented keys"):
+        if unsupported and reason.startswith(("Unimplemented keys", "Unknown format", "oneOf constraints")):
             reason += f" ({unsupported})"
         raise UserError(f"{origin}: {reason}")
     _probe(grammar, origin)
-    return grammar
+    return messages
 
 
 class _ByteTokens:
@@ -124,10 +132,10 @@ def _reason(error: str) -> str:
     return " ".join(first.removeprefix("Parser Error:").split()).rstrip(".;")
 
 
-def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
-    """A JSON Schema (a dict or its text); an unsupported keyword is named in the error."""
-    from llguidance import LLMatcher
-
+def json_schema(schema: Any, origin: str = "--json-schema", strict: bool = False) -> Constraint:
+    """A JSON Schema (a dict or its text). Lenient by default (:mod:`llmsample.sampling.lenient`):
+    what llguidance cannot enforce is left out and named in ``ignored``; ``strict`` refuses such
+    a schema, naming the keyword."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -137,12 +145,44 @@ def json_schema(schema: Any, origin: str = "--json-schema") -> Constraint:
             raise UserError(f"{origin}: nested too deeply for a JSON reader; flatten the schema") from None
     if not isinstance(schema, dict | bool):
         raise UserError(f"{origin}: a JSON Schema is an object, got {type(schema).__name__}")
+    if strict:
+        return _strict_schema(schema, origin)
+    schema, loosened = lenient.loosened(schema)
+    options = {**JSON_OPTIONS, **lenient.OPTIONS}
     try:
-        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
+        grammar, ignored = _schema_grammar(schema, origin, options)
+    except UserError as exc:
+        dialect = lenient.unknown_dialect(schema, str(exc))
+        if dialect is None:
+            raise
+        grammar, ignored = _schema_grammar({k: v for k, v in schema.items() if k != "$schema"}, origin, options)
+        loosened = (f"$schema: {dialect}", *loosened)
+    return Constraint("json_schema", grammar, origin, (*loosened, *ignored))
+
+
+def _strict_schema(schema: Any, origin: str) -> Constraint:
+    """Refused when llguidance cannot enforce all of it; the message says when the lenient
+    compile (the default) would take it."""
+    try:
+        return Constraint("json_schema", _schema_grammar(schema, origin, JSON_OPTIONS)[0], origin)
+    except UserError as exc:
+        try:
+            json_schema(schema, origin)
+        except UserError:
+            raise exc from None
+        raise UserError(f"{exc}; without --strict-schema it is left unenforced") from None
+
+
+def _schema_grammar(schema: Any, origin: str, options: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """llguidance's grammar of the schema, checked, and the keywords its warnings name."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=options)  # type: ignore[arg-type]
     except ValueError as exc:
         raise UserError(f"{origin}: {' '.join(str(exc).split())}") from exc
     unsupported = "llguidance does not support this keyword; leave it out of the schema"
-    return Constraint("json_schema", _check(grammar, origin, unsupported), origin)
+    return grammar, lenient.ignored_keywords(_checked(grammar, origin, unsupported))
 
 
 def any_json(origin: str = "--json") -> Constraint:
@@ -202,6 +242,7 @@ class ConstraintFlags:
     regex: str | None = None
     choice: tuple[str, ...] = ()
     grammar: str | None = None
+    strict_schema: bool = False  # refuse a schema with keywords llguidance cannot enforce
 
 
 def from_flags(flags: ConstraintFlags) -> Constraint | None:
@@ -220,8 +261,8 @@ def from_flags(flags: ConstraintFlags) -> Constraint | None:
         # A file that exists is read, whatever its name starts with (true_schema.json); else
         # text that opens as a schema (an object, or true/false) is the schema itself.
         if not exists(value) and value.lstrip().startswith(("{", "true", "false")):
-            return json_schema(value)
-        return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}")
+            return json_schema(value, strict=flags.strict_schema)
+        return json_schema(read_text(value, "--json-schema"), f"--json-schema {value}", flags.strict_schema)
     if flags.regex:
         return regex(flags.regex)
     if flags.choice:

@@ -1,20 +1,17 @@
 """The HTTP side: a Starlette app whose completion endpoints turn each request into rows of the
 engine's one batch (:mod:`llmsample.serve.engine`) and answer in OpenAI's shapes, whole or as
-server-sent events; plus ``/v1/models``, ``/health``, ``/tokenize``, ``/detokenize`` and the
-page at ``/`` (:mod:`llmsample.serve.page`)."""
+server-sent events, and the Responses and Messages APIs on the same path
+(:mod:`llmsample.serve.responses_api`, :mod:`llmsample.serve.messages_api`); plus
+``/v1/models``, ``/health``, ``/tokenize``, ``/detokenize`` and the page at ``/``."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import hmac
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -23,31 +20,29 @@ from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
 from llmsample.batch.responses import dumps
 from llmsample.engine.rows import RowFailed
 from llmsample.errors import first_line
-from llmsample.events import Summary, TokenEvent
+from llmsample.events import TokenEvent
+from llmsample.serve import messages_api, responses_api
 from llmsample.serve.access import TOKENS
 from llmsample.serve.compat import log_ignored
-from llmsample.serve.engine import Busy, Closing
-from llmsample.serve.errors import ApiError, bad_request
+from llmsample.serve.errors import ApiError
+from llmsample.serve.flow import failure, gather, off_loop, read_json, records, submit
 from llmsample.serve.mailbox import Mailbox
-from llmsample.serve.parsing import load_json, parse_body
+from llmsample.serve.parsing import parse_body
 from llmsample.serve.responses import DONE, Answer
-from llmsample.serve.rows import build_items, prompt_texts
-from llmsample.serve.state import READ_TIMEOUT_S, ServeState
-
-_TOKENIZING = ThreadPoolExecutor(1, thread_name_prefix="llmsample-tokenize")
-"""Prompts are tokenized here, off the event loop (a 4 MiB prompt takes seconds, and ``/health``
-and every stream must go on meanwhile); one at a time, as the loop did them, so two requests
-never use the tokenizer at once. Its work starts no OpenMP team: tests/serve/test_threads.py."""
-
+from llmsample.serve.state import ServeState
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
 
 
 def _endpoint(
-    state: ServeState, handler: Callable[[ServeState, HttpRequest], Awaitable[Response]], auth: bool = True
+    state: ServeState,
+    handler: Callable[[ServeState, HttpRequest], Awaitable[Response]],
+    auth: bool = True,
+    answer: Callable[[ApiError], Response] = ApiError.response,
 ) -> Handler:
-    """Every failure a client caused is an OpenAI error object; the key is checked first. A
-    failure of ours is one too (a 500), and one line on stderr rather than a traceback."""
+    """Every failure a client caused is an error object (``answer``: OpenAI's, or another API's
+    shape); the key is checked first. A failure of ours is one too (a 500), and one line on
+    stderr rather than a traceback."""
 
     async def run(request: HttpRequest) -> Response:
         try:
@@ -55,48 +50,27 @@ def _endpoint(
                 _check_key(request, state.api_key)
             return await handler(state, request)
         except ApiError as exc:
-            return exc.response()
+            return answer(exc)
         except Exception as exc:  # the server goes on; the client gets an error object
             message = f"{type(exc).__name__}: {first_line(exc)}"
             print(f"llmsample serve: {request.method} {request.url.path} failed: {message}", file=sys.stderr)
-            return ApiError(500, f"the server failed: {message}", None, "internal_error").response()
+            return answer(ApiError(500, f"the server failed: {message}", None, "internal_error"))
 
     return run
 
 
 def _check_key(request: HttpRequest, key: str) -> None:
+    """``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's)."""
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
+    if "x-api-key" in request.headers and not given:
+        scheme, token = "bearer", request.headers["x-api-key"]
     if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
-        message = "missing API key: send Authorization: Bearer KEY" if not given else "incorrect API key"
+        missing = not given and "x-api-key" not in request.headers
+        message = (
+            "missing API key: send Authorization: Bearer KEY (or x-api-key: KEY)" if missing else "incorrect API key"
+        )
         raise ApiError(401, message, None, "invalid_api_key")
-
-
-async def read_json(request: HttpRequest, limit: int, timeout: float = READ_TIMEOUT_S) -> Any:
-    """The body as JSON, refused (413) as soon as it is over ``limit`` bytes, declared or sent,
-    and (408, the connection closed) when it has not all come within ``timeout`` seconds."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}", None, "body_too_large")
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(timeout):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ApiError(408, f"the request body did not all come within {timeout:g} s", None, "body_timeout",
-                       {"Connection": "close"}) from None  # fmt: skip
-    except ClientDisconnect:  # nobody reads this answer; it keeps a traceback out of the log
-        raise ApiError(499, "the client went away before sending its whole body") from None
-    return load_json(b"".join(chunks))
-
-
-async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
-    """``work(*args)`` on the tokenizing thread (see :data:`_TOKENIZING`)."""
-    return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, functools.partial(work, *args))
 
 
 async def completions(state: ServeState, request: HttpRequest, url: str) -> Response:
@@ -105,100 +79,17 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
         await read_json(request, state.max_body, state.read_timeout), url, state.presets, state.strict_api
     )
     log_ignored(list(serve.warnings))
-    if serve.model is not None and serve.model != state.lm.name:
-        raise ApiError(
-            404,
-            f"model: {serve.model!r} is not served here; this server runs {state.lm.name!r}",
-            "model",
-            "model_not_found",
-        )
-    serve = await off_loop(prompt_texts, state.lm, serve)
-    items = await off_loop(build_items, state, serve, chat)
-    queue = Mailbox(asyncio.get_running_loop())
-    try:
-        state.engine.submit(items, queue)
-    except Busy as busy:
-        raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
-                       {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
-    except Closing:
-        raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
+    serve, keys, queue = await submit(state, serve, chat)
     answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes)
-    keys = {item.key: i for i, item in enumerate(items)}
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return await _whole(state, request, answer, keys, queue)
-
-
-async def _watch_disconnect(request: HttpRequest) -> None:
-    """Returns when the client has gone away."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _records(
-    state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
-) -> AsyncIterator[list[tuple[int, Any]]]:
-    """``(choice index, record)`` lists (a step's at a time) until every row has ended; a client
-    that goes away closes the mailbox and cancels its rows."""
-    watch = asyncio.ensure_future(_watch_disconnect(request))
-    watch.add_done_callback(lambda _: queue.close())
-    open_rows = set(keys)
-    try:
-        while open_rows:
-            records = await queue.take()
-            if records is None:
-                return
-            batch = []
-            for key, record in records:
-                if not isinstance(record, TokenEvent):
-                    open_rows.discard(key)
-                batch.append((keys[key], record))
-            yield batch
-    finally:
-        watch.cancel()
-        if open_rows:
-            state.engine.cancel(list(open_rows))
-
-
-async def _whole(
-    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
-) -> Response:
-    events: list[list[TokenEvent]] = [[] for _ in keys]
-    summaries: list[Summary | None] = [None] * len(keys)
-    async for batch in _records(state, request, keys, queue):
-        for index, record in batch:
-            _collect(index, record, events, summaries)
-    if any(summary is None or _unanswered(summary) for summary in summaries):
-        if state.engine.closing:  # still waiting for a row when the server began to stop
-            raise ApiError(503, "the server is shutting down", None, "shutting_down")
+    gathered = await gather(state, request, keys, queue)
+    if gathered is None:
         return Response(status_code=499)  # the client went away; nobody reads this
-    request.scope[TOKENS] = [summaries[0].prompt_tokens, sum(summary.tokens for summary in summaries)]  # type: ignore[union-attr]
-    return JSONResponse(answer.body(summaries, events))  # type: ignore[arg-type]
-
-
-def _unanswered(summary: Summary) -> bool:
-    """A row the server stopped before it gave a token (a stream still ends it with a final chunk)."""
-    return summary.stop_reason == "cancelled" and not summary.tokens
-
-
-def _collect(index: int, record: Any, events: list[list[TokenEvent]], summaries: list[Summary | None]) -> None:
-    if isinstance(record, TokenEvent):
-        events[index].append(record)
-    elif isinstance(record, RowFailed):
-        if record.message != "cancelled":  # cancelled: the client went away (or the server stops)
-            raise _failure(record)
-    else:
-        summaries[index] = record
-
-
-def _failure(record: RowFailed) -> ApiError:
-    """A row that failed: the request's own fault (a constraint it cannot complete) is a 400."""
-    if record.user_error:
-        return bad_request(record.message)
-    return ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")
+    summaries, events = gathered
+    request.scope[TOKENS] = [summaries[0].prompt_tokens, sum(summary.tokens for summary in summaries)]
+    return JSONResponse(answer.body(summaries, events))
 
 
 async def _stream(
@@ -209,7 +100,7 @@ async def _stream(
     if opening:
         yield opening
     usage = request.scope.setdefault(TOKENS, [0, 0])  # prompt tokens, completion tokens (the log's too)
-    async for batch in _records(state, request, keys, queue):
+    async for batch in records(state, request, keys, queue):
         chunks = [_chunk(answer, index, record, usage) for index, record in batch]
         yield "".join(chunk for chunk in chunks if chunk)
     tail = answer.usage_chunk(*usage) if answer.serve.include_usage else ""
@@ -224,7 +115,7 @@ def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
     if isinstance(record, RowFailed):
         if record.message == "cancelled":
             return ""
-        return f"data: {dumps(_failure(record).body())}\n\n"
+        return f"data: {dumps(failure(record).body())}\n\n"
     first = index % answer.serve.n == 0  # each prompt's tokens counted once, by its first choice
     usage[0], usage[1] = usage[0] + (record.prompt_tokens if first else 0), usage[1] + record.tokens
     return answer.chunk(index, summary=record)
@@ -284,6 +175,8 @@ async def detokenize(state: ServeState, request: HttpRequest) -> Response:
 
 
 def create_app(state: ServeState) -> Starlette:
+    anthropic = messages_api.error_response
+
     async def chat(state: ServeState, request: HttpRequest) -> Response:
         return await completions(state, request, CHAT_URL)
 
@@ -293,6 +186,11 @@ def create_app(state: ServeState) -> Starlette:
     routes = [
         Route(CHAT_URL, _endpoint(state, chat), methods=["POST"]),
         Route(COMPLETIONS_URL, _endpoint(state, complete), methods=["POST"]),
+        Route("/v1/responses", _endpoint(state, responses_api.responses), methods=["POST"]),
+        Route("/v1/messages", _endpoint(state, messages_api.messages, answer=anthropic), methods=["POST"]),
+        Route(
+            "/v1/messages/count_tokens", _endpoint(state, messages_api.count_tokens, answer=anthropic), methods=["POST"]
+        ),
         Route("/v1/models", _endpoint(state, models), methods=["GET"]),
         Route("/v1/models/{name:path}", _endpoint(state, model), methods=["GET"]),
         Route("/health", _endpoint(state, health, auth=False), methods=["GET"]),

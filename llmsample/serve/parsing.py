@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsample.batch.constraints import KEYS as CONSTRAINT_KEYS
+from llmsample.batch.constraints import STRICT_KEY
 from llmsample.batch.requests import (
     BODY_KEYS,
     CHAT_URL,
@@ -132,7 +133,7 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
     if not isinstance(body, dict):
         raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
     openai_keys = (*BODY_KEYS[CHAT_URL], *BODY_KEYS[COMPLETIONS_URL])  # the other's: refused as a batch line's
-    own_keys = tuple(key for key in (*SAMPLING_KEYS, *CONSTRAINT_KEYS) if key not in openai_keys)
+    own_keys = tuple(key for key in (*SAMPLING_KEYS, *CONSTRAINT_KEYS, STRICT_KEY) if key not in openai_keys)
     extra = COMPLETION_KEYS if url == COMPLETIONS_URL else ()
     read = translate(body, (*openai_keys, *SERVER_KEYS, *extra, *own_keys), strict)
     body = read.body
@@ -156,6 +157,7 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
         if given.get("preset") is not None:
             request = dataclasses.replace(request, preset=given["preset"])
         requests.append(request)
+    read.warnings += _unenforced(requests[0])
     if given.get("echo") is True and requests[0].logprobs:
         raise ApiError(400, "echo: the prompt's log probabilities are not computed; leave out logprobs or echo", "echo")
     max_key = next((key for key in ("max_completion_tokens", "max_tokens") if key in given), None)
@@ -167,6 +169,15 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
         stop_ids=_token_ids(given.get("stop_token_ids", [])), keep_stop=_flag(given, "include_stop_str_in_output"),
         warnings=tuple(read.warnings), token_prompts=tuple(p if isinstance(p, tuple) else None for p in prompts),
     )  # fmt: skip
+
+
+def _unenforced(request: Request) -> list[str]:
+    """A lenient schema's warning line (its keywords llguidance left unenforced), if any."""
+    from llmsample.sampling.lenient import warning as unenforced
+
+    constraint = request.overrides.get("constraint")
+    warning = unenforced(constraint.origin, constraint.ignored) if constraint is not None else None
+    return [warning] if warning else []
 
 
 def _check_names(given: dict[str, Any], known_presets: Collection[str]) -> None:

@@ -2,7 +2,7 @@
 them forever, so half-sent requests could hold sockets open for good (slowloris). A connection
 that has not sent a whole request head within the deadline, once it opens or once an answer has
 gone out on it, is closed. The body has a deadline of its own, where the app reads it
-(:func:`llmsample.serve.app.read_json`)."""
+(:func:`llmsample.serve.flow.read_json`)."""
 
 from __future__ import annotations
 

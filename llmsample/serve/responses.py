@@ -44,7 +44,8 @@ def token_records(events: list[TokenEvent], level: TokenLevel) -> list[dict[str,
     return [_full(event) for event in events]
 
 
-def _extension(summary: Summary) -> dict[str, Any]:
+def extension(summary: Summary) -> dict[str, Any]:
+    """Our figures of a finished row (the summary record less what the answer already says)."""
     skip = ("type", "text", "tokens", "prompt_tokens", "model")
     return {key: value for key, value in summary.to_dict().items() if key not in skip}
 
@@ -115,7 +116,7 @@ class Answer:
             choice["logprobs"] = self._logprobs(tokens, index)
             choice["finish_reason"] = finish_reason(summary)
             if self.serve.tokens != "none":
-                choice["llmsample"] = {**_extension(summary), "tokens": token_records(tokens, self.serve.tokens)}
+                choice["llmsample"] = {**extension(summary), "tokens": token_records(tokens, self.serve.tokens)}
             choices.append(choice)
         completion = sum(summary.tokens for summary in summaries)
         prompt = sum(summary.prompt_tokens for summary in summaries[:: self.serve.n])
@@ -154,7 +155,7 @@ class Answer:
         if self.serve.tokens != "none" and event is not None:
             choice["llmsample"] = {"tokens": token_records([event], self.serve.tokens)}
         elif self.serve.tokens != "none" and summary is not None:
-            choice["llmsample"] = _extension(summary)
+            choice["llmsample"] = extension(summary)
         return self._sse({"choices": [choice]})
 
     def text_chunk(self, index: int, text: str) -> str:

@@ -81,7 +81,7 @@ def test_explain_shows_the_grammar_column_and_compare_presets_takes_a_choice(byt
     [
         (("--json-schema", '{"type": "strang"}'), "--json-schema: Invalid type: strang"),
         (("--json-schema", "missing.json"), "--json-schema missing.json: No such file or directory"),
-        (("--json-schema", '{"type": "object", "if": {}}'), 'Unimplemented keys: ["if"]'),
+        (("--strict-schema", "--json-schema", '{"type": "object", "if": {}}'), 'Unimplemented keys: ["if"]'),
         (("--regex", "a("), "--regex: invalid regex: unclosed group"),
         (("--grammar", "GRAMMAR"), "unknown name"),
         (("--json", "--regex", "a"), "--json and --regex are two constraints; give one"),

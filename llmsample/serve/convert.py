@@ -1,0 +1,94 @@
+"""Other APIs' requests as a chat completions body, so the Responses and Messages endpoints run
+through the same checks and engine path as ``/v1/chat/completions``: their messages, tool
+calls and tool results become chat messages (assistant ``tool_calls``, ``role: "tool"``), their
+tools chat tools, and a chat error's key is renamed back to the caller's name for it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+from typing import Any
+
+from llmsample.batch.requests import CHAT_URL
+from llmsample.serve.errors import ApiError
+from llmsample.serve.parsing import ServeRequest, parse_body
+
+
+def joined_text(value: Any, where: str, kinds: Collection[str]) -> str:
+    """A content string, or a list of text parts (``{"type": KIND, "text"}``, ``KIND`` one of
+    ``kinds``) joined with newlines, as chat completions joins its text parts."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ApiError(400, f"{where}: expected a string or a list of text parts, got {value!r}", where)
+    texts = []
+    for i, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds or not isinstance(part.get("text"), str):
+            allowed = " | ".join(sorted(kinds))
+            message = f'{where}[{i}]: only text parts ({{"type": "{allowed}", "text"}}) are supported, got {part!r}'
+            raise ApiError(400, message, where)
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def function_tool(name: Any, description: Any, parameters: Any, where: str) -> dict[str, Any]:
+    """A chat completions tool (``{"type": "function", "function": {...}}``)."""
+    if not isinstance(name, str) or not name:
+        raise ApiError(400, f"{where}.name: expected a function name, got {name!r}", where)
+    function: dict[str, Any] = {"name": name, "parameters": parameters if parameters is not None else {}}
+    if description is not None:
+        function["description"] = description
+    return {"type": "function", "function": function}
+
+
+def tool_call(call_id: Any, name: Any, arguments: str, where: str) -> dict[str, Any]:
+    """An assistant message's chat ``tool_calls`` entry."""
+    if not isinstance(call_id, str) or not isinstance(name, str):
+        raise ApiError(400, f"{where}: a tool call needs a string id and name", where)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def add_tool_call(messages: list[dict[str, Any]], call: dict[str, Any]) -> None:
+    """A tool call joins the assistant message just before it (the text it came with, or the
+    calls made beside it), as one chat message carries a turn's text and calls."""
+    last = messages[-1] if messages else None
+    if last is not None and last["role"] == "assistant":
+        last.setdefault("tool_calls", []).append(call)
+        return
+    messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+
+
+def chat_request(
+    chat: dict[str, Any], presets: Collection[str], strict: bool, warnings: list[str], names: dict[str, str]
+) -> ServeRequest:
+    """``chat`` read as a chat completions body; its errors name the caller's keys (``names``:
+    chat's name to the API's), and ``warnings`` (the API's own ignored keys) come first."""
+    try:
+        serve = parse_body(chat, CHAT_URL, presets, strict)
+    except ApiError as exc:
+        raise renamed(exc, names) from None
+    return dataclasses.replace(serve, warnings=(*warnings, *(_renamed_text(w, names) for w in serve.warnings)))
+
+
+def renamed(exc: ApiError, names: dict[str, str]) -> ApiError:
+    """``exc`` with chat's key names (in its message and ``param``) as the caller's API has them."""
+    param = _renamed_text(exc.param, names) if exc.param else exc.param
+    return ApiError(exc.status, _renamed_text(exc.message, names), param, exc.code, exc.headers)
+
+
+def _renamed_text(text: str, names: dict[str, str]) -> str:
+    """``text`` with its leading key path (``response_format.json_schema.schema: ...``) renamed by
+    the longest of ``names`` it starts with."""
+    text = text.removeprefix("body.")
+    for name in sorted(names, key=len, reverse=True):
+        if text.startswith(name) and text[len(name) : len(name) + 1] in ("", ".", ":", "["):
+            return names[name] + text[len(name) :]
+    return text
+
+
+def hint(key: str, reason: str, strict: bool, warnings: list[str]) -> None:
+    """A key this server acts not on: one warning line, or under ``--strict-api`` a 400."""
+    if strict:
+        raise ApiError(400, f"{key}: {reason}", key, "unknown_parameter")
+    warnings.append(f"{key}: ignored ({reason})")

@@ -1,0 +1,147 @@
+"""The engine path every completion endpoint shares (chat and text completions, the Responses
+and Messages APIs): the body read, the request's rows made off the event loop and submitted to
+the engine's one batch (:mod:`llmsample.serve.engine`), and their records taken back, whole or
+as they come. Each endpoint only shapes the answer."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.requests import ClientDisconnect
+from starlette.requests import Request as HttpRequest
+
+from llmsample.engine.rows import RowFailed
+from llmsample.events import Summary, TokenEvent
+from llmsample.serve.engine import Busy, Closing
+from llmsample.serve.errors import ApiError, bad_request
+from llmsample.serve.mailbox import Mailbox
+from llmsample.serve.parsing import ServeRequest, load_json
+from llmsample.serve.rows import build_items, prompt_texts
+from llmsample.serve.state import READ_TIMEOUT_S, ServeState
+
+_TOKENIZING = ThreadPoolExecutor(1, thread_name_prefix="llmsample-tokenize")
+"""Prompts are tokenized here, off the event loop (a 4 MiB prompt takes seconds, and ``/health``
+and every stream must go on meanwhile); one at a time, as the loop did them, so two requests
+never use the tokenizer at once. Its work starts no OpenMP team: tests/serve/test_threads.py."""
+
+
+async def read_json(request: HttpRequest, limit: int, timeout: float = READ_TIMEOUT_S) -> Any:
+    """The body as JSON, refused (413) as soon as it is over ``limit`` bytes, declared or sent,
+    and (408, the connection closed) when it has not all come within ``timeout`` seconds."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, f"the request body is {declared} bytes; the limit is {limit}", None, "body_too_large")
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(timeout):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise ApiError(413, f"the request body is over the limit of {limit} bytes", None, "body_too_large")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not all come within {timeout:g} s", None, "body_timeout",
+                       {"Connection": "close"}) from None  # fmt: skip
+    except ClientDisconnect:  # nobody reads this answer; it keeps a traceback out of the log
+        raise ApiError(499, "the client went away before sending its whole body") from None
+    return load_json(b"".join(chunks))
+
+
+async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)`` on the tokenizing thread (see :data:`_TOKENIZING`)."""
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, functools.partial(work, *args))
+
+
+async def submit(state: ServeState, serve: ServeRequest, chat: bool) -> tuple[ServeRequest, dict[Any, int], Mailbox]:
+    """The request's rows in the engine's batch: the request (token prompts given their text),
+    each row's key to its choice index, and the mailbox its records come to."""
+    if serve.model is not None and serve.model != state.lm.name:
+        raise ApiError(
+            404,
+            f"model: {serve.model!r} is not served here; this server runs {state.lm.name!r}",
+            "model",
+            "model_not_found",
+        )
+    serve = await off_loop(prompt_texts, state.lm, serve)
+    items = await off_loop(build_items, state, serve, chat)
+    queue = Mailbox(asyncio.get_running_loop())
+    try:
+        state.engine.submit(items, queue)
+    except Busy as busy:
+        raise ApiError(503, "the server is busy: every row and the queue are full; retry shortly", None, "server_busy",
+                       {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
+    except Closing:
+        raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
+    return serve, {item.key: i for i, item in enumerate(items)}, queue
+
+
+async def _watch_disconnect(request: HttpRequest) -> None:
+    """Returns when the client has gone away."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def records(
+    state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
+) -> AsyncIterator[list[tuple[int, Any]]]:
+    """``(choice index, record)`` lists (a step's at a time) until every row has ended; a client
+    that goes away closes the mailbox and cancels its rows."""
+    watch = asyncio.ensure_future(_watch_disconnect(request))
+    watch.add_done_callback(lambda _: queue.close())
+    open_rows = set(keys)
+    try:
+        while open_rows:
+            taken = await queue.take()
+            if taken is None:
+                return
+            batch = []
+            for key, record in taken:
+                if not isinstance(record, TokenEvent):
+                    open_rows.discard(key)
+                batch.append((keys[key], record))
+            yield batch
+    finally:
+        watch.cancel()
+        if open_rows:
+            state.engine.cancel(list(open_rows))
+
+
+async def gather(
+    state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
+) -> tuple[list[Summary], list[list[TokenEvent]]] | None:
+    """Every choice's summary and token events once all have ended; None when the client went
+    away (nobody reads an answer); a failed row is its error."""
+    events: list[list[TokenEvent]] = [[] for _ in keys]
+    summaries: list[Summary | None] = [None] * len(keys)
+    async for batch in records(state, request, keys, queue):
+        for index, record in batch:
+            if isinstance(record, TokenEvent):
+                events[index].append(record)
+            elif isinstance(record, RowFailed):
+                if record.message != "cancelled":  # cancelled: the client went away (or the server stops)
+                    raise failure(record)
+            else:
+                summaries[index] = record
+    if any(summary is None or _unanswered(summary) for summary in summaries):
+        if state.engine.closing:  # still waiting for a row when the server began to stop
+            raise ApiError(503, "the server is shutting down", None, "shutting_down")
+        return None
+    return summaries, events  # type: ignore[return-value]
+
+
+def _unanswered(summary: Summary) -> bool:
+    """A row the server stopped before it gave a token (a stream still ends it with a final chunk)."""
+    return summary.stop_reason == "cancelled" and not summary.tokens
+
+
+def failure(record: RowFailed) -> ApiError:
+    """A row that failed: the request's own fault (a constraint it cannot complete) is a 400."""
+    if record.user_error:
+        return bad_request(record.message)
+    return ApiError(500, f"decoding failed: {record.message}", None, "decoding_failed")

@@ -1,0 +1,280 @@
+"""Anthropic's Messages API: ``POST /v1/messages`` (``system`` as text or blocks, content
+blocks, ``tool_use`` / ``tool_result``, ``stop_sequences``, ``max_tokens`` required, whole or
+streamed as its events) and ``POST /v1/messages/count_tokens``. Errors come in Anthropic's
+shape, ``{"type": "error", "error": {"type", "message"}}``. The body becomes a chat completions
+body (:mod:`llmsample.serve.convert`) on the engine path chat takes (:mod:`llmsample.serve.flow`)."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from llmsample.batch.responses import dumps
+from llmsample.engine.rows import RowFailed
+from llmsample.events import Summary, TokenEvent
+from llmsample.serve import convert
+from llmsample.serve.access import TOKENS
+from llmsample.serve.compat import log_ignored
+from llmsample.serve.errors import ApiError
+from llmsample.serve.flow import failure, gather, off_loop, read_json, records, submit
+from llmsample.serve.mailbox import Mailbox
+from llmsample.serve.parsing import ServeRequest
+from llmsample.serve.responses import extension, token_records
+from llmsample.serve.state import ServeState
+
+OWN = ("messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "metadata", "thinking",
+       "service_tier", "top_k", "stream")  # fmt: skip
+HINTS = {
+    "metadata": "this server keeps no per-user records",
+    "service_tier": "this server has one tier",
+    "thinking": "the model reasons as its chat template has it",
+}
+NAMES = {"stop": "stop_sequences"}
+ERROR_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    405: "invalid_request_error", 408: "timeout_error", 413: "request_too_large", 429: "rate_limit_error",
+    503: "overloaded_error",
+}  # fmt: skip
+STOP_REASONS = {"eos": "end_turn", "stop": "stop_sequence"}
+
+
+def error_body(error: ApiError) -> dict[str, Any]:
+    """Anthropic's error object for ``error``'s status."""
+    kind = ERROR_TYPES.get(error.status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": error.message}}
+
+
+def error_response(error: ApiError) -> Response:
+    return JSONResponse(error_body(error), status_code=error.status, headers=error.headers)
+
+
+def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """The body as chat completions takes it, and the warnings of what it ignores; ``counting``
+    (count_tokens): no ``max_tokens`` needed."""
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    given = {key: value for key, value in body.items() if value is not None}
+    for key in ("model", "messages", *(() if counting else ("max_tokens",))):
+        if key not in given:
+            raise ApiError(400, f"{key}: Field required", key)
+    warnings: list[str] = []
+    for key, reason in HINTS.items():
+        value = given.get(key)
+        if value is not None and not (
+            key == "thinking" and isinstance(value, dict) and value.get("type") == "disabled"
+        ):
+            convert.hint(key, reason, strict, warnings)
+    stops = given.get("stop_sequences", [])
+    if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
+        raise ApiError(400, f"stop_sequences: expected a list of strings, got {stops!r}", "stop_sequences")
+    chat = {key: value for key, value in given.items() if key not in OWN}
+    chat["messages"] = _messages(given["messages"], given.get("system"))
+    for ours, theirs in (("max_tokens", "max_tokens"), ("stop", "stop_sequences"), ("top_k", "top_k")):
+        if theirs in given:
+            chat[ours] = given[theirs]
+    if "stream" in given and not counting:
+        chat["stream"] = given["stream"]
+    if "tools" in given:
+        chat["tools"] = _tools(given["tools"])
+    if "tool_choice" in given:
+        chat["tool_choice"] = _tool_choice(given["tool_choice"])
+    return chat, warnings
+
+
+def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if system is not None:
+        messages.append({"role": "system", "content": convert.joined_text(system, "system", ("text",))})
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, f"messages: expected a non-empty list of messages, got {value!r}", "messages")
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        role = message.get("role") if isinstance(message, dict) else None
+        if role not in ("user", "assistant"):
+            raise ApiError(400, f"{where}.role: expected user or assistant, got {role!r}", "messages")
+        content = message.get("content")
+        if isinstance(content, str):
+            messages.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise ApiError(400, f"{where}.content: expected a string or a list of blocks, got {content!r}", "messages")
+        for j, block in enumerate(content):
+            _block(messages, role, block, f"{where}.content[{j}]")
+    return messages
+
+
+def _block(messages: list[dict[str, Any]], role: str, block: Any, where: str) -> None:
+    """One content block onto the chat messages: text joins its turn's message, a ``tool_use``
+    its calls, a ``tool_result`` is a tool message; thinking blocks are left out."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text" and isinstance(block.get("text"), str):
+        last = messages[-1] if messages else None
+        if last is not None and last["role"] == role and "tool_calls" not in last:
+            last["content"] += "\n" + block["text"]
+        else:
+            messages.append({"role": role, "content": block["text"]})
+    elif kind == "tool_use" and role == "assistant":
+        arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
+        convert.add_tool_call(messages, convert.tool_call(block.get("id"), block.get("name"), arguments, where))
+    elif kind == "tool_result" and role == "user":
+        content = block.get("content", "")
+        text = convert.joined_text(content, f"{where}.content", ("text",))
+        messages.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
+    elif kind not in ("thinking", "redacted_thinking"):
+        raise ApiError(400, f"{where}: blocks of type {kind!r} are not supported here", "messages")
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ApiError(400, f"tools: expected a list of tools, got {value!r}", "tools")
+    tools = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
+            raise ApiError(400, f"tools[{i}]: only custom tools (name, input_schema) are supported", "tools")
+        tools.append(
+            convert.function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), "tools")
+        )
+    return tools
+
+
+def _tool_choice(value: Any) -> Any:
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind in ("auto", "none"):
+        return kind
+    if kind == "any":
+        return "required"
+    if kind == "tool" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise ApiError(
+        400, f'tool_choice: expected {{"type": "auto" | "any" | "tool" | "none"}}, got {value!r}', "tool_choice"
+    )
+
+
+class Answer:
+    """One message being built: its id, the request's stop sequences, the tokens' bytes (to tell
+    which stop sequence ended it)."""
+
+    def __init__(self, serve: ServeRequest, model: str, token_bytes: Callable[[int], bytes | None]) -> None:
+        self.serve = serve
+        self.model = model
+        self.token_bytes = token_bytes
+        self.id = "msg_" + secrets.token_hex(12)
+        self.events: list[TokenEvent] = []
+
+    def message(self, summary: Summary | None, events: list[TokenEvent]) -> dict[str, Any]:
+        """The message: whole (``summary``) or as ``message_start`` opens it."""
+        body: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model}
+        if summary is None:
+            usage = {"input_tokens": 0, "output_tokens": 0}
+            return {**body, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
+        body["content"] = [{"type": "text", "text": summary.text}]
+        body.update(self.stopped(summary, events))
+        body["usage"] = {"input_tokens": summary.prompt_tokens, "output_tokens": summary.tokens}
+        if self.serve.tokens != "none":
+            body["llmsample"] = {**extension(summary), "tokens": token_records(events, self.serve.tokens)}
+        return {**body, **self.warnings()}
+
+    def warnings(self) -> dict[str, Any]:
+        return {"warnings": list(self.serve.warnings)} if self.serve.warnings else {}
+
+    def stopped(self, summary: Summary, events: list[TokenEvent]) -> dict[str, Any]:
+        """``stop_reason`` and ``stop_sequence``: the one the raw text goes on with after the answer."""
+        reason = STOP_REASONS.get(summary.stop_reason, "max_tokens")
+        if reason != "stop_sequence":
+            return {"stop_reason": reason, "stop_sequence": None}
+        raw = b"".join(self.token_bytes(event.token_id) or b"" for event in events).decode("utf-8", "replace")
+        rest = raw[len(summary.text) :] if raw.startswith(summary.text) else raw
+        stops = self.serve.request.overrides.get("stop") or ()
+        matched = next((stop for stop in stops if rest.startswith(stop)), None)
+        if matched is None:  # the tokens' text is not the answer's (a split character): the earliest found
+            found = [(rest.find(stop), stop) for stop in stops if stop in rest]
+            matched = min(found)[1] if found else None
+        return {"stop_reason": reason, "stop_sequence": matched}
+
+
+def _sse(kind: str, data: dict[str, Any]) -> str:
+    return f"event: {kind}\ndata: {dumps({'type': kind, **data})}\n\n"
+
+
+async def messages(state: ServeState, request: HttpRequest) -> Response:
+    """``POST /v1/messages``."""
+    body = await read_json(request, state.max_body, state.read_timeout)
+    chat, warnings = chat_body(body, state.strict_api)
+    serve = convert.chat_request(chat, state.presets, state.strict_api, warnings, NAMES)
+    log_ignored(list(serve.warnings))
+    serve, keys, queue = await submit(state, serve, True)
+    answer = Answer(serve, state.lm.name, state.lm.token_bytes)
+    if serve.stream:
+        stream = _stream(state, request, answer, keys, queue)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    gathered = await gather(state, request, keys, queue)
+    if gathered is None:
+        return Response(status_code=499)  # the client went away; nobody reads this
+    [summary], [events] = gathered
+    request.scope[TOKENS] = [summary.prompt_tokens, summary.tokens]
+    return JSONResponse(answer.message(summary, events))
+
+
+async def _stream(
+    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
+) -> AsyncIterator[str]:
+    yield _opening(answer)
+    usage = request.scope.setdefault(TOKENS, [0, 0])
+    async for batch in records(state, request, keys, queue):
+        out = []
+        for _, record in batch:
+            if isinstance(record, TokenEvent):
+                answer.events.append(record)
+                out.append(_delta(answer, record))
+            elif isinstance(record, RowFailed):
+                if record.message != "cancelled":
+                    out.append(_sse("error", {"error": error_body(failure(record))["error"]}))
+            else:
+                usage[0], usage[1] = record.prompt_tokens, record.tokens
+                out.append(_closing(answer, record))
+        yield "".join(out)
+
+
+def _opening(answer: Answer) -> str:
+    """``message_start`` (its usage is the last event's: the prompt's tokens come with the
+    answer's end), the text block, a ping."""
+    message = {**answer.message(None, []), **answer.warnings()}
+    block = {"index": 0, "content_block": {"type": "text", "text": ""}}
+    return _sse("message_start", {"message": message}) + _sse("content_block_start", block) + _sse("ping", {})
+
+
+def _delta(answer: Answer, event: TokenEvent) -> str:
+    if not event.text and answer.serve.tokens == "none":
+        return ""
+    data: dict[str, Any] = {"index": 0, "delta": {"type": "text_delta", "text": event.text}}
+    if answer.serve.tokens != "none":
+        data["llmsample"] = {"tokens": token_records([event], answer.serve.tokens)}
+    return _sse("content_block_delta", data)
+
+
+def _closing(answer: Answer, summary: Summary) -> str:
+    delta = answer.stopped(summary, answer.events)
+    usage = {"input_tokens": summary.prompt_tokens, "output_tokens": summary.tokens}
+    tail: dict[str, Any] = {"delta": delta, "usage": usage}
+    if answer.serve.tokens != "none":
+        tail["llmsample"] = extension(summary)
+    return "".join((
+        _sse("content_block_stop", {"index": 0}), _sse("message_delta", tail), _sse("message_stop", {}),
+    ))  # fmt: skip
+
+
+async def count_tokens(state: ServeState, request: HttpRequest) -> Response:
+    """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` would send them."""
+    from llmsample.serve.tokens import tokenize_body
+
+    body = await read_json(request, state.max_body, state.read_timeout)
+    chat, _ = chat_body(body, strict=False, counting=True)
+    if "tools" in chat:
+        raise ApiError(400, "tools: tool calls are not supported", "tools")
+    counted = await off_loop(tokenize_body, state.lm, {"messages": chat["messages"]})
+    return JSONResponse({"input_tokens": counted["count"]})

@@ -1,0 +1,291 @@
+"""OpenAI's Responses API, ``POST /v1/responses``, stateless: ``input`` (text or items),
+``instructions``, ``text.format`` (structured output), ``max_output_tokens``, ``temperature``,
+``top_p``, ``tools`` and function-call items, whole or streamed as its typed events. The body
+becomes a chat completions body (:mod:`llmsample.serve.convert`) and runs on the engine path
+chat completions takes (:mod:`llmsample.serve.flow`); this module shapes the answer."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from llmsample.batch.responses import dumps
+from llmsample.engine.rows import RowFailed
+from llmsample.events import Summary, TokenEvent
+from llmsample.serve import convert
+from llmsample.serve.access import TOKENS
+from llmsample.serve.compat import log_ignored
+from llmsample.serve.errors import ApiError
+from llmsample.serve.flow import failure, gather, read_json, records, submit
+from llmsample.serve.mailbox import Mailbox
+from llmsample.serve.parsing import ServeRequest
+from llmsample.serve.responses import extension, token_records
+from llmsample.serve.state import ServeState
+
+OWN = (
+    "input", "instructions", "text", "reasoning", "max_output_tokens", "tools", "tool_choice", "store",
+    "metadata", "include", "truncation", "service_tier", "prompt_cache_key", "safety_identifier",
+    "top_logprobs", "stream_options", "max_tool_calls", "background", "previous_response_id",
+    "conversation", "prompt",
+)  # fmt: skip
+REFUSED = {
+    "previous_response_id": "this server is stateless: send the whole conversation in input",
+    "conversation": "this server is stateless: send the whole conversation in input",
+    "prompt": "this server keeps no stored prompts",
+}
+CHAT_ONLY = ("messages", "n", "max_tokens", "max_completion_tokens", "response_format", "logprobs")
+HINTS = {
+    "metadata": "this server stores no responses",
+    "service_tier": "this server has one tier",
+    "prompt_cache_key": "no prompt cache is kept between requests",
+    "safety_identifier": "this server keeps no per-user records",
+    "top_logprobs": "log probabilities are not reported on /v1/responses",
+    "stream_options": "the stream's events are sent as they are",
+    "max_tool_calls": "no tools are called",
+    "reasoning": "the model reasons as its chat template has it",
+}
+NAMES = {
+    "max_tokens": "max_output_tokens", "messages": "input",
+    "response_format.json_schema": "text.format", "response_format": "text.format",
+}  # fmt: skip
+ROLES = ("user", "assistant", "system", "developer")
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def chat_body(body: Any, strict: bool) -> tuple[dict[str, Any], list[str]]:
+    """The body as chat completions takes it, and the warnings of what it ignores."""
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, got {type(body).__name__}")
+    given = {key: value for key, value in body.items() if value is not None}
+    for key in given:
+        if key in REFUSED:
+            raise ApiError(400, f"{key}: {REFUSED[key]}", key, "unsupported_parameter")
+        if key in CHAT_ONLY:
+            raise ApiError(
+                400, f"{key}: a chat completions key; /v1/responses does not take it", key, "unknown_parameter"
+            )
+    if given.get("background"):
+        raise ApiError(400, "background: responses are answered in the request", "background", "unsupported_parameter")
+    warnings: list[str] = []
+    for key, reason in HINTS.items():
+        if key in given:
+            convert.hint(key, reason, strict, warnings)
+    if given.get("store"):
+        convert.hint("store", "this server stores no responses", strict, warnings)
+    if given.get("include"):
+        convert.hint("include", "nothing more is included", strict, warnings)
+    if given.get("truncation", "disabled") != "disabled":
+        convert.hint("truncation", "a conversation too long for the context is a 400", strict, warnings)
+    chat = {key: value for key, value in given.items() if key not in OWN}
+    if "input" not in given:
+        raise ApiError(400, "input: missing; give a string or a list of items", "input")
+    chat["messages"] = _messages(given["input"], given.get("instructions"))
+    if "max_output_tokens" in given:
+        chat["max_tokens"] = given["max_output_tokens"]
+    text = given.get("text", {})
+    if not isinstance(text, dict) or set(text) - {"format", "verbosity"}:
+        raise ApiError(400, f'text: expected {{"format": {{...}}}}, got {text!r}', "text")
+    if text.get("verbosity") is not None:
+        convert.hint("text.verbosity", "the answer is as long as the model makes it", strict, warnings)
+    if text.get("format") is not None:
+        chat["response_format"] = _response_format(text["format"])
+    if "tools" in given:
+        chat["tools"] = _tools(given["tools"])
+    if "tool_choice" in given:
+        chat["tool_choice"] = _tool_choice(given["tool_choice"])
+    return chat, warnings
+
+
+def _response_format(value: Any) -> dict[str, Any]:
+    """``text.format`` (the schema beside ``type``) as chat's ``response_format``."""
+    if not isinstance(value, dict) or value.get("type") != "json_schema":
+        return value
+    spec = {key: item for key, item in value.items() if key != "type"}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def _messages(value: Any, instructions: Any) -> list[dict[str, Any]]:
+    """``input`` (and ``instructions`` first, as a system message) as chat messages."""
+    messages: list[dict[str, Any]] = []
+    if instructions is not None:
+        messages.append({"role": "system", "content": convert.joined_text(instructions, "instructions", TEXT_PARTS)})
+    if isinstance(value, str):
+        return [*messages, {"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise ApiError(400, f"input: expected a string or a non-empty list of items, got {value!r}", "input")
+    for i, item in enumerate(value):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            role = item.get("role")
+            if role not in ROLES:
+                raise ApiError(400, f"{where}.role: expected one of {', '.join(ROLES)}, got {role!r}", "input")
+            messages.append({"role": role, "content": convert.joined_text(item.get("content"), where, TEXT_PARTS)})
+        elif kind == "function_call":
+            arguments = item.get("arguments", "")
+            call = convert.tool_call(item.get("call_id"), item.get("name"), arguments, where)
+            convert.add_tool_call(messages, call)
+        elif kind == "function_call_output":
+            output = convert.joined_text(item.get("output"), f"{where}.output", TEXT_PARTS)
+            messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        elif kind != "reasoning":  # a earlier answer's reasoning item: the template has no place for it
+            raise ApiError(400, f"{where}: items of type {kind!r} are not supported", "input")
+    return messages
+
+
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise ApiError(400, f"tools: expected a list of function tools, got {value!r}", "tools")
+    tools = []
+    for i, tool in enumerate(value):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise ApiError(400, f"tools[{i}]: only function tools are supported, got {tool!r}", "tools")
+        tools.append(convert.function_tool(tool.get("name"), tool.get("description"), tool.get("parameters"), "tools"))
+    return tools
+
+
+def _tool_choice(value: Any) -> Any:
+    if value in ("none", "auto", "required"):
+        return value
+    if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):
+        return {"type": "function", "function": {"name": value["name"]}}
+    raise ApiError(400, f'tool_choice: expected "none", "auto", "required" or a function, got {value!r}', "tool_choice")
+
+
+class Answer:
+    """One response being built: its ids, what the request asked (echoed), its events' numbers."""
+
+    def __init__(self, serve: ServeRequest, model: str, body: dict[str, Any]) -> None:
+        self.serve = serve
+        self.id = "resp_" + secrets.token_hex(12)
+        self.item_id = "msg_" + secrets.token_hex(12)
+        self.created_at = int(time.time())
+        self.sequence = 0
+        self.head = {
+            "id": self.id, "object": "response", "created_at": self.created_at, "model": model,
+            "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+            "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
+            "parallel_tool_calls": body.get("parallel_tool_calls", True) is not False,
+            "text": {"format": (body.get("text") or {}).get("format") or {"type": "text"}},
+            "reasoning": body.get("reasoning") or {"effort": None, "summary": None},
+            "metadata": body.get("metadata") or {}, "store": False, "background": False,
+            "previous_response_id": None, "truncation": body.get("truncation") or "disabled",
+            "user": body.get("user"), "error": None,
+        }  # fmt: skip
+
+    def message(self, status: str, text: str) -> dict[str, Any]:
+        content = [] if status == "in_progress" else [_text_part(text)]
+        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
+
+    def response(self, summary: Summary | None = None, events: list[TokenEvent] | None = None) -> dict[str, Any]:
+        """The response object: in progress (no summary yet) or finished."""
+        if summary is None:
+            body = {**self.head, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
+            return {**body, **self._warnings()}
+        complete = summary.stop_reason in ("eos", "stop")
+        status = "completed" if complete else "incomplete"
+        body = {
+            **self.head, "status": status, "output": [self.message(status, summary.text)],
+            "incomplete_details": None if complete else {"reason": "max_output_tokens"},
+            "usage": _usage(summary.prompt_tokens, summary.tokens), "completed_at": int(time.time()),
+        }  # fmt: skip
+        if self.serve.tokens != "none":
+            body["llmsample"] = {**extension(summary), **({"tokens": token_records(events, self.serve.tokens)}
+                                                          if events is not None else {})}  # fmt: skip
+        return {**body, **self._warnings()}
+
+    def _warnings(self) -> dict[str, Any]:
+        return {"warnings": list(self.serve.warnings)} if self.serve.warnings else {}
+
+    def event(self, kind: str, **fields: Any) -> str:
+        """One server-sent event, named and numbered as OpenAI's are."""
+        record = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {dumps(record)}\n\n"
+
+    def opening(self) -> str:
+        where = {"output_index": 0, "item_id": self.item_id}
+        return "".join((
+            self.event("response.created", response=self.response()),
+            self.event("response.in_progress", response=self.response()),
+            self.event("response.output_item.added", output_index=0, item=self.message("in_progress", "")),
+            self.event("response.content_part.added", **where, content_index=0, part=_text_part("")),
+        ))  # fmt: skip
+
+    def delta(self, event: TokenEvent) -> str:
+        extra = (
+            {"llmsample": {"tokens": token_records([event], self.serve.tokens)}} if self.serve.tokens != "none" else {}
+        )
+        where = {"output_index": 0, "item_id": self.item_id, "content_index": 0}
+        return self.event("response.output_text.delta", **where, delta=event.text, logprobs=[], **extra)
+
+    def closing(self, summary: Summary) -> str:
+        finished = self.response(summary)
+        item = finished["output"][0]
+        where = {"output_index": 0, "item_id": self.item_id}
+        return "".join((
+            self.event("response.output_text.done", **where, content_index=0, text=summary.text, logprobs=[]),
+            self.event("response.content_part.done", **where, content_index=0, part=item["content"][0]),
+            self.event("response.output_item.done", output_index=0, item=item),
+            self.event(f"response.{finished['status']}", response=finished),
+        ))  # fmt: skip
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }  # fmt: skip
+
+
+async def responses(state: ServeState, request: HttpRequest) -> Response:
+    """``POST /v1/responses``."""
+    body = await read_json(request, state.max_body, state.read_timeout)
+    chat, warnings = chat_body(body, state.strict_api)
+    serve = convert.chat_request(chat, state.presets, state.strict_api, warnings, NAMES)
+    log_ignored(list(serve.warnings))
+    serve, keys, queue = await submit(state, serve, True)
+    answer = Answer(serve, state.lm.name, body)
+    if serve.stream:
+        stream = _stream(state, request, answer, keys, queue)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    gathered = await gather(state, request, keys, queue)
+    if gathered is None:
+        return Response(status_code=499)  # the client went away; nobody reads this
+    [summary], [events] = gathered
+    request.scope[TOKENS] = [summary.prompt_tokens, summary.tokens]
+    return JSONResponse(answer.response(summary, events))
+
+
+async def _stream(
+    state: ServeState, request: HttpRequest, answer: Answer, keys: dict[Any, int], queue: Mailbox
+) -> AsyncIterator[str]:
+    yield answer.opening()
+    usage = request.scope.setdefault(TOKENS, [0, 0])
+    async for batch in records(state, request, keys, queue):
+        out = []
+        for _, record in batch:
+            if isinstance(record, TokenEvent):
+                out.append(answer.delta(record) if record.text or answer.serve.tokens != "none" else "")
+            elif isinstance(record, RowFailed):
+                if record.message != "cancelled":
+                    out.append(_error_event(answer, failure(record)))
+            else:
+                usage[0], usage[1] = record.prompt_tokens, record.tokens
+                out.append(answer.closing(record))
+        yield "".join(out)
+
+
+def _error_event(answer: Answer, error: ApiError) -> str:
+    return answer.event("error", code=error.code, message=error.message, param=error.param)
