@@ -28,9 +28,10 @@ from llmsample.engine.rows import BatchItem
 from llmsample.errors import UserError
 from llmsample.events import RunStats
 from llmsample.models.device import dtype_name
-from llmsample.serve.app import _endpoint, _records, off_loop, read_json
+from llmsample.serve.app import _endpoint
 from llmsample.serve.engine import Busy, Closing
 from llmsample.serve.errors import ApiError
+from llmsample.serve.flow import off_loop, read_json, records
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.state import ServeState
 
@@ -97,7 +98,7 @@ async def run_job(state: ServeState, request: HttpRequest) -> Response:
         raise ApiError(503, "the engine is shutting down", None, "shutting_down") from None
 
     async def lines() -> Any:
-        async for batch in _records(state, request, {items[0].key: 0}, queue):
+        async for batch in records(state, request, {items[0].key: 0}, queue):
             yield "".join(encode(record) + "\n" for _, record in batch)
 
     return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
