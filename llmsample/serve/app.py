@@ -113,7 +113,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
             "model_not_found",
         )
     serve = await off_loop(prompt_texts, state.lm, serve)
-    items = await off_loop(build_items, state, serve, chat)
+    items, shape = await off_loop(build_items, state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:
         state.engine.submit(items, queue)
@@ -122,7 +122,7 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
                        {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
-    answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes)
+    answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes, shape=shape)
     keys = {item.key: i for i, item in enumerate(items)}
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)
