@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
 import pytest
 
-from tests.constraints.conftest import make_byte_model
 from tests.conftest import with_chat_template
+from tests.constraints.conftest import make_byte_model
 from tests.serve.conftest import Server, start_server
 
 HERMES = """{%- if tools %}<|im_start|>system
