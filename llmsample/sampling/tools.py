@@ -43,7 +43,7 @@ class CallFormat:
     suffix: str = ""
     key: str = "arguments"
     anywhere: bool = False
-    starts: str = ""  # text that shows calls have begun, when the trigger is empty
+    starts: str = ""  # the text that shows calls have begun, when not the whole trigger
 
     @property
     def trigger(self) -> str:
@@ -52,12 +52,13 @@ class CallFormat:
 
     @property
     def begins(self) -> str:
-        """The text an answer that calls starts with (or, ``anywhere``, holds)."""
-        return self.trigger or self.starts
+        """The text an answer that calls starts with (or, ``anywhere``, holds): free text never does."""
+        return self.starts or self.trigger
 
 
 FORMATS = (
-    CallFormat("hermes", "<tool_call>", open="<tool_call>\n", close="\n</tool_call>", sep="\n", anywhere=True),
+    CallFormat("hermes", "<tool_call>", open="<tool_call>\n", close="\n</tool_call>", sep="\n", anywhere=True,
+               starts="<tool_call>"),
     CallFormat("mistral", "[TOOL_CALLS]", prefix="[TOOL_CALLS][", sep=", ", suffix="]"),
     CallFormat("llama3", "<|python_tag|>", key="parameters", starts="{"),
     CallFormat("generic", "", prefix='{"tool_calls": [', sep=", ", suffix="]}"),
@@ -191,7 +192,7 @@ def tool_constraint(
     schema = {**(variants[0] if len(variants) == 1 else {"anyOf": variants}), "x-guidance": JSON_OPTIONS}
     call = f"%json {json.dumps(schema)} {_lit(fmt.close)}"
     more = f' ({_lit(fmt.sep)} {_lit(fmt.open)} call)*' if parallel and fmt.sep is not None else ""
-    rules = [f"calls: call{more} {_lit(fmt.suffix)}", f"call: {call}", f"FREE: {_free(fmt.trigger)}"]
+    rules = [f"calls: call{more} {_lit(fmt.suffix)}", f"call: {call}", f"FREE: {_free(fmt.begins)}"]
     think, first = "", _rx(fmt.begins)
     if reasoning is not None:
         opened = "" if reasoning.started else f"{json.dumps(reasoning.open)} "
