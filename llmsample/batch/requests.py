@@ -24,8 +24,10 @@ ones included). The format is decided per line:
 
 In both JSON formats ``null`` means "not given" (the preset's value, or the default, applies),
 as it does in OpenAI's API. Messages take the roles ``system``, ``developer`` (read as
-``system``), ``user`` and ``assistant``; ``content`` is a string or a list of
-``{"type": "text", "text"}`` parts, joined with newlines. Values are checked with
+``system``), ``user``, ``assistant`` (with ``tool_calls``, its content may be null) and ``tool``
+(with ``tool_call_id``); ``content`` is a string or a list of ``{"type": "text", "text"}``
+parts, joined with newlines. OpenAI chat bodies also take ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` (:mod:`llmsample.batch.tools`). Values are checked with
 ``SamplingConfig``'s own ranges, so a line is refused exactly when ``--temperature`` & co. would
 refuse the same value (``top_p`` 0, which OpenAI accepts, is refused: use ``temperature`` 0).
 
