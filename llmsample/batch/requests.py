@@ -24,8 +24,10 @@ ones included). The format is decided per line:
 
 In both JSON formats ``null`` means "not given" (the preset's value, or the default, applies),
 as it does in OpenAI's API. Messages take the roles ``system``, ``developer`` (read as
-``system``), ``user`` and ``assistant``; ``content`` is a string or a list of
-``{"type": "text", "text"}`` parts, joined with newlines. Values are checked with
+``system``), ``user``, ``assistant`` (with ``tool_calls``, its content may be null) and ``tool``
+(with ``tool_call_id``); ``content`` is a string or a list of ``{"type": "text", "text"}``
+parts, joined with newlines. OpenAI chat bodies also take ``tools``, ``tool_choice`` and
+``parallel_tool_calls`` (:mod:`llmsample.batch.tools`). Values are checked with
 ``SamplingConfig``'s own ranges, so a line is refused exactly when ``--temperature`` & co. would
 refuse the same value (``top_p`` 0, which OpenAI accepts, is refused: use ``temperature`` 0).
 
@@ -48,7 +50,9 @@ from typing import Any, Literal
 
 from llmsample.batch.constraints import KEYS as CONSTRAINT_KEYS
 from llmsample.batch.constraints import STRICT_KEY, ConstraintError, request_constraint, response_format, strict_schema
+from llmsample.errors import UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
+from llmsample.sampling.tools import Tool, parse_tool_choice, parse_tools
 
 SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key != "description")  # noqa: SIM118 (a classmethod)
 OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS, *CONSTRAINT_KEYS, STRICT_KEY)
@@ -56,6 +60,7 @@ OPENAI_MARKERS = frozenset({"method", "url", "body"})
 OPENAI_KEYS = ("custom_id", "method", "url", "body")
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
+TOOL_KEYS = ("tools", "tool_choice", "parallel_tool_calls")
 _BODY_COMMON = (
     "model",
     "temperature",
@@ -70,11 +75,11 @@ _BODY_COMMON = (
     "response_format",
 )
 BODY_KEYS = {
-    CHAT_URL: ("messages", *_BODY_COMMON, "max_completion_tokens", "top_logprobs"),
+    CHAT_URL: ("messages", *_BODY_COMMON, "max_completion_tokens", "top_logprobs", *TOOL_KEYS),
     COMPLETIONS_URL: ("prompt", *_BODY_COMMON),
 }
 MAX_TOP_LOGPROBS = {CHAT_URL: 20, COMPLETIONS_URL: 5}
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class Request:
     line: int
     custom_id: str
     prompt: str | None = None
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     system: str | None = None
     raw: bool = False
     preset: str | None = None
@@ -93,13 +98,16 @@ class Request:
     openai: bool = False
     logprobs: bool = False
     top_logprobs: int = 0
+    tools: tuple[Tool, ...] = ()  # chat: the functions offered (body.tools)
+    tool_choice: str = "auto"  # auto | none | required | a tool's name
+    parallel_tool_calls: bool = True
 
     @property
     def endpoint(self) -> Literal["chat", "completion"]:
         """What the answer is: a chat message, or a plain continuation of raw text."""
         return "completion" if self.raw else "chat"
 
-    def chat_messages(self) -> list[dict[str, str]]:
+    def chat_messages(self) -> list[dict[str, Any]]:
         """The conversation for the chat template (``system`` first when given)."""
         if self.messages is not None:
             return self.messages
@@ -333,6 +341,7 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, st
             openai=True,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
+            **_tools(body),
         )
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
@@ -348,6 +357,24 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, st
         logprobs=logprobs,
         top_logprobs=top_logprobs,
     )
+
+
+def _tools(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat body's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` as Request fields."""
+    if "tools" not in body:
+        for key in ("tool_choice", "parallel_tool_calls"):
+            if key in body and body[key] != "none":
+                raise _LineError(f"body.{key}: needs body.tools")
+        return {}
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise _LineError(f"body.parallel_tool_calls: expected true or false, got {parallel!r}")
+    try:
+        tools = parse_tools(body["tools"], "body.tools")
+        choice = parse_tool_choice(body.get("tool_choice"), tools, "body.tool_choice")
+    except UserError as exc:
+        raise _LineError(str(exc)) from None
+    return {"tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel}
 
 
 def _logprobs(body: dict[str, Any], url: str) -> tuple[bool, int]:
@@ -402,7 +429,10 @@ def _constraint(parse: Any, value: Any) -> dict[str, Any]:
     return {"constraint": constraint} if constraint is not None else {}
 
 
-def _messages(value: Any, where: str = "") -> list[dict[str, str]]:
+MESSAGE_KEYS = {"assistant": ("role", "content", "tool_calls"), "tool": ("role", "content", "tool_call_id")}
+
+
+def _messages(value: Any, where: str = "") -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise _LineError(f"{where}messages: expected a non-empty list of {{role, content}} objects, got {value!r}")
     messages = []
@@ -410,15 +440,47 @@ def _messages(value: Any, where: str = "") -> list[dict[str, str]]:
         at = f"{where}messages[{i}]"
         if not isinstance(message, dict):
             raise _LineError(f"{at}: expected an object with role and content, got {message!r}")
-        for key in message:
-            if key not in ("role", "content"):
-                raise _LineError(f"{at}.{key}: unknown key; allowed keys: role, content")
         role = message.get("role")
         if role not in ROLES:
             raise _LineError(f"{at}.role: expected one of {', '.join(ROLES)}, got {role!r}")
+        allowed = MESSAGE_KEYS.get(role, ("role", "content"))
+        for key in message:
+            if key not in allowed:
+                raise _LineError(f"{at}.{key}: unknown key; allowed keys: {', '.join(allowed)}")
         role = "system" if role == "developer" else role
-        messages.append({"role": role, "content": _content(message.get("content"), f"{at}.content")})
+        calls = message.get("tool_calls")
+        if calls is not None:
+            out: dict[str, Any] = {"role": role, "content": "", "tool_calls": _calls(calls, f"{at}.tool_calls")}
+            if message.get("content") is not None:
+                out["content"] = _content(message["content"], f"{at}.content")
+            messages.append(out)
+            continue
+        out = {"role": role, "content": _content(message.get("content"), f"{at}.content")}
+        if role == "tool" and message.get("tool_call_id") is not None:
+            out["tool_call_id"] = str(message["tool_call_id"])
+        messages.append(out)
     return messages
+
+
+def _calls(value: Any, at: str) -> list[dict[str, Any]]:
+    """An assistant message's earlier calls, their arguments as objects (what templates render)."""
+    if not isinstance(value, list) or not value:
+        raise _LineError(f"{at}: expected a non-empty list of calls, got {value!r}")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        arguments = function.get("arguments", "{}") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not isinstance(arguments, str):
+            raise _LineError(f'{at}[{i}]: expected {{"id", "type": "function", "function": {{"name", "arguments"}}}}, '
+                             f"got {call!r}")  # fmt: skip
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            raise _LineError(f"{at}[{i}].function.arguments: not JSON text: {arguments!r}") from None
+        entry = {"type": "function", "function": {"name": name, "arguments": parsed}}
+        calls.append({"id": str(call["id"]), **entry} if call.get("id") is not None else entry)
+    return calls
 
 
 def _content(value: Any, at: str) -> str:

@@ -61,6 +61,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmsample.batch.requests import Request, RequestError
+from llmsample.batch.tools import PLAIN, ChatShape, message
 
 if TYPE_CHECKING:  # events.py imports torch; these records are only read here
     from llmsample.events import Summary, TokenEvent
@@ -115,6 +116,7 @@ def openai_result_record(
     *,
     created: int = 0,
     token_bytes: TokenBytesOf | None = None,
+    shape: ChatShape = PLAIN,
 ) -> dict[str, Any]:
     """OpenAI Batch's output line for one finished request; ``token_bytes``: each token's own
     bytes for ``logprobs`` (the model's :meth:`~llmsample.models.loading.LoadedModel.token_bytes`)."""
@@ -122,15 +124,16 @@ def openai_result_record(
     digest = request_digest(request)
     chat = request.endpoint == "chat"
     choice: dict[str, Any] = {"index": 0}
+    called = False
     if chat:
-        choice["message"] = {"role": "assistant", "content": summary.text}
+        choice["message"], called = message(summary.text, shape, lambda i: f"call_{digest}_{i}")
         content = _chat_logprobs(events, request.top_logprobs, token_bytes) if request.logprobs else None
         choice["logprobs"] = {"content": content} if content is not None else None
     else:
         choice["text"] = summary.text
         offset = len(request.prompt or "")
         choice["logprobs"] = _completion_logprobs(events, request.top_logprobs, offset) if request.logprobs else None
-    choice["finish_reason"] = FINISH_REASONS[summary.stop_reason]
+    choice["finish_reason"] = "tool_calls" if called else FINISH_REASONS[summary.stop_reason]
     extension = {
         k: v for k, v in summary.to_dict().items() if k not in ("type", "text", "tokens", "prompt_tokens", "model")
     }

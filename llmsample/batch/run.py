@@ -17,6 +17,7 @@ from llmsample.batch.responses import (
     openai_result_record,
     result_record,
 )
+from llmsample.batch.tools import PLAIN, ChatShape, chat_shape, tool_prompt, with_tools
 from llmsample.engine.batch import BatchItem, RowFailed, decode_batch, default_batch_size
 from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
 from llmsample.engine.speculative import Drafter
@@ -94,10 +95,20 @@ def request_config(request: Request, settings: BatchSettings) -> tuple[str, Samp
 def prompt_ids(lm: LoadedModel, request: Request, settings: BatchSettings, room: int) -> list[int]:
     raw = request.raw or (settings.raw and request.messages is None)
     if request.messages is not None or (request.system and not raw and has_chat_template(lm)):
-        ids = encode_messages(lm, request.chat_messages(), settings.truncate, room)
+        messages, tools = tool_prompt(lm.tokenizer, request)
+        ids = encode_messages(lm, messages, settings.truncate, room, tools)
     else:
         ids = encode_prompt(lm, request.prompt or "", request.system or settings.system, raw, settings.truncate, room)
     return ids[0].tolist()
+
+
+def shaped(lm: LoadedModel, request: Request, cfg: SamplingConfig, ids: list[int]) -> tuple[SamplingConfig, ChatShape]:
+    """A chat request's answer shape (tools, thinking block) and its row's settings with the
+    call grammar; an OpenAI line's only (our lines' answers are text)."""
+    if not request.openai:
+        return cfg, PLAIN
+    shape = chat_shape(lm.tokenizer, request, lm.tokenizer.decode(ids[-8:]) if ids else "")
+    return with_tools(cfg, request, shape), shape
 
 
 def run_batch(
@@ -119,12 +130,14 @@ def run_batch(
     writer = OrderedWriter(write, [i for i, _ in todo])
     items: list[BatchItem] = []
     requests: dict[int, Request] = {}
+    shapes: dict[int, ChatShape] = {}
     for position, item in todo:
         try:
             if isinstance(item, RequestError):
                 raise UserError(item.message)
             preset, cfg = request_config(item, settings)
             ids = prompt_ids(lm, item, settings, cfg.max_tokens)
+            cfg, shapes[position] = shaped(lm, item, cfg, ids)
         except UserError as exc:
             outcome.failed += 1
             writer.put(position, _error(settings, _as_error(item, str(exc))))
@@ -155,7 +168,7 @@ def run_batch(
             else:
                 outcome.succeeded += 1
                 outcome.tokens += record.tokens
-                writer.put(position, _result(settings, request, record, tokens, lm.token_bytes))
+                writer.put(position, _result(settings, request, record, tokens, lm.token_bytes, shapes[position]))
             on_finished(len(tokens))
     finally:
         writer.flush_finished()
@@ -178,7 +191,8 @@ def _result(
     summary: Summary,
     events: list[TokenEvent],
     token_bytes: Callable[[int], bytes | None],
+    shape: ChatShape,
 ) -> Record:
     if settings.fmt == "openai":
-        return openai_result_record(request, summary, events, token_bytes=token_bytes)
+        return openai_result_record(request, summary, events, token_bytes=token_bytes, shape=shape)
     return result_record(request, summary, events, settings.tokens)

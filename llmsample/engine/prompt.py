@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -42,16 +44,23 @@ def has_chat_template(lm: LoadedModel) -> bool:
     return bool(getattr(lm.tokenizer, "chat_template", None))
 
 
-def encode_messages(lm: LoadedModel, messages: list[dict[str, str]], truncate: str = "error", room: int = 0) -> Tensor:
+def encode_messages(
+    lm: LoadedModel,
+    messages: list[dict[str, Any]],
+    truncate: str = "error",
+    room: int = 0,
+    tools: list[dict[str, Any]] | None = None,
+) -> Tensor:
     """A whole conversation through the chat template, ready for the assistant's turn."""
-    return _fit(lm, render_messages(lm, messages), truncate, room)
+    return _fit(lm, render_messages(lm, messages, tools), truncate, room)
 
 
-def render_messages(lm: LoadedModel, messages: list[dict[str, str]]) -> list[int]:
-    """The conversation's ids through the chat template, unfitted (``chat`` drops old turns itself)."""
+def render_messages(lm: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """The conversation's ids through the chat template, unfitted (``chat`` drops old turns
+    itself); ``tools``: the functions the template renders (OpenAI's shape)."""
     if not has_chat_template(lm):
         raise UserError(f"{lm.name} has no chat template for messages; send a plain prompt (raw) instead")
-    text = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    text = lm.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

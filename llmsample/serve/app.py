@@ -79,8 +79,8 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
         await read_json(request, state.max_body, state.read_timeout), url, state.presets, state.strict_api
     )
     log_ignored(list(serve.warnings))
-    serve, keys, queue = await submit(state, serve, chat)
-    answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes)
+    serve, keys, queue, shape = await submit(state, serve, chat)
+    answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes, shape=shape)
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -41,13 +41,10 @@ HINTS = {
     "reasoning_effort": "the model reasons as its chat template has it",
     "skip_special_tokens": "special tokens other than the end of text are written as text",
     "guided_decoding_backend": "constraints always run on llguidance",
-    "parallel_tool_calls": "this server calls no tools",
 }
 REFUSED = {
-    "tools": "tool calls are not supported",
-    "tool_choice": "tool calls are not supported",
-    "functions": "function calls are not supported",
-    "function_call": "function calls are not supported",
+    "functions": "the legacy function calls are not supported; send tools",
+    "function_call": "the legacy function calls are not supported; send tools and tool_choice",
     "suffix": "insertion (text after the completion) is not supported",
     "chat_template_kwargs": "the chat template's variables cannot be set per request",
     "use_beam_search": "beam search is not supported",

@@ -59,6 +59,15 @@ def add_tool_call(messages: list[dict[str, Any]], call: dict[str, Any]) -> None:
     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
+def refuse_tool_calls(chat: dict[str, Any], endpoint: str) -> None:
+    """Tools the model may call: chat completions answers them (its grammar and ``tool_calls``);
+    this API's answer shapes for a call (function_call items, tool_use blocks) are not built yet,
+    so the request is refused rather than answered with a call's raw text. A history of calls is fine."""
+    if chat.get("tools") and chat.get("tool_choice") != "none":
+        message = f"tools: {endpoint} does not answer tool calls yet; send them to /v1/chat/completions"
+        raise ApiError(400, message, "tools")
+
+
 def chat_request(
     chat: dict[str, Any], presets: Collection[str], strict: bool, warnings: list[str], names: dict[str, str]
 ) -> ServeRequest:

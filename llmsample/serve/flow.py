@@ -14,6 +14,7 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
+from llmsample.batch.tools import ChatShape
 from llmsample.engine.rows import RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.engine import Busy, Closing
@@ -56,9 +57,12 @@ async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, functools.partial(work, *args))
 
 
-async def submit(state: ServeState, serve: ServeRequest, chat: bool) -> tuple[ServeRequest, dict[Any, int], Mailbox]:
+async def submit(
+    state: ServeState, serve: ServeRequest, chat: bool
+) -> tuple[ServeRequest, dict[Any, int], Mailbox, ChatShape]:
     """The request's rows in the engine's batch: the request (token prompts given their text),
-    each row's key to its choice index, and the mailbox its records come to."""
+    each row's key to its choice index, the mailbox its records come to, and how a chat answer's
+    text is read back (tool calls, reasoning)."""
     if serve.model is not None and serve.model != state.lm.name:
         raise ApiError(
             404,
@@ -67,7 +71,7 @@ async def submit(state: ServeState, serve: ServeRequest, chat: bool) -> tuple[Se
             "model_not_found",
         )
     serve = await off_loop(prompt_texts, state.lm, serve)
-    items = await off_loop(build_items, state, serve, chat)
+    items, shape = await off_loop(build_items, state, serve, chat)
     queue = Mailbox(asyncio.get_running_loop())
     try:
         state.engine.submit(items, queue)
@@ -76,7 +80,7 @@ async def submit(state: ServeState, serve: ServeRequest, chat: bool) -> tuple[Se
                        {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
-    return serve, {item.key: i for i, item in enumerate(items)}, queue
+    return serve, {item.key: i for i, item in enumerate(items)}, queue, shape
 
 
 async def _watch_disconnect(request: HttpRequest) -> None:

@@ -205,9 +205,10 @@ async def messages(state: ServeState, request: HttpRequest) -> Response:
     """``POST /v1/messages``."""
     body = await read_json(request, state.max_body, state.read_timeout)
     chat, warnings = chat_body(body, state.strict_api)
+    convert.refuse_tool_calls(chat, "/v1/messages")
     serve = convert.chat_request(chat, state.presets, state.strict_api, warnings, NAMES)
     log_ignored(list(serve.warnings))
-    serve, keys, queue = await submit(state, serve, True)
+    serve, keys, queue, _ = await submit(state, serve, True)
     answer = Answer(serve, state.lm.name, state.lm.token_bytes)
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)

@@ -12,6 +12,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from llmsample import __version__
@@ -23,8 +24,10 @@ from llmsample.batch.responses import (
     _full,
     dumps,
 )
+from llmsample.batch.tools import PLAIN, ChatShape, call_start, message
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.parsing import ServeRequest
+from llmsample.serve.tools import StreamSplit
 
 
 def fingerprint(model: str, dtype: str, device: str) -> str:
@@ -64,11 +67,14 @@ class Answer:
     offsets: dict[int, int] = field(default_factory=dict)  # completions: text offset per choice
     templates: dict[int, tuple[str, str]] = field(default_factory=dict)  # plain token chunks per choice
     warned: bool = False  # the ignored keys' warnings went out (a stream's first chunk carries them)
+    shape: ChatShape = PLAIN  # chat: the answer's tools and thinking block
+    splits: dict[int, StreamSplit] = field(default_factory=dict)  # a stream's per choice, when shaped
 
     @property
     def plain(self) -> bool:
-        """Token chunks carry nothing but the text (no logprobs, no records of ours)."""
-        return not self.serve.request.logprobs and self.serve.tokens == "none"
+        """Token chunks carry nothing but the text (no logprobs, no records of ours, no fields
+        but ``content``)."""
+        return not self.serve.request.logprobs and self.serve.tokens == "none" and self.shape.plain
 
     @property
     def object_id(self) -> str:
@@ -109,19 +115,31 @@ class Answer:
         choices = []
         for index, (summary, tokens) in enumerate(zip(summaries, events, strict=True)):
             choice: dict[str, Any] = {"index": index}
+            called = False
             if self.chat:
-                choice["message"] = {"role": "assistant", "content": summary.text}
+                choice["message"], called = message(summary.text, self.shape)
             else:
                 choice["text"] = (self.prompt(index) if self.serve.echo else "") + summary.text
             choice["logprobs"] = self._logprobs(tokens, index)
-            choice["finish_reason"] = finish_reason(summary)
+            choice["finish_reason"] = "tool_calls" if called else finish_reason(summary)
             if self.serve.tokens != "none":
-                choice["llmsample"] = {**extension(summary), "tokens": token_records(tokens, self.serve.tokens)}
+                records = token_records(tokens, self.serve.tokens)
+                ends = list(zip([e.index for e in tokens], accumulate(len(e.text) for e in tokens), strict=True))
+                took_over = self._took_over("".join(event.text for event in tokens), ends)
+                choice["llmsample"] = {**extension(summary), **took_over, "tokens": records}
             choices.append(choice)
         completion = sum(summary.tokens for summary in summaries)
         prompt = sum(summary.prompt_tokens for summary in summaries[:: self.serve.n])
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head(obj), "choices": choices, "usage": self.usage(prompt, completion), **self._warnings()}
+
+    def _took_over(self, text: str, ends: list[tuple[int, int]]) -> dict[str, Any]:
+        """``tool_call_token``: the index of the token a call began at, from ``ends`` (each
+        token's index and where its text ends): the call's grammar allowed nothing but the call
+        from there on."""
+        at = call_start(text, self.shape)
+        found = next((index for index, end in ends if end > at), None) if at is not None else None
+        return {} if found is None else {"tool_call_token": found}
 
     def _warnings(self) -> dict[str, Any]:
         """``warnings``: the keys ignored, once per answer (a stream's first chunk)."""
@@ -142,6 +160,8 @@ class Answer:
         """One server-sent event: a choice's opening (chat: the role), a token, or its end."""
         if event is not None and self.plain:
             return self.text_chunk(index, event.text)
+        if self.chat and not self.shape.plain and (event is not None or summary is not None):
+            return self._shaped_chunk(index, event, summary)
         choice: dict[str, Any] = {"index": index}
         text = event.text if event is not None else ""
         if self.chat:
@@ -157,6 +177,35 @@ class Answer:
         elif self.serve.tokens != "none" and summary is not None:
             choice["llmsample"] = extension(summary)
         return self._sse({"choices": [choice]})
+
+    def _shaped_chunk(self, index: int, event: TokenEvent | None, summary: Summary | None) -> str:
+        """A token or the end of a chat choice whose text splits into fields: one chunk per
+        delta it releases (its logprobs and records on the first), none when it releases
+        nothing and carries nothing else."""
+        split = self.splits.setdefault(index, StreamSplit(self.shape))
+        deltas = split.feed(event.text if event is not None else "", final=summary is not None)
+        if event is not None:
+            split.ends.append((event.index, len(split.text)))
+        extra: dict[str, Any] = {}
+        if event is not None and self.serve.request.logprobs:
+            extra["logprobs"] = self._logprobs([event], index)
+        if event is not None and self.serve.tokens != "none":
+            extra["llmsample"] = {"tokens": token_records([event], self.serve.tokens)}
+        if event is not None and not deltas and not extra:
+            return ""
+        chunks = []
+        if event is not None and not deltas:
+            deltas = [{}]  # a chunk for the logprobs or the record alone
+        for i, delta in enumerate(deltas):
+            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+            chunks.append(self._sse({"choices": [{**choice, **(extra if i == 0 else {})}]}))
+        if summary is not None:
+            reason = "tool_calls" if split.called else finish_reason(summary)
+            choice = {"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}
+            if self.serve.tokens != "none":
+                choice["llmsample"] = {**extension(summary), **self._took_over(split.text, split.ends)}
+            chunks.append(self._sse({"choices": [choice]}))
+        return "".join(chunks)
 
     def text_chunk(self, index: int, text: str) -> str:
         """A plain token's chunk, the text put into the choice's chunk made once (every token's

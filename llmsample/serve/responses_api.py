@@ -253,9 +253,10 @@ async def responses(state: ServeState, request: HttpRequest) -> Response:
     """``POST /v1/responses``."""
     body = await read_json(request, state.max_body, state.read_timeout)
     chat, warnings = chat_body(body, state.strict_api)
+    convert.refuse_tool_calls(chat, "/v1/responses")
     serve = convert.chat_request(chat, state.presets, state.strict_api, warnings, NAMES)
     log_ignored(list(serve.warnings))
-    serve, keys, queue = await submit(state, serve, True)
+    serve, keys, queue, _ = await submit(state, serve, True)
     answer = Answer(serve, state.lm.name, body)
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)

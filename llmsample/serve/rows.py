@@ -8,7 +8,8 @@ import dataclasses
 from typing import Any
 
 from llmsample.batch.requests import Request
-from llmsample.batch.run import prompt_ids, request_config
+from llmsample.batch.run import prompt_ids, request_config, shaped
+from llmsample.batch.tools import PLAIN, ChatShape
 from llmsample.engine.rows import BatchItem
 from llmsample.errors import UserError
 from llmsample.events import RunStats
@@ -19,15 +20,19 @@ from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.state import ServeState
 
 
-def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> list[BatchItem]:
-    """The request's rows: ``n`` per prompt, in order."""
-    prompts = zip(serve.requests, serve.token_prompts, strict=True)
-    return [item for request, tokens in prompts for item in _prompt_items(state, serve, request, tokens, chat)]
+def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> tuple[list[BatchItem], ChatShape]:
+    """The request's rows (``n`` per prompt, in order) and how a chat answer's text is read
+    back (its tools and thinking block)."""
+    items, shape = [], PLAIN
+    for request, tokens in zip(serve.requests, serve.token_prompts, strict=True):
+        rows, shape = _prompt_items(state, serve, request, tokens, chat)
+        items += rows
+    return items, shape
 
 
 def _prompt_items(
     state: ServeState, serve: ServeRequest, request: Request, tokens: tuple[int, ...] | None, chat: bool
-) -> list[BatchItem]:
+) -> tuple[list[BatchItem], ChatShape]:
     """One prompt's rows (``tokens``: sent as ids, taken as they are): its settings over the
     server's defaults, ``n`` rows with seeds ``seed, seed+1, ...``; a bad setting or a prompt
     that does not fit is a 400."""
@@ -35,8 +40,11 @@ def _prompt_items(
     try:
         preset, cfg = request_config(request, state.settings)
         ids = list(tokens) if tokens else prompt_ids(lm, request, state.settings, cfg.max_tokens)
+        cfg, shape = shaped(lm, request, cfg, ids) if chat else (cfg, PLAIN)
     except UserError as exc:
         text = str(exc)
+        if text.startswith("tools"):
+            raise ApiError(400, text, "tools") from None
         if text.startswith("the prompt is") or "chat template" in text:
             raise ApiError(400, text, "messages" if chat else "prompt") from None
         raise bad_request(text) from None
@@ -70,7 +78,7 @@ def _prompt_items(
         draft = (state.drafter, state.settings.draft_tokens)
         ends = (frozenset(serve.stop_ids), serve.keep_stop)
         items.append(BatchItem(key, ids, row_cfg, stats, *draft, _top_n(state, serve), *ends))
-    return items
+    return items, shape
 
 
 def prompt_texts(lm: LoadedModel, serve: ServeRequest) -> ServeRequest:

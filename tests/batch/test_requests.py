@@ -257,11 +257,21 @@ def test_openai_completion_line_is_raw_with_legacy_logprobs() -> None:
     assert isinstance(zero, Request) and (zero.logprobs, zero.top_logprobs) == (True, 0)
 
 
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
 @pytest.mark.parametrize(
     ("line", "message"),
     [
         (openai({**CHAT, "user": "u"}), "body.user: unknown key; allowed keys: messages, model"),
-        (openai({**CHAT, "tools": None}), "body.tools: unknown key"),
+        (openai({**CHAT, "tools": "f"}), "body.tools: expected a non-empty list"),
+        (openai({**CHAT, "tool_choice": "required"}), "body.tool_choice: needs body.tools"),
+        (openai({**CHAT, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+         "body.tool_choice: 'g' is not one of the tools offered (f)"),
+        (openai({"messages": [{"role": "tool", "content": "x", "name": "f"}]}),
+         "body.messages[0].name: unknown key; allowed keys: role, content, tool_call_id"),
+        (openai({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]}),
+         "body.messages[0].tool_calls[0].function.arguments: not JSON text"),
         (openai({**CHAT, "temprature": 1}), "(did you mean 'temperature'?)"),
         (
             openai({**CHAT, "prompt": "x"}),
@@ -294,7 +304,7 @@ def test_openai_completion_line_is_raw_with_legacy_logprobs() -> None:
         (openai({"prompt": ["a", "b"]}, url="/v1/completions"), "body.prompt: expected one string (got ['a', 'b'])"),
         (openai({"model": "m"}, url="/v1/completions"), "body.prompt: expected one string (missing)"),
         (openai({"model": "m"}), "body.messages: missing"),
-        (openai({"messages": [{"role": "tool", "content": "x"}]}), "body.messages[0].role: expected one of"),
+        (openai({"messages": [{"role": "robot", "content": "x"}]}), "body.messages[0].role: expected one of"),
     ],
 )
 def test_bad_openai_lines(line: str, message: str) -> None:

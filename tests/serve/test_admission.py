@@ -31,7 +31,7 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 def submit(state: ServeState, n: int) -> tuple[Mailbox, int] | None:
     """A request of ``n`` rows on the running event loop: its mailbox, or None when refused."""
     body = {"prompt": "w3 w4", "max_tokens": 3, "n": n, "seed": 1}
-    items = build_items(state, parse_body(body, COMPLETIONS_URL, frozenset()), chat=False)
+    items, _ = build_items(state, parse_body(body, COMPLETIONS_URL, frozenset()), chat=False)
     box = Mailbox(asyncio.get_running_loop())
     try:
         state.engine.submit(items, box)

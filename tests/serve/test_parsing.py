@@ -37,7 +37,7 @@ def test_null_means_not_given() -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({**CHAT, "tools": [{"type": "function"}]}, "tools"),
+        ({**CHAT, "tools": [{"type": "function"}]}, "tools[0]"),
         ({**CHAT, "n": 17}, "n"),
         ({**CHAT, "n": True}, "n"),
         ({**CHAT, "stream": "yes"}, "stream"),

@@ -46,7 +46,7 @@ def test_preparing_requests_starts_no_openmp_team(tmp_path: Path) -> None:
 
     def prepare() -> None:
         for url, body in BODIES:
-            assert build_items(state, parse_body(body, url, state.presets), url == CHAT_URL)
+            assert build_items(state, parse_body(body, url, state.presets), url == CHAT_URL)[0]
         seen.append(tasks())  # while this thread lives: a team it started would still be here
 
     prepare()  # the tokenizer's own pool, once per process

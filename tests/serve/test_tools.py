@@ -1,0 +1,221 @@
+"""Tool calls and reasoning through the real ``openai`` client against ``llmsample serve`` on a
+tiny byte-level model (it can spell any text) whose chat template renders tools in the
+Hermes/Qwen ``<tool_call>`` format; a second template opens a ``<think>`` block."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.conftest import with_chat_template
+from tests.constraints.conftest import make_byte_model
+from tests.serve.conftest import Server, start_server
+
+HERMES = """{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+{% endif %}Tools: {% for tool in tools %}{{ tool.function.name }} {% endfor %}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif not (m.role == 'system' and tools) %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}<|im_start|>assistant
+"""
+THINKING = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: <think>\n"
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "boolean"}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} for name, schema in SCHEMAS.items()]
+MESSAGES = [{"role": "user", "content": "weather?"}]
+UNTRUNCATED = {"top_k": 0, "min_p": 0.0, "typical_p": 1.0}  # with top_p 1: every truncation off
+WILD = {"temperature": 1.5, "top_p": 1.0, "extra_body": UNTRUNCATED}
+
+
+@pytest.fixture(scope="module")
+def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    path = with_chat_template(make_byte_model(tmp_path_factory.mktemp("hermes")), HERMES)
+    running = start_server(path, tmp_path_factory.mktemp("tools") / "stderr", "--batch-size", "64")
+    yield running
+    running.stop()
+
+
+def create(server: Server, **kwargs: Any) -> Any:
+    client = server.client().with_options(timeout=600)
+    kwargs = {"messages": MESSAGES, "tools": TOOLS, "max_tokens": 120, "seed": 1, "parallel_tool_calls": False,
+              **kwargs}  # fmt: skip
+    return client.chat.completions.create(model=client.models.list().data[0].id, **kwargs)
+
+
+def check_call(call: Any, name: str | None = None) -> None:
+    """A call OpenAI's way: an id, a function offered, arguments that validate against its schema."""
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name in SCHEMAS and (name is None or call.function.name == name)
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_and_named_calls_whole(tools_server: Server) -> None:
+    answer = create(tools_server, tool_choice="required", extra_body={"llmsample": {"tokens": "ids"}})
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    for call in choice.message.tool_calls:
+        check_call(call)
+    assert choice.model_extra["llmsample"]["tool_call_token"] == 0  # the grammar holds from the first token
+    named = create(tools_server, tool_choice={"type": "function", "function": {"name": "add"}}, seed=2)
+    assert named.choices[0].finish_reason == "tool_calls"
+    for call in named.choices[0].message.tool_calls:
+        check_call(call, "add")
+
+
+def streamed(server: Server, **kwargs: Any) -> tuple[str, dict[int, dict[str, str]], str | None]:
+    """The content, the calls (index: id, name, arguments) and finish reason a stream adds up to."""
+    content, calls, reason = "", {}, None
+    for chunk in create(server, stream=True, **kwargs):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for part in delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": part.id, "name": part.function.name, "arguments": ""})
+            call["arguments"] += part.function.arguments or ""
+        reason = chunk.choices[0].finish_reason or reason
+    return content, calls, reason
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_streamed_calls_add_up_to_the_whole_answer(tools_server: Server, choice: Any) -> None:
+    whole = create(tools_server, tool_choice=choice, seed=5).choices[0]
+    content, calls, reason = streamed(tools_server, tool_choice=choice, seed=5)
+    assert reason == whole.finish_reason == "tool_calls" and content == ""
+    got = [(call["name"], call["arguments"]) for _, call in sorted(calls.items())]
+    assert got == [(call.function.name, call.function.arguments) for call in whole.message.tool_calls]
+    assert all(call["id"].startswith("call_") for call in calls.values())
+
+
+def test_parallel_calls(tools_server: Server) -> None:
+    """A random model goes on calling as often as it ends: answers cut short are no calls."""
+    answer = create(tools_server, tool_choice="required", n=8, parallel_tool_calls=True, max_tokens=200)
+    finished = [choice for choice in answer.choices if choice.finish_reason == "tool_calls"]
+    assert finished and any(len(choice.message.tool_calls) > 1 for choice in finished)
+    for choice in finished:
+        for call in choice.message.tool_calls:
+            check_call(call)
+    assert all(c.message.tool_calls is None for c in answer.choices if c.finish_reason == "length")
+
+
+def test_two_hundred_wild_calls_all_parse_and_validate(tools_server: Server) -> None:
+    """200 seeded answers at temperature 1.5, every truncation off: each call parses and its
+    arguments validate (13 requests of 16 choices at once, seeds 0..207)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(first: int) -> Any:
+        choice = "required" if first % 32 else {"type": "function", "function": {"name": "add"}}
+        return create(tools_server, tool_choice=choice, seed=first, n=16, max_tokens=90, **WILD)
+
+    with ThreadPoolExecutor(13) as pool:
+        answers = list(pool.map(run, range(0, 208, 16)))
+    calls = 0
+    for each in (choice for answer in answers for choice in answer.choices):
+        assert each.finish_reason == "tool_calls", each.message.content
+        for call in each.message.tool_calls:
+            check_call(call)
+            calls += 1
+    assert calls == 208
+
+
+def test_auto_answers_are_text_or_valid_calls(tools_server: Server) -> None:
+    answer = create(tools_server, tool_choice="auto", n=8, max_tokens=40, **WILD)
+    for choice in answer.choices:
+        assert "<tool_call>" not in (choice.message.content or "")  # free text cannot hold the trigger
+        for call in choice.message.tool_calls or []:
+            check_call(call)
+    content, _, reason = streamed(tools_server, tool_choice="auto", max_tokens=40, **WILD)
+    assert content == answer.choices[0].message.content and reason == answer.choices[0].finish_reason
+
+
+def test_tool_choice_none_never_calls(tools_server: Server) -> None:
+    answer = create(tools_server, tool_choice="none", n=8, max_tokens=40, **WILD)
+    assert all(c.message.tool_calls is None and c.finish_reason != "tool_calls" for c in answer.choices)
+    bare = create(tools_server, tools=openai.NOT_GIVEN, parallel_tool_calls=openai.NOT_GIVEN, max_tokens=40)
+    assert answer.usage.prompt_tokens == bare.usage.prompt_tokens  # no tools in the prompt
+
+
+def test_a_history_with_tool_results_continues(tools_server: Server) -> None:
+    from transformers import AutoTokenizer
+
+    history = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees"},
+    ]  # fmt: skip
+    answer = create(tools_server, messages=history, tool_choice="auto", max_tokens=20)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    tokenizer = AutoTokenizer.from_pretrained(tools_server.client().models.list().data[0].id)
+    rendered = [*history[:1], {**history[1], "tool_calls": [{**history[1]["tool_calls"][0], "function": {
+        "name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}}]}, history[2]]  # fmt: skip
+    text = tokenizer.apply_chat_template(rendered, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}' in text
+    assert "<tool_response>\n21 degrees" in text
+    assert answer.usage.prompt_tokens == len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+        ({"tool_choice": "required", "extra_body": {"regex": "a+"}}, "tools"),
+    ],
+)
+def test_bad_tools_are_a_400(tools_server: Server, body: dict[str, Any], param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        create(tools_server, **body)
+    assert param in caught.value.body["message"]
+
+
+@pytest.fixture(scope="module")
+def thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    path = with_chat_template(make_byte_model(tmp_path_factory.mktemp("think")), THINKING)
+    running = start_server(path, tmp_path_factory.mktemp("thinking") / "stderr", "--batch-size", "4")
+    yield running
+    running.stop()
+
+
+def test_reasoning_apart_from_content_whole_and_streamed(thinking_server: Server) -> None:
+    """The template opens the block; a regex makes the model close it (a random model would not)."""
+    kwargs = {"tools": openai.NOT_GIVEN, "parallel_tool_calls": openai.NOT_GIVEN, "max_tokens": 40, "seed": 3, "extra_body": {"regex": "[a-z]{3,6}</think>\n\n[a-z]{2,5}"}}
+    message = create(thinking_server, **kwargs).choices[0].message
+    reasoning = message.model_extra["reasoning_content"]
+    assert 3 <= len(reasoning) <= 6 and reasoning.isalpha() and "<" not in message.content
+    assert 2 <= len(message.content) <= 5 and message.content.isalpha()
+    parts = {"reasoning_content": "", "content": ""}
+    for chunk in create(thinking_server, stream=True, **kwargs):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        for key in parts:
+            parts[key] += ((delta.model_extra or {}).get(key) if key != "content" else delta.content) or "" if delta else ""
+    assert parts == {"reasoning_content": reasoning, "content": message.content}
