@@ -137,9 +137,12 @@ def tiny_lm(tiny_model_dir: Path):
 
 @pytest.fixture(autouse=True)
 def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the real user's presets; the model cache is the test cache."""
+    """No test reads or writes the real user's presets; the model cache is the test cache. The
+    CLI's ``--backend auto`` is pinned to transformers (``LLMSAMPLE_BACKEND``): on a CPU it would
+    run the default model on llama.cpp, and the tests of auto's own choice unset it."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
+    monkeypatch.setenv("LLMSAMPLE_BACKEND", "transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("FORCE_COLOR", raising=False)

