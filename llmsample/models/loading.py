@@ -155,8 +155,10 @@ def load_llama_cpp(
 
     from llmsample.models.llamacpp import checkpoint_folder, gguf_file, read_sidecar
     from llmsample.models.llamacpp_model import LlamaCppModel
-    from llmsample.models.to_gguf import checkpoint_gguf, requantized
+    from llmsample.models.to_gguf import checkpoint_gguf, file_type, requantized
 
+    if gguf_type is not None:
+        file_type(gguf_type)  # an unknown name is one line before any work
     folder = checkpoint_folder(spec)
     if folder is not None:
         check_local_model(folder)

@@ -105,8 +105,6 @@ def checkpoint_gguf(folder: Path, gguf_type: str | None, progress: Progress | No
     why = unconvertible(folder)
     if why is not None:
         raise UserError(f"cannot run {folder} on llama.cpp: {why}; use --backend transformers")
-    if gguf_type is not None:
-        file_type(gguf_type)  # an unknown name is one line before any work
     label = (gguf_type or "own").upper()
     target = models_dir() / f"{folder.name}-{checkpoint_key(folder)}-{label}"
     if not is_complete_gguf(target):
@@ -120,7 +118,6 @@ def requantized(source: Path, gguf_type: str | None, progress: Progress | None =
     if gguf_type is None or source.stem.upper().endswith("." + gguf_type.upper()):
         return source
     wanted = gguf_type.upper()
-    file_type(wanted)  # an unknown name is one line before any work
     target = models_dir() / f"{source.stem}-{gguf_key(source)}-{wanted}"
     if not is_complete_gguf(target):
         build(target, progress, f"{source.name} at {wanted}", lambda staging: quantize(source, staging / FILE, wanted))
@@ -178,7 +175,6 @@ def write_checkpoint(folder: Path, staging: Path, gguf_type: str | None) -> None
         import gguf
 
         writer = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[arch]])
-        writer.add_name(folder.name)
         add_hparams(writer, config, arch)
         add_tokenizer(writer, folder, tokenizer, vocab, pre)
         return writer

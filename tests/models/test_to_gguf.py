@@ -41,61 +41,58 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
 
 
+ARCHES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3", "gemma": "Gemma", "phi3": "Phi3"}
+
+
 def tiny_checkpoint(folder: Path, arch: str, tokenizer, tied: bool = True) -> Path:
-    """A 2-layer random ``arch`` checkpoint in float32 (grouped KV heads, Qwen2's q/k/v biases)."""
+    """A 2-layer random ``arch`` checkpoint in float32 (grouped KV heads, Qwen2's q/k/v biases,
+    Qwen3's q/k norms, Gemma's and Qwen3's own head size, Phi-3's fused projections)."""
     import transformers
 
-    config_class, model_class = {
-        "llama": ("LlamaConfig", "LlamaForCausalLM"),
-        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-        "mistral": ("MistralConfig", "MistralForCausalLM"),
-    }[arch]
-    config = getattr(transformers, config_class)(
+    name = ARCHES[arch]
+    head = {"head_dim": 32} if arch in ("qwen3", "gemma") else {}
+    config = getattr(transformers, f"{name}Config")(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rope_theta=50000.0,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=tied,
+        pad_token_id=tokenizer.pad_token_id, **head,
     )  # fmt: skip
     torch.manual_seed(len(arch))
-    model = getattr(transformers, model_class)(config).float()
+    model = getattr(transformers, f"{name}ForCausalLM")(config).float()
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:  # random, so a dropped bias or norm shows
-                param.uniform_(0.5, 1.5) if "norm" in name else param.normal_(0, 0.1)
+        for key, param in model.named_parameters():
+            if key.endswith("bias"):  # random, so a dropped bias or norm shows
+                param.normal_(0, 0.1)
+            elif "norm" in key:  # Gemma's norms scale by 1 + w
+                param.uniform_(-0.5, 0.5) if arch == "gemma" else param.uniform_(0.5, 1.5)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
 
-def llama_cpp_logits(path: Path, ids: list[int]) -> torch.Tensor:
-    """llama.cpp's next-token logits after ``ids`` (float32 KV cache)."""
+@pytest.mark.parametrize(
+    ("arch", "tied"),
+    [("llama", True), ("qwen2", True), ("mistral", False), ("qwen3", True), ("gemma", True), ("phi3", False)],
+)
+def test_llama_cpp_computes_what_transformers_computes(tmp_path: Path, tokenizer, arch: str, tied: bool) -> None:
     from llama_cpp import Llama
-
-    llm = Llama(model_path=str(path), n_ctx=256, logits_all=True, type_k=0, type_v=0, verbose=False, seed=0)
-    llm.eval(ids)
-    out = torch.tensor(llm.scores[llm.n_tokens - 1])
-    llm.close()
-    return out
-
-
-def transformers_logits(folder: Path, ids: list[int]) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
-    with torch.inference_mode():
-        return model(torch.tensor([ids])).logits[0, -1]
-
-
-@pytest.mark.parametrize(("arch", "tied"), [("llama", True), ("qwen2", True), ("mistral", False)])
-def test_llama_cpp_computes_what_transformers_computes(tmp_path: Path, tokenizer, arch: str, tied: bool) -> None:
     from llmsample.models.gguf_vocab import llama_cpp_ids
 
     folder = tiny_checkpoint(tmp_path / arch, arch, tokenizer, tied)
     path = to_gguf.checkpoint_gguf(folder, None)
     assert path.parent.parent == models_dir() and to_gguf.is_complete_gguf(path.parent)
     assert llama_cpp_ids(path, tuple(TEXTS)) == [tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    llm = Llama(model_path=str(path), n_ctx=256, logits_all=True, type_k=0, type_v=0, verbose=False)  # float32 cache
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     for text in TEXTS:
         ids = tokenizer.encode(text, add_special_tokens=False)
-        got, want = llama_cpp_logits(path, ids), transformers_logits(folder, ids)
+        llm.reset()
+        llm.eval(ids)
+        got = torch.tensor(llm.scores[len(ids) - 1])
+        with torch.inference_mode():
+            want = model(torch.tensor([ids])).logits[0, -1]
         assert got.shape == want.shape
         assert (got - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item()), text
         assert got.argmax() == want.argmax()
