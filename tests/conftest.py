@@ -29,6 +29,11 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 REPO = Path(__file__).resolve().parent.parent
 TEST_HOME = REPO / ".test-home"
 
+# The CLI's ``--backend auto`` pinned to transformers for the whole session (servers and other
+# processes that session fixtures start too): on a CPU it runs the default model on llama.cpp,
+# and the tests of auto's own choice unset it.
+os.environ["LLMSAMPLE_BACKEND"] = "transformers"
+
 
 def quant_library(name: str) -> Any:
     """``pytest.importorskip`` for the quant extra's libraries (torchao, bitsandbytes), except
@@ -137,12 +142,9 @@ def tiny_lm(tiny_model_dir: Path):
 
 @pytest.fixture(autouse=True)
 def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No test reads or writes the real user's presets; the model cache is the test cache. The
-    CLI's ``--backend auto`` is pinned to transformers (``LLMSAMPLE_BACKEND``): on a CPU it would
-    run the default model on llama.cpp, and the tests of auto's own choice unset it."""
+    """No test reads or writes the real user's presets; the model cache is the test cache."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
-    monkeypatch.setenv("LLMSAMPLE_BACKEND", "transformers")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("FORCE_COLOR", raising=False)
