@@ -86,7 +86,7 @@ def bpe_tokens(tokenizer: Any, vocab_size: int) -> tuple[list[str], list[int]]:
 def llama_cpp_ids(path: Path, texts: tuple[str, ...]) -> list[list[int]] | None:
     """llama.cpp's ids for ``texts`` from the vocabulary in ``path`` (no BOS, special tokens
     parsed); None where llama.cpp refuses the file (a pre-tokenizer name it does not know)."""
-    from llmsample.models.llamacpp import silence_llama_cpp
+    from llmsample.models.llamacpp_lib import silence_llama_cpp
 
     lib = silence_llama_cpp()
     lib.llama_backend_init()

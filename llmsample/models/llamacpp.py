@@ -9,7 +9,6 @@ are kept once in a small folder beside the model cache, and later starts read th
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import shutil
@@ -27,6 +26,7 @@ from llmsample.models.conversion import (
     models_dir,
     new_staging_dir,
 )
+from llmsample.models.llamacpp_lib import silence_llama_cpp
 from llmsample.models.tokenizer import saved_tokenizer
 
 if TYPE_CHECKING:
@@ -153,20 +153,6 @@ def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> 
             install(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-_SILENT: Any = None
-
-
-def silence_llama_cpp() -> Any:
-    """llama.cpp logs every load to stderr; our own progress and errors replace that."""
-    global _SILENT
-    import llama_cpp
-
-    if _SILENT is None:
-        _SILENT = llama_cpp.llama_log_callback(lambda level, text, data: None)
-        llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
-    return llama_cpp
 
 
 def plain_llama(path: Path, threads: int) -> Any:

@@ -151,7 +151,7 @@ def quantize(source: Path, out: Path, gguf_type: str) -> None:
     """llama.cpp's own quantizer (requantizing allowed: the wheel's file is already Q4_1)."""
     import os
 
-    from llmsample.models.llamacpp import silence_llama_cpp
+    from llmsample.models.llamacpp_lib import silence_llama_cpp
 
     lib = silence_llama_cpp()
     params = lib.llama_model_quantize_default_params()
