@@ -149,6 +149,7 @@ class RunFacts:
     dtype: str | None = None
     backend: str | None = None  # transformers or llama.cpp
     quantization: str | None = None
+    model_file: str | None = None  # the GGUF llama.cpp ran
     device_map: tuple[str, ...] | None = None
     compile_s: float | None = None
     speculation: Speculation | None = None
@@ -162,7 +163,7 @@ class RunFacts:
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
         data: dict[str, Any] = {}
-        for key in ("quantization", "compile_s", "device", "dtype", "backend"):
+        for key in ("quantization", "compile_s", "device", "dtype", "backend", "model_file"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.device_map is not None:

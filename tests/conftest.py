@@ -33,6 +33,11 @@ TEST_HOME = REPO / ".test-home"
 # Processes started outside a test (session and module fixtures) log their runs here, not in the user's log.
 os.environ["XDG_DATA_HOME"] = str(TEST_HOME / "data")
 
+# The CLI's ``--backend auto`` pinned to transformers for the whole session (servers and other
+# processes that session fixtures start too): on a CPU it runs the default model on llama.cpp,
+# and the tests of auto's own choice unset it.
+os.environ["LLMSAMPLE_BACKEND"] = "transformers"
+
 
 def quant_library(name: str) -> Any:
     """``pytest.importorskip`` for the quant extra's libraries (torchao, bitsandbytes), except

@@ -31,6 +31,7 @@ def test_every_section_flattens_to_its_old_keys() -> None:
         dtype="bfloat16",
         backend="transformers",
         quantization="torchao",
+        model_file="m.gguf",
         device_map=("cuda:0", "cpu"),
         compile_s=12.5,
         speculation=Speculation(drafted=10, accepted=6, target_passes=4, tokens_per_pass=2.5),
@@ -39,7 +40,7 @@ def test_every_section_flattens_to_its_old_keys() -> None:
     )
     record = summary(facts)
     assert set(record) - BASE_KEYS == {
-        "device", "dtype", "backend", "quantization", "device_map", "compile_s", "drafted", "accepted", "acceptance_rate",
+        "device", "dtype", "backend", "quantization", "model_file", "device_map", "compile_s", "drafted", "accepted", "acceptance_rate",
         "target_passes", "tokens_per_pass", "reference", "plain_tokens_per_s", "plain_elapsed_s", "speedup",
     }  # fmt: skip
     assert record["device_map"] == ["cuda:0", "cpu"] and record["acceptance_rate"] == 0.6

@@ -118,23 +118,29 @@ def llama_cpp_python(path: Path, threads: int) -> Callable[[list[int], int], int
     return run
 
 
-def start_up(model: str | None, backend: str) -> float | None:
+def start_up(model: str | None, backend: str, gguf_type: str | None = None) -> float | None:
     """A fresh ``llmsample generate`` (imports, load, prompt, one token, exit) on ``backend``,
     seconds; None when it failed."""
     args = [sys.executable, "-m", "llmsample", "generate", "--backend", backend, "-n", "1", "-t", "0", "-q",
-            "--format", "jsonl", "-p", START_PROMPT, *(["-m", model] if model else [])]  # fmt: skip
+            "--format", "jsonl", "-p", START_PROMPT, *(["-m", model] if model else []),
+            *(["--gguf-type", gguf_type] if gguf_type else [])]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(args, capture_output=True, env=os.environ.copy(), timeout=600)
     return time.perf_counter() - start if done.returncode == 0 else None
 
 
 def run_llamacpp_benchmark(
-    model: str | None, runs: int, tokens: int, log: Callable[[str], None] = lambda step: None
+    model: str | None,
+    runs: int,
+    tokens: int,
+    log: Callable[[str], None] = lambda step: None,
+    gguf_type: str | None = None,
 ) -> LlamaCppBench:
-    """Every side once in each of ``runs`` rotating rounds on the same GGUF; medians."""
+    """Every side once in each of ``runs`` rotating rounds on the same GGUF (the default model's
+    at F16 unless ``gguf_type``); medians."""
     threads = torch.get_num_threads()
     log("loading the GGUF on llama.cpp and on transformers")
-    lm = load_model(model, "cpu", "auto", backend="llama.cpp")
+    lm = load_model(model, "cpu", "auto", backend="llama.cpp", gguf_type=gguf_type)
     hf = load_model(model, "cpu", "auto", backend="transformers")
     theirs = llama_cpp_python(lm.model.path, threads)
     ids = encode_prompt(lm, PROMPT)
@@ -169,7 +175,7 @@ def run_llamacpp_benchmark(
     return LlamaCppBench(
         lm.name, lm.quantization, tokens, runs, threads, median(mine), median(peer), median(batched),
         median(hf_rates), str(hf.dtype).removeprefix("torch."), median(shares), ratios,
-        start_up(model, "llama.cpp"), start_up(model, "transformers"),
+        start_up(model, "llama.cpp", gguf_type), start_up(model, "transformers"),
     )  # fmt: skip
 
 

@@ -160,7 +160,11 @@ def bench_llamacpp(options: dict[str, Any], err: Any) -> None:
     from llmsample.bench.llamacpp import run_llamacpp_benchmark, table, write
 
     result = run_llamacpp_benchmark(
-        options["model"], options["runs"], options["tokens"], log=lambda step: err.print(f"[dim]bench: {step}…[/]")
+        options["model"],
+        options["runs"],
+        options["tokens"],
+        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
+        gguf_type=options.get("gguf_type"),
     )
     path = write(result, options["out"])
     click.echo(

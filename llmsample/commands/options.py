@@ -150,7 +150,14 @@ model_options = _stack(
         type=click.Choice(["auto", "transformers", "llama.cpp"]),
         default="auto",
         show_default=True,
-        help="llama.cpp runs GGUF models (the default one too) on the CPU; needs llmsample[llamacpp]. auto: llama.cpp for a GGUF on a CPU.",
+        envvar="LLMSAMPLE_BACKEND",
+        help="llama.cpp runs GGUF files, local checkpoints (written to GGUF once) and the default model on the CPU; needs llmsample[llamacpp]. auto: llama.cpp on a CPU where it can run the model and no transformers-only option is given [env: LLMSAMPLE_BACKEND].",
+    ),
+    click.option(
+        "--gguf-type",
+        metavar="TYPE",
+        default=None,
+        help="llama.cpp's weight type (F16, BF16, Q8_0, Q4_K_M...): the model written at it once by llama.cpp's quantizer. Default: a checkpoint's own precision, F16 for the default model.",
     ),
     panel="Model",
 )
@@ -484,8 +491,8 @@ def read_prompt(prompt: str | None, raw: bool = False) -> str:
 def on_transformers(options: dict[str, Any], command: str) -> dict[str, Any]:
     """The options of a command that reads the model outside the engine's seam (its own passes
     over a transformers model): ``auto`` means transformers, and llama.cpp is one line."""
-    if options.get("backend") == "llama.cpp":
-        raise UserError(f"{command} runs on transformers for now; leave out --backend llama.cpp")
+    if options.get("backend") == "llama.cpp" or options.get("gguf_type"):
+        raise UserError(f"{command} runs on transformers for now; leave out --backend llama.cpp and --gguf-type")
     return {**options, "backend": "transformers"}
 
 
@@ -503,6 +510,7 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
         "quantize": options.get("quantize"),
         "tensor_parallel": options.get("tp", False),
         "backend": options.get("backend", "auto"),
+        "gguf_type": options.get("gguf_type"),
     }
     if options.get("quiet"):
         return load_model(*spec, compile=compile_model, **scaling)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from llmsample.errors import UserError, first_line
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     from rich.progress import Progress
 
@@ -260,15 +260,16 @@ def share_like_other_files(root: Path) -> None:
             os.chmod(os.path.join(dirpath, name), 0o666 & ~mask)
 
 
-def install(staging: Path, target: Path) -> None:
+def install(staging: Path, target: Path, complete: Callable[[Path], bool] | None = None) -> None:
     """Rename ``staging`` to ``target``. A complete conversion already there (another process
-    finished first) is kept; an incomplete one is moved aside and replaced."""
+    finished first) is kept; an incomplete one is moved aside and replaced. ``complete``: what
+    complete means for this kind of folder (:func:`is_complete_conversion` by default)."""
     for _ in range(3):
         try:
             staging.rename(target)
             return
         except OSError:
-            if is_complete_conversion(target):
+            if (complete or is_complete_conversion)(target):
                 return
         aside = new_staging_dir(target)
         try:

@@ -9,7 +9,6 @@ are kept once in a small folder beside the model cache, and later starts read th
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib.util
 import json
 import shutil
@@ -27,6 +26,7 @@ from llmsample.models.conversion import (
     models_dir,
     new_staging_dir,
 )
+from llmsample.models.llamacpp_lib import silence_llama_cpp
 from llmsample.models.tokenizer import saved_tokenizer
 
 if TYPE_CHECKING:
@@ -53,23 +53,35 @@ def gguf_file(spec: str | None) -> Path | None:
     return None
 
 
+def checkpoint_folder(spec: str | None) -> Path | None:
+    """The local checkpoint folder a ``--model`` names (None: the default model, a GGUF, a hub id)."""
+    if spec is None or spec.lower().endswith(".gguf"):
+        return None
+    path = Path(spec).expanduser()
+    return path if path.is_dir() else None
+
+
 def choose_backend(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
-    """``auto``: llama.cpp for a GGUF file the user names, on a CPU, when the extra is installed and
-    nothing only transformers does was asked for (``plain``: no --dtype, --compile, --quantize,
-    placement, --tp); transformers otherwise. The default model stays on transformers under
-    ``auto``: its Q4_1 weights on llama.cpp's kernels (activations rounded to 8 bits) answer the
-    README's own questions worse than dequantized on transformers ("La Femme, la Femme, ..." for
-    the capital of France, greedy), so llama.cpp's speed for it is asked for with ``--backend``.
-    An explicit ``llama.cpp`` that cannot run is one line saying why."""
-    source = gguf_file(spec)
+    """``auto``: llama.cpp on a CPU, when the extra is installed and nothing only transformers does
+    was asked for (``plain``: no --dtype, --compile, --quantize, placement, --tp), for the default
+    model (its GGUF rewritten at F16, :mod:`llmsample.models.to_gguf`), a GGUF file, or a local
+    checkpoint llama.cpp can run once written to GGUF; transformers otherwise (a hub id, custom
+    code, a tokenizer llama.cpp has no model for). An explicit ``llama.cpp`` that cannot run is
+    one line saying why."""
+    from llmsample.models.to_gguf import unconvertible
+
     if requested == "transformers":
         return requested
+    source, folder = gguf_file(spec), checkpoint_folder(spec)
+    why = unconvertible(folder) if folder is not None else None
     if requested == "llama.cpp":
-        if source is None:
+        if source is None and folder is None:
             raise UserError(
-                f"--backend llama.cpp runs GGUF files, and {spec!r} is not one; "
-                "give --model FILE.gguf, or leave out --model for the default model"
+                f"--backend llama.cpp runs GGUF files and local checkpoints, and {spec!r} is neither; "
+                "give --model FILE.gguf or a checkpoint folder, or leave out --model for the default model"
             )
+        if why is not None:
+            raise UserError(f"cannot run {spec} on llama.cpp: {why}; use --backend transformers")
         if not installed():
             raise UserError(f"--backend llama.cpp needs llama-cpp-python, which is not installed: {EXTRA}")
         if device.type != "cpu":
@@ -80,8 +92,8 @@ def choose_backend(requested: str, spec: str | None, device: torch.device, plain
                 "and --tp are transformers' (use --backend transformers)"
             )
         return requested
-    named = spec is not None and source is not None
-    return "llama.cpp" if named and plain and device.type == "cpu" and installed() else "transformers"
+    runnable = source is not None or (folder is not None and why is None)
+    return "llama.cpp" if runnable and plain and device.type == "cpu" and installed() else "transformers"
 
 
 def sidecar_dir(source: Path) -> Path:
@@ -141,20 +153,6 @@ def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> 
             install(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-_SILENT: Any = None
-
-
-def silence_llama_cpp() -> Any:
-    """llama.cpp logs every load to stderr; our own progress and errors replace that."""
-    global _SILENT
-    import llama_cpp
-
-    if _SILENT is None:
-        _SILENT = llama_cpp.llama_log_callback(lambda level, text, data: None)
-        llama_cpp.llama_log_set(_SILENT, ctypes.c_void_p(0))
-    return llama_cpp
 
 
 def plain_llama(path: Path, threads: int) -> Any:

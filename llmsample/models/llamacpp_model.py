@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.models.llamacpp import silence_llama_cpp
+from llmsample.models.llamacpp_lib import silence_llama_cpp
 
 MAX_SEQUENCES = 256  # llama.cpp's LLAMA_MAX_SEQ
 CACHE_TYPE = 1  # the KV cache's ggml type: GGML_TYPE_F16, llama.cpp's default (0, F32: the tests' exact one)

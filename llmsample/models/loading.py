@@ -51,6 +51,7 @@ class LoadedModel:
     placed_on: tuple[str, ...] = ()  # --device-map: the devices its layers sit on ("cpu", "disk", ...)
     quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
     backend: str = "transformers"  # or "llama.cpp": ``model`` is then a LlamaCppModel (a GGUF's handle)
+    model_file: str | None = None  # llama.cpp: the GGUF it runs
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
     bytes_table: TokenBytes | None = field(default=None, repr=False, compare=False)  # token_bytes's, made once
 
@@ -103,12 +104,14 @@ def load_model(
     quantize: str | None = None,
     tensor_parallel: bool = False,
     backend: str = "transformers",
+    gguf_type: str | None = None,
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line.
 
     ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
     ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
-    ``auto``, ``transformers`` or ``llama.cpp`` (:mod:`llmsample.models.llamacpp`)."""
+    ``auto``, ``transformers`` or ``llama.cpp`` (:mod:`llmsample.models.llamacpp`); ``gguf_type``:
+    llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.to_gguf`)."""
     from llmsample.models.llamacpp import choose_backend
 
     quiet_transformers()
@@ -118,7 +121,9 @@ def load_model(
     clean_staging(progress)
     plain = dtype_name == "auto" and not (compile or placement or quantize or tensor_parallel)
     if choose_backend(backend, spec, device, plain) == "llama.cpp":
-        return load_llama_cpp(spec, name, progress)
+        return load_llama_cpp(spec, name, progress, gguf_type)
+    if gguf_type is not None:
+        raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on transformers")
     source, local = model_source(spec, progress)
     config = read_config(source, name)
     if placement is not None and isinstance(placement.device_map, dict):
@@ -140,21 +145,55 @@ def load_model(
     )  # fmt: skip
 
 
-def load_llama_cpp(spec: str | None, name: str, progress: Progress | None = None) -> LoadedModel:
-    """The GGUF ``spec`` names, loaded by llama.cpp, as a :class:`LoadedModel`."""
+def load_llama_cpp(
+    spec: str | None, name: str, progress: Progress | None = None, gguf_type: str | None = None
+) -> LoadedModel:
+    """What ``spec`` names, run by llama.cpp, as a :class:`LoadedModel`: the default model's GGUF
+    rewritten at F16 (or ``gguf_type``), a GGUF file (requantized when ``gguf_type`` asks), or a
+    checkpoint folder written to GGUF once, which keeps its own tokenizer and config."""
     import torch
 
-    from llmsample.models.llamacpp import gguf_file, read_sidecar
+    from llmsample.models.llamacpp import checkpoint_folder, gguf_file, read_sidecar
     from llmsample.models.llamacpp_model import LlamaCppModel
+    from llmsample.models.to_gguf import checkpoint_gguf, file_type, requantized
 
-    source = gguf_file(spec)
-    assert source is not None
-    if not source.is_file():
-        raise UserError(f"model file {source} does not exist; give an existing .gguf file")
-    tokenizer, config, generation = read_sidecar(source, progress)
-    model = LlamaCppModel(source, config, generation, torch.get_num_threads())
+    if gguf_type is not None:
+        file_type(gguf_type)  # an unknown name is one line before any work
+    folder = checkpoint_folder(spec)
+    if folder is not None:
+        check_local_model(folder)
+        check_tokenizer_files(folder)
+        path = checkpoint_gguf(folder, gguf_type, progress)
+        tokenizer, config, generation = folder_parts(folder)
+    else:
+        source = gguf_file(spec)
+        assert source is not None
+        if not source.is_file():
+            raise UserError(f"model file {source} does not exist; give an existing .gguf file")
+        tokenizer, config, generation = read_sidecar(source, progress)
+        path = requantized(source, gguf_type or ("F16" if spec is None else None), progress)
+    model = LlamaCppModel(path, config, generation, torch.get_num_threads())
     cpu = torch.device("cpu")
-    return LoadedModel(model, tokenizer, name, cpu, torch.float32, quantization=model.file_type, backend="llama.cpp")
+    return LoadedModel(
+        model, tokenizer, name, cpu, torch.float32, quantization=model.file_type, backend="llama.cpp",
+        model_file=str(path),
+    )  # fmt: skip
+
+
+def folder_parts(folder: Path) -> tuple[Any, Any, Any]:
+    """A checkpoint's tokenizer, config and generation config, as the transformers path reads
+    them; the context cut to a sliding window shorter than it, as its GGUF is."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(str(folder))
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True):
+        config.max_position_embeddings = min(config.max_position_embeddings, window)
+    try:
+        generation = GenerationConfig.from_pretrained(str(folder))
+    except OSError:  # no generation_config.json
+        generation = GenerationConfig.from_model_config(config)
+    return AutoTokenizer.from_pretrained(str(folder)), config, generation
 
 
 def quiet_transformers() -> None:

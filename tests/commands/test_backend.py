@@ -23,23 +23,44 @@ def test_llama_cpp_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytes
     assert result.stderr.count("\n") == 1 and "pip install 'llmsample[llamacpp]'" in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize(
-    ("spec", "device", "plain", "installed", "expected"),
-    [
-        ("m.gguf", "cpu", True, True, "llama.cpp"),
-        ("m.gguf", "cpu", True, False, "transformers"),  # without the extra: today's conversion path
-        ("m.gguf", "cuda", True, True, "transformers"),
-        ("m.gguf", "cpu", False, True, "transformers"),  # --dtype, --compile, --quantize... asked for
-        ("some/hub-id", "cpu", True, True, "transformers"),
-        (None, "cpu", True, True, "transformers"),  # the default model: --backend llama.cpp asks for it
-    ],
-)
-def test_auto_picks_llama_cpp_for_a_gguf_on_a_cpu(
-    spec: str, device: str, plain: bool, installed: bool, expected: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+SPECS = {
+    "gguf": "m.gguf",
+    "default": None,
+    "hub id": "some/hub-id",
+    "convertible folder": "CONVERTIBLE",
+    "word-level folder": "WORDLEVEL",  # the suite's tiny models: llama.cpp has no word-level tokenizer
+}
+
+
+@pytest.mark.parametrize("kind", list(SPECS))
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("plain", [True, False])  # False: --dtype, --compile, --quantize, --device-map or --tp
+@pytest.mark.parametrize("installed", [True, False])
+def test_auto_picks_llama_cpp_on_a_cpu_for_what_it_can_run(
+    kind: str, device: str, plain: bool, installed: bool, tmp_path: Path, tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    convertible = tmp_path / "llama"
+    convertible.mkdir()
+    (convertible / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    (convertible / "model.safetensors").write_bytes(b"")
+    (convertible / "tokenizer.json").write_text('{"model": {"type": "BPE"}, "pre_tokenizer": {"type": "ByteLevel"}}')
+    spec = {"CONVERTIBLE": str(convertible), "WORDLEVEL": str(tiny_model_dir)}.get(SPECS[kind], SPECS[kind])
     monkeypatch.setattr(llamacpp, "installed", lambda: installed)
+    runnable = kind in ("gguf", "default", "convertible folder")
+    expected = "llama.cpp" if runnable and device == "cpu" and plain and installed else "transformers"
     assert llamacpp.choose_backend("auto", spec, torch.device(device), plain) == expected
     assert llamacpp.choose_backend("transformers", spec, torch.device(device), plain) == "transformers"
+
+
+def test_llama_cpp_on_what_it_cannot_run_says_why(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from llmsample.errors import UserError
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: True)
+    with pytest.raises(UserError, match=r"tokenizer.*use --backend transformers"):
+        llamacpp.choose_backend("llama.cpp", str(tiny_model_dir), torch.device("cpu"), True)
+    with pytest.raises(UserError, match="neither"):
+        llamacpp.choose_backend("llama.cpp", "some/hub-id", torch.device("cpu"), True)
 
 
 def test_llama_cpp_on_another_device_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,3 +91,39 @@ def test_llama_cpp_runs_leave_openmp_waiting_to_libgomp(monkeypatch: pytest.Monk
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     CliRunner().invoke(main, ["bench", "--backend", "llama.cpp", "--out", str(tmp_path), "--workloads"])
     assert "OMP_WAIT_POLICY" not in os.environ
+
+
+class Chosen(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    ("options", "plain"),
+    [
+        ({}, True),
+        ({"dtype_name": "float32"}, False),
+        ({"compile": True}, False),
+        ({"quantize": "int8"}, False),
+        ({"tensor_parallel": True}, False),
+        ({"placement": "cpu"}, False),
+    ],
+)
+def test_every_transformers_only_option_keeps_auto_off_llama_cpp(
+    options: dict, plain: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What ``load_model`` tells the choice for each option that only transformers runs."""
+    from llmsample.models.loading import load_model
+    from llmsample.models.placement import Placement
+
+    seen = []
+
+    def record(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
+        seen.append(plain)
+        raise Chosen
+
+    monkeypatch.setattr(llamacpp, "choose_backend", record)
+    if "placement" in options:
+        options = {**options, "placement": Placement(options["placement"])}
+    with pytest.raises(Chosen):
+        load_model(None, "auto", backend="auto", **options)
+    assert seen == [plain]

@@ -29,6 +29,7 @@ from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import draw, sampling_probs
+from tests.conftest import cli_env
 from tests.engine.tiny_gguf import write_tiny_gguf
 
 pytest.importorskip("llama_cpp")
@@ -325,6 +326,7 @@ def cli(*args: str) -> CliRunner:
 
 def test_the_summary_says_which_backend_ran(gguf_file: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    monkeypatch.delenv("LLMSAMPLE_BACKEND")  # auto's own choice
     base = ["generate", "-m", str(gguf_file), "--raw", "-p", "The capital of France is", "-n", "6",
             "--preset", "deterministic", "--format", "jsonl", "-q"]  # fmt: skip
     records = {}
@@ -334,7 +336,9 @@ def test_the_summary_says_which_backend_ran(gguf_file: Path, home: Path, monkeyp
         records[backend] = [json.loads(line) for line in result.stdout.splitlines()]
     auto, transformers = records["auto"][-1], records["transformers"][-1]
     assert auto["backend"] == "llama.cpp" and auto["quantization"] == "F32" and auto["device"] == "cpu"
+    assert auto["model_file"] == str(gguf_file)
     assert transformers["backend"] == "transformers" and "quantization" not in transformers
+    assert "model_file" not in transformers
     assert auto["text"] == transformers["text"]  # greedy, the same weights: the same answer
     explicit_dtype = cli(*base[:-1], "--dtype", "float32")  # a transformers-only option: auto picks it
     assert json.loads(explicit_dtype.stdout.splitlines()[-1])["backend"] == "transformers"
@@ -342,7 +346,9 @@ def test_the_summary_says_which_backend_ran(gguf_file: Path, home: Path, monkeyp
 
 def test_llama_cpp_options_it_cannot_honour_are_one_line(gguf_file: Path, tiny_model_dir: Path) -> None:
     for args, fragment in (
-        (["-m", str(tiny_model_dir)], "--backend llama.cpp runs GGUF files"),
+        (["-m", str(tiny_model_dir)], "its tokenizer (tokenizer.json) is not a BPE tokenizer llama.cpp runs"),
+        (["-m", "some/hub-id"], "--backend llama.cpp runs GGUF files and local checkpoints"),
+        (["--gguf-type", "Q9_9"], "--gguf-type Q9_9: not a llama.cpp weight type"),
         (["-m", str(gguf_file), "--dtype", "float32"], "--dtype, --compile, --quantize"),
         (["-m", str(gguf_file.with_name("missing.gguf"))], "does not exist"),
     ):
@@ -387,7 +393,7 @@ def test_the_default_model_on_llama_cpp_decodes_as_llama_cpp_python(monkeypatch:
     from llmsample.models.llamacpp import plain_llama
 
     monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 1)  # F16, as llama-cpp-python's
-    lm = load_model(None, "cpu", "auto", backend="llama.cpp")
+    lm = load_model(None, "cpu", "auto", backend="llama.cpp", gguf_type="Q4_1")  # the shipped file itself
     assert lm.backend == "llama.cpp" and lm.quantization == "Q4_1"
     prompt = encode_prompt(lm, "What is the capital of France?")
     assert lm.model.tokenize(lm.tokenizer.decode(prompt[0])) == prompt[0].tolist()  # special tokens too
@@ -405,3 +411,21 @@ def test_the_default_model_on_llama_cpp_decodes_as_llama_cpp_python(monkeypatch:
     with torch.inference_mode():
         reference = hf.model(prompt).logits[0, -1]
     assert set(first.topk(5).indices.tolist()) == set(reference.topk(5).indices.tolist())
+
+
+@pytest.mark.model
+def test_the_default_run_is_the_default_model_at_f16_on_llama_cpp_and_answers_paris() -> None:
+    """``llmsample generate`` as a user runs it on a CPU (no ``--backend``): llama.cpp on the
+    wheel's GGUF rewritten once at F16, which answers the README's question (Q4_1 does not)."""
+    env = cli_env()
+    env.pop("LLMSAMPLE_BACKEND", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "llmsample", "generate", "-p", "What is the capital of France?",
+         "--preset", "deterministic", "--format", "jsonl", "-q"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["backend"] == "llama.cpp" and summary["quantization"] == "F16"
+    assert summary["model_file"].endswith("-F16/model.gguf") and Path(summary["model_file"]).is_file()
+    assert "Paris" in summary["text"]
