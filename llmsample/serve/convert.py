@@ -6,12 +6,22 @@ tools chat tools, and a chat error's key is renamed back to the caller's name fo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
 from llmsample.batch.requests import CHAT_URL
+from llmsample.events import Summary, TokenEvent
+from llmsample.serve.access import TOKENS
+from llmsample.serve.compat import log_ignored
 from llmsample.serve.errors import ApiError
+from llmsample.serve.flow import gather, read_json, submit
+from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest, parse_body
+from llmsample.serve.state import ServeState
 
 
 def joined_text(value: Any, where: str, kinds: Collection[str]) -> str:
@@ -101,3 +111,36 @@ def hint(key: str, reason: str, strict: bool, warnings: list[str]) -> None:
     if strict:
         raise ApiError(400, f"{key}: {reason}", key, "unknown_parameter")
     warnings.append(f"{key}: ignored ({reason})")
+
+
+@dataclass(frozen=True)
+class ConvertedApi:
+    """An API answered as chat completions (Responses, Messages): its body read as chat's, and
+    its answer built, whole or streamed, from the one row the request runs."""
+
+    endpoint: str
+    names: dict[str, str]  # chat's keys by the API's own names, for errors
+    chat_body: Callable[[Any, bool], tuple[dict[str, Any], list[str]]]
+    answer: Callable[[ServeState, ServeRequest, Any], Any]  # the API's answer object for a request and its body
+    whole: Callable[[Any, Summary, list[TokenEvent]], dict[str, Any]]
+    stream: Callable[[ServeState, HttpRequest, Any, dict[Any, int], Mailbox], AsyncIterator[str]]
+
+
+async def answer_converted(state: ServeState, request: HttpRequest, api: ConvertedApi) -> Response:
+    """One request of ``api``: read, checked and decoded as chat completions are, answered in the API's shape."""
+    body = await read_json(request, state.max_body, state.read_timeout)
+    chat, warnings = api.chat_body(body, state.strict_api)
+    refuse_tool_calls(chat, api.endpoint)
+    serve = chat_request(chat, state.presets, state.strict_api, warnings, api.names)
+    log_ignored(list(serve.warnings))
+    serve, keys, queue, _ = await submit(state, serve, True)
+    answer = api.answer(state, serve, body)
+    if serve.stream:
+        stream = api.stream(state, request, answer, keys, queue)
+        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    gathered = await gather(state, request, keys, queue)
+    if gathered is None:
+        return Response(status_code=499)  # the client went away; nobody reads this
+    [summary], [events] = gathered
+    request.scope[TOKENS] = [summary.prompt_tokens, summary.tokens]
+    return JSONResponse(api.whole(answer, summary, events))

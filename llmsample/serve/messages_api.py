@@ -12,16 +12,15 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from llmsample.batch.responses import dumps
 from llmsample.engine.rows import RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve import convert
 from llmsample.serve.access import TOKENS
-from llmsample.serve.compat import log_ignored
 from llmsample.serve.errors import ApiError
-from llmsample.serve.flow import failure, gather, off_loop, read_json, records, submit
+from llmsample.serve.flow import failure, off_loop, read_json, records
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.responses import extension, token_records
@@ -203,22 +202,7 @@ def _sse(kind: str, data: dict[str, Any]) -> str:
 
 async def messages(state: ServeState, request: HttpRequest) -> Response:
     """``POST /v1/messages``."""
-    body = await read_json(request, state.max_body, state.read_timeout)
-    chat, warnings = chat_body(body, state.strict_api)
-    convert.refuse_tool_calls(chat, "/v1/messages")
-    serve = convert.chat_request(chat, state.presets, state.strict_api, warnings, NAMES)
-    log_ignored(list(serve.warnings))
-    serve, keys, queue, _ = await submit(state, serve, True)
-    answer = Answer(serve, state.lm.name, state.lm.token_bytes)
-    if serve.stream:
-        stream = _stream(state, request, answer, keys, queue)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    gathered = await gather(state, request, keys, queue)
-    if gathered is None:
-        return Response(status_code=499)  # the client went away; nobody reads this
-    [summary], [events] = gathered
-    request.scope[TOKENS] = [summary.prompt_tokens, summary.tokens]
-    return JSONResponse(answer.message(summary, events))
+    return await convert.answer_converted(state, request, MESSAGES_API)
 
 
 async def _stream(
@@ -279,3 +263,9 @@ async def count_tokens(state: ServeState, request: HttpRequest) -> Response:
         raise ApiError(400, "tools: tool calls are not supported", "tools")
     counted = await off_loop(tokenize_body, state.lm, {"messages": chat["messages"]})
     return JSONResponse({"input_tokens": counted["count"]})
+
+
+MESSAGES_API = convert.ConvertedApi(
+    "/v1/messages", NAMES, chat_body, lambda state, serve, body: Answer(serve, state.lm.name, state.lm.token_bytes),
+    lambda answer, summary, events: answer.message(summary, events), _stream,
+)

@@ -12,16 +12,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request as HttpRequest
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from llmsample.batch.responses import dumps
 from llmsample.engine.rows import RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve import convert
 from llmsample.serve.access import TOKENS
-from llmsample.serve.compat import log_ignored
 from llmsample.serve.errors import ApiError
-from llmsample.serve.flow import failure, gather, read_json, records, submit
+from llmsample.serve.flow import failure, records
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.responses import extension, token_records
@@ -251,22 +250,7 @@ def _usage(prompt: int, completion: int) -> dict[str, Any]:
 
 async def responses(state: ServeState, request: HttpRequest) -> Response:
     """``POST /v1/responses``."""
-    body = await read_json(request, state.max_body, state.read_timeout)
-    chat, warnings = chat_body(body, state.strict_api)
-    convert.refuse_tool_calls(chat, "/v1/responses")
-    serve = convert.chat_request(chat, state.presets, state.strict_api, warnings, NAMES)
-    log_ignored(list(serve.warnings))
-    serve, keys, queue, _ = await submit(state, serve, True)
-    answer = Answer(serve, state.lm.name, body)
-    if serve.stream:
-        stream = _stream(state, request, answer, keys, queue)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    gathered = await gather(state, request, keys, queue)
-    if gathered is None:
-        return Response(status_code=499)  # the client went away; nobody reads this
-    [summary], [events] = gathered
-    request.scope[TOKENS] = [summary.prompt_tokens, summary.tokens]
-    return JSONResponse(answer.response(summary, events))
+    return await convert.answer_converted(state, request, RESPONSES_API)
 
 
 async def _stream(
@@ -290,3 +274,9 @@ async def _stream(
 
 def _error_event(answer: Answer, error: ApiError) -> str:
     return answer.event("error", code=error.code, message=error.message, param=error.param)
+
+
+RESPONSES_API = convert.ConvertedApi(
+    "/v1/responses", NAMES, chat_body, lambda state, serve, body: Answer(serve, state.lm.name, body),
+    lambda answer, summary, events: answer.response(summary, events), _stream,
+)
