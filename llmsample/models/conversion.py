@@ -170,14 +170,7 @@ def convert_gguf(
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = new_staging_dir(target)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write the model cache {target.parent} ({exc.strerror}); "
-            "make it writable or point LLMSAMPLE_HOME at a writable directory"
-        ) from exc
+    staging = staging_beside(target)
 
     def step(description: str) -> None:
         if progress is not None:
@@ -238,6 +231,19 @@ def _write_error(exc: Exception) -> str:
         return exc.strerror
     found = re.search(r"I/O error: (.+?)(?: \(os error \d+\))?$", first_line(exc))
     return found.group(1) if found else first_line(exc)
+
+
+def staging_beside(target: Path) -> Path:
+    """A fresh staging directory beside ``target``, the cache made if missing; a cache that cannot
+    be written is one line for the user to fix."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return new_staging_dir(target)
+    except OSError as exc:
+        raise UserError(
+            f"cannot write the model cache {target.parent} ({exc.strerror}); "
+            "make it writable or point LLMSAMPLE_HOME at a writable directory"
+        ) from exc
 
 
 def new_staging_dir(target: Path) -> Path:

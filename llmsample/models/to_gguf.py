@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models.conversion import WEIGHT_FILES, gguf_key, install, models_dir, new_staging_dir
+from llmsample.models.conversion import WEIGHT_FILES, gguf_key, install, models_dir, staging_beside
 from llmsample.models.gguf_vocab import add_tokenizer, matching_pre, tokenizer_kind
 
 if TYPE_CHECKING:
@@ -126,14 +126,7 @@ def requantized(source: Path, gguf_type: str | None, progress: Progress | None =
 
 def build(target: Path, progress: Progress | None, what: str, write: Any) -> None:
     """``write(staging)`` into a staging sibling of ``target``, the manifest last, renamed into place."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = new_staging_dir(target)
-    except OSError as exc:
-        raise UserError(
-            f"cannot write the model cache {target.parent} ({exc.strerror}); "
-            "make it writable or point LLMSAMPLE_HOME at a writable directory"
-        ) from exc
+    staging = staging_beside(target)
     if progress is not None:
         progress.console.print(f"writing {what} once into {target.parent}")
     try:

@@ -15,7 +15,7 @@ from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
 from llmsample.batch.tools import ChatShape
-from llmsample.engine.rows import RowFailed
+from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.engine import Busy, Closing
 from llmsample.serve.errors import ApiError, bad_request
@@ -72,6 +72,12 @@ async def submit(
         )
     serve = await off_loop(prompt_texts, state.lm, serve)
     items, shape = await off_loop(build_items, state, serve, chat)
+    return serve, {item.key: i for i, item in enumerate(items)}, enqueue(state, items), shape
+
+
+def enqueue(state: ServeState, items: list[BatchItem]) -> Mailbox:
+    """``items`` into the engine's batch; the mailbox their records come to. A full batch and
+    queue is a 503 with ``Retry-After``, as is a server shutting down."""
     queue = Mailbox(asyncio.get_running_loop())
     try:
         state.engine.submit(items, queue)
@@ -80,7 +86,7 @@ async def submit(
                        {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
-    return serve, {item.key: i for i, item in enumerate(items)}, queue, shape
+    return queue
 
 
 async def _watch_disconnect(request: HttpRequest) -> None:

@@ -6,7 +6,6 @@ keep-alive (idle that long, it stops itself as SIGTERM would stop it)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import socket
@@ -29,10 +28,8 @@ from llmsample.errors import UserError
 from llmsample.events import RunStats
 from llmsample.models.device import dtype_name
 from llmsample.serve.app import _endpoint
-from llmsample.serve.engine import Busy, Closing
 from llmsample.serve.errors import ApiError
-from llmsample.serve.flow import off_loop, read_json, records
-from llmsample.serve.mailbox import Mailbox
+from llmsample.serve.flow import enqueue, off_loop, read_json, records
 from llmsample.serve.state import ServeState
 
 
@@ -88,14 +85,7 @@ async def run_job(state: ServeState, request: HttpRequest) -> Response:
         raise ApiError(404, f"model {job.model!r} is not served at this engine; it runs {state.lm.name!r}", "model",
                        "model_not_found")  # fmt: skip
     items = await off_loop(job_items, state, job)
-    queue = Mailbox(asyncio.get_running_loop())
-    try:
-        state.engine.submit(items, queue)
-    except Busy as busy:
-        raise ApiError(503, "the engine is busy: every row and the queue are full", None, "server_busy",
-                       {"Retry-After": str(busy.retry_after)}) from None  # fmt: skip
-    except Closing:
-        raise ApiError(503, "the engine is shutting down", None, "shutting_down") from None
+    queue = enqueue(state, items)
 
     async def lines() -> Any:
         async for batch in records(state, request, {items[0].key: 0}, queue):

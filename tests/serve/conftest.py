@@ -99,3 +99,13 @@ def server(chat_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 @pytest.fixture(scope="session")
 def model_id(chat_model_dir: Path) -> str:
     return str(chat_model_dir)
+
+
+def start_byte_chat_server(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *args: str, template: str = TEMPLATE
+) -> Server:
+    """A byte-level model (it can spell any text, JSON included) with a chat template, served."""
+    from tests.constraints.conftest import make_byte_model
+
+    path = with_chat_template(make_byte_model(tmp_path_factory.mktemp(f"byte-{name}")), template)
+    return start_server(path, tmp_path_factory.mktemp(name) / "stderr", *args)

@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import pytest
 
 from llmsample.serve.messages_api import chat_body
-from tests.constraints.conftest import make_byte_model
-from tests.serve.conftest import TEMPLATE, Server, start_server
-
-anthropic = pytest.importorskip("anthropic", reason="the Anthropic client (pip install anthropic) talks to the server")
+from tests.serve.conftest import Server, start_byte_chat_server
 
 KEY = "sk-test-messages"
 NO_EOS = {"1": -100}  # the byte model's <eos>: never drawn, so answers run to their limit
@@ -23,13 +21,7 @@ USER = [{"role": "user", "content": "ab"}]
 @pytest.fixture(scope="module")
 def byte_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A byte-level model with a chat template, behind an API key."""
-    from transformers import AutoTokenizer
-
-    path = make_byte_model(tmp_path_factory.mktemp("byte-messages"))
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    running = start_server(path, tmp_path_factory.mktemp("messages") / "stderr", "--api-key", KEY)
+    running = start_byte_chat_server(tmp_path_factory, "messages", "--api-key", KEY)
     yield running
     running.stop()
 

@@ -13,8 +13,7 @@ import openai
 import pytest
 
 from llmsample.serve.responses_api import chat_body
-from tests.constraints.conftest import make_byte_model
-from tests.serve.conftest import TEMPLATE, Server, start_server
+from tests.serve.conftest import Server, start_byte_chat_server
 
 KEY = "sk-test-responses"
 NO_EOS = {"1": -100}  # the byte model's <eos>: never drawn, so answers run to their limit
@@ -23,13 +22,7 @@ NO_EOS = {"1": -100}  # the byte model's <eos>: never drawn, so answers run to t
 @pytest.fixture(scope="module")
 def byte_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A byte-level model (it can spell JSON) with a chat template, behind an API key."""
-    from transformers import AutoTokenizer
-
-    path = make_byte_model(tmp_path_factory.mktemp("byte-responses"))
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.chat_template = TEMPLATE
-    tokenizer.save_pretrained(path)
-    running = start_server(path, tmp_path_factory.mktemp("responses") / "stderr", "--api-key", KEY)
+    running = start_byte_chat_server(tmp_path_factory, "responses", "--api-key", KEY)
     yield running
     running.stop()
 

@@ -12,9 +12,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import with_chat_template
-from tests.constraints.conftest import make_byte_model
-from tests.serve.conftest import Server, start_server
+from tests.serve.conftest import Server, start_byte_chat_server
 
 HERMES = """{%- if tools %}<|im_start|>system
 {% if messages[0].role == 'system' %}{{ messages[0].content }}
@@ -57,8 +55,7 @@ WILD = {"temperature": 1.5, "top_p": 1.0, "extra_body": UNTRUNCATED}
 
 @pytest.fixture(scope="module")
 def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    path = with_chat_template(make_byte_model(tmp_path_factory.mktemp("hermes")), HERMES)
-    running = start_server(path, tmp_path_factory.mktemp("tools") / "stderr", "--batch-size", "64")
+    running = start_byte_chat_server(tmp_path_factory, "tools", "--batch-size", "64", template=HERMES)
     yield running
     running.stop()
 
@@ -200,8 +197,7 @@ def test_bad_tools_are_a_400(tools_server: Server, body: dict[str, Any], param: 
 
 @pytest.fixture(scope="module")
 def thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    path = with_chat_template(make_byte_model(tmp_path_factory.mktemp("think")), THINKING)
-    running = start_server(path, tmp_path_factory.mktemp("thinking") / "stderr", "--batch-size", "4")
+    running = start_byte_chat_server(tmp_path_factory, "thinking", "--batch-size", "4", template=THINKING)
     yield running
     running.stop()
 
