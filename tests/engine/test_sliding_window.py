@@ -148,3 +148,20 @@ def test_chat_regen_and_explain(model_dir: Path) -> None:
     lines = done.stdout.splitlines()
     assert lines[0] == lines[1] and len(lines[0].split()) >= N // 2
     assert "entropy of the final distribution" in done.stdout
+
+
+def test_serve_one_request(model_dir: Path, tmp_path: Path) -> None:
+    """A completion from the server (rows of a batch of 2) is what ``generate`` writes."""
+    import httpx
+
+    from tests.serve.conftest import start_server
+
+    want = cli("generate", *common(model_dir), "-p", PROMPT, "-n", str(N), "-t", "0")[-1]["text"]
+    server = start_server(model_dir, tmp_path / "stderr", "--batch-size", "2")
+    try:
+        body = {"prompt": PROMPT, "max_tokens": N, "temperature": 0}
+        response = httpx.post(server.base + "/completions", json=body, timeout=120)
+    finally:
+        server.stop()
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"] == want
