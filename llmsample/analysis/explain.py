@@ -136,7 +136,8 @@ def score_continuation(
     each continuation token's probability under the raw model and under the preset (penalties
     see the tokens before it)."""
     cont = torch.tensor(continuation, device=prompt_ids.device)
-    logits = forced_logits(lm, prompt_ids[0].tolist(), continuation[:-1])
+    # The last token fed too (its row unused), as explain always has: the same pass, the same bits.
+    logits = forced_logits(lm, prompt_ids[0].tolist(), continuation)[:-1]
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = history.prefixes(cont, continuation)
     history = _constrained(lm, cfg, history, logits.shape[-1], continuation)
