@@ -106,6 +106,16 @@ def test_sampling_and_models_do_not_import_the_engine() -> None:
     assert offenders(("llmsample.sampling", "llmsample.models"), ("llmsample.engine",)) == {}
 
 
+BACKENDS = ("llmsample.engine.lockstep",)  # the backends that run a ModelRunner
+
+
+def test_only_backends_run_the_model_runner() -> None:
+    """Every forward pass goes through the seam (:mod:`llmsample.engine.backend`): the runner
+    behind a backend is imported by that backend alone, never beside the seam."""
+    assert "llmsample.engine.runner" in MODULES["llmsample.engine.lockstep"]
+    assert offenders(("llmsample",), ("llmsample.engine.runner",), exempt=BACKENDS) == {}
+
+
 def test_batch_sits_below_the_commands_and_serve() -> None:
     """``serve`` parses its bodies with ``batch``'s requests; ``batch`` imports nothing above it,
     and only ``run`` touches the engine and the model: a bad input file is reported before the

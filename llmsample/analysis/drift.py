@@ -1,7 +1,7 @@
 """Model against model: how far B's next-token distributions drift from A's along one text.
 
-Both models score the same tokens by teacher forcing (one forward pass over prompt +
-continuation each, as :func:`llmsample.analysis.explain.score_continuation` does), and
+Both models score the same tokens by teacher forcing (:func:`llmsample.engine.forcing.forced_logits`,
+as :func:`llmsample.analysis.explain.score_continuation` does), and
 :func:`divergence` compares the two raw distributions position by position."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from llmsample.analysis.drift_records import DriftSummary, DriftToken, TopToken, summarize
 from llmsample.engine.emitter import check_finite
-from llmsample.engine.runner import ModelRunner
+from llmsample.engine.forcing import forced_logits
 from llmsample.engine.text_stream import Detokenizer
 from llmsample.errors import UserError
 from llmsample.models.loading import LoadedModel
@@ -100,35 +100,10 @@ def divergence(logits_a: Tensor, logits_b: Tensor, tokens: Tensor | None = None)
 
 def teacher_forced_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Sequence[int]) -> Tensor:
     """Raw logits ``[len(continuation), vocab]``: row i is the model's next-token logits after the
-    prompt and the continuation's first i tokens. One forward pass over the prompt and all but
-    the continuation's last token (which no row conditions on, and which the model is not fed)."""
-    if lm.backend == "llama.cpp":
-        return backend_logits(lm, prompt_ids, continuation)
-    fed = torch.tensor(list(continuation[:-1]), dtype=torch.long, device=lm.device)
-    ids = torch.cat([prompt_ids[0].to(lm.device), fed])
-    runner = ModelRunner(lm.model)
-    runner.reset()
-    logits = runner.extend(ids[None])[0]
-    rows = logits[prompt_ids.shape[1] - 1 :]
-    check_finite(rows, prompt_ids.shape[1])
-    return rows.clone()  # a copy: the slice would keep the whole prompt's logits alive
-
-
-def backend_logits(lm: LoadedModel, prompt_ids: Tensor, continuation: Sequence[int]) -> Tensor:
-    """:func:`teacher_forced_logits` through the engine's seam (llama.cpp): the prompt admitted,
-    then the continuation but its last token verified in one pass."""
-    from llmsample.engine.backend import open_backend
-
-    prompt = prompt_ids[0].tolist()
-    backend = open_backend(lm, 1, len(prompt) + len(continuation), one_prompt=True)
-    try:
-        rows = [backend.admit([prompt])]
-        if len(continuation) > 1:
-            rows.append(backend.verify([list(continuation[:-1])])[0])
-    finally:
-        backend.close()
-    logits = torch.cat(rows)
-    check_finite(logits, len(prompt))
+    prompt and the continuation's first i tokens (the last token, which no row conditions on, is
+    not fed), on whichever backend ``lm`` runs."""
+    logits = forced_logits(lm, prompt_ids[0].tolist(), continuation[:-1])
+    check_finite(logits, prompt_ids.shape[1])
     return logits
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from llmsample.engine.emitter import raise_nothing_left
-from llmsample.engine.runner import ModelRunner
+from llmsample.engine.forcing import forced_logits
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling import blocks
 from llmsample.sampling.config import SamplingConfig
@@ -123,7 +123,7 @@ def _constrained(
 def explain_next(
     lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 10, watch: Sequence[int] = ()
 ) -> ChainReport:
-    logits = ModelRunner(lm.model).prefill(prompt_ids)
+    logits = forced_logits(lm, prompt_ids[0].tolist())
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = _constrained(lm, cfg, history, logits.shape[-1])
     return chain_report(logits, history, cfg, lm.tokenizer, top_n, watch)
@@ -132,13 +132,12 @@ def explain_next(
 def score_continuation(
     lm: LoadedModel, prompt_ids: Tensor, continuation: list[int], cfg: SamplingConfig
 ) -> list[ScoredToken]:
-    """Teacher forcing: one forward pass over prompt + continuation, then each continuation token's
-    probability under the raw model and under the preset (penalties see the tokens before it)."""
-    runner = ModelRunner(lm.model)
-    runner.reset()
+    """Teacher forcing (:func:`forced_logits`: row i sees the continuation before token i), then
+    each continuation token's probability under the raw model and under the preset (penalties
+    see the tokens before it)."""
     cont = torch.tensor(continuation, device=prompt_ids.device)
-    logits = runner.extend(torch.cat([prompt_ids[0], cont])[None])[0, prompt_ids.shape[1] - 1 : -1]
-    # row i sees the continuation before token i
+    # The last token fed too (its row unused), as explain always has: the same pass, the same bits.
+    logits = forced_logits(lm, prompt_ids[0].tolist(), continuation)[:-1]
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = history.prefixes(cont, continuation)
     history = _constrained(lm, cfg, history, logits.shape[-1], continuation)

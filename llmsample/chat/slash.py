@@ -181,14 +181,13 @@ def _explain(chat: Chat, args: str) -> None:
     import torch
 
     from llmsample.analysis.explain import chain_report
-    from llmsample.engine.runner import ModelRunner
+    from llmsample.engine.forcing import forced_logits
     from llmsample.sampling.history import TokenHistory
 
     n = _position(chat, args, "/explain")
     reply, lm = _last(chat), chat.lm
     prompt = torch.tensor([reply.prompt_ids], device=lm.device)
-    before = torch.tensor([reply.prompt_ids + reply.ids[:n]], device=lm.device)
-    logits = ModelRunner(lm.model).prefill(before)  # the chain as it was at token n
+    logits = forced_logits(lm, reply.prompt_ids + reply.ids[:n])  # the chain as it was at token n
     history = TokenHistory.for_config(prompt, logits.shape[-1], reply.settings, lm.tokenizer, lm.eos_ids)
     for token in reply.ids[:n]:
         history = history.advanced(torch.tensor([token], device=lm.device), [token])

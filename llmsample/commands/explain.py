@@ -14,7 +14,6 @@ from llmsample.commands.options import (
     load_model_with_progress,
     model_options,
     no_color_option,
-    on_transformers,
     placement_options,
     prompt_options,
     quiet_option,
@@ -61,7 +60,7 @@ def explain(**options: Any) -> None:
 
         raise UserError("--watch shows tokens in the next-token table; leave out --continuation to use it")
     prompt = read_prompt(options["prompt"], options["raw"])
-    lm = load_model_with_progress(on_transformers(options, "explain"))
+    lm = load_model_with_progress(options)
     watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))

@@ -194,8 +194,12 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Draf
             raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
         ngram = NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
         return lambda: ngram  # stateless: one serves every row
-    # On the device the target samples on (its input device when it is placed over several).
-    draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."))
+    from llmsample.models.llamacpp import gguf_file
+
+    if gguf_file(options["draft"]) is not None and lm.sample_device.type == "cpu":
+        draft = load_model(options["draft"], "cpu", backend="auto")  # llama.cpp where it is installed
+    else:  # on the device the target samples on (its input device when it is placed over several)
+        draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."))
     check_same_tokenizer(draft, lm)
     return lambda: ModelDrafter(draft, vocab, lm.sample_device)
 

@@ -488,14 +488,6 @@ def read_prompt(prompt: str | None, raw: bool = False) -> str:
     return text if raw else text.rstrip("\r\n")
 
 
-def on_transformers(options: dict[str, Any], command: str) -> dict[str, Any]:
-    """The options of a command that reads the model outside the engine's seam (its own passes
-    over a transformers model): ``auto`` means transformers, and llama.cpp is one line."""
-    if options.get("backend") == "llama.cpp" or options.get("gguf_type"):
-        raise UserError(f"{command} runs on transformers for now; leave out --backend llama.cpp and --gguf-type")
-    return {**options, "backend": "transformers"}
-
-
 def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
     """Load with progress on stderr: the first run converts the default model (tens of seconds)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn

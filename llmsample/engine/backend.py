@@ -68,13 +68,23 @@ class Backend(Protocol):
 
 
 def open_backend(
-    lm: LoadedModel, rows: int, positions: int, one_prompt: bool, on_forward: Callable[[float], None] | None = None
+    lm: LoadedModel,
+    rows: int,
+    positions: int,
+    one_prompt: bool,
+    on_forward: Callable[[float], None] | None = None,
+    *,
+    steps: bool = True,
 ) -> Backend:
     """The backend a run decodes through. A model split over processes (``--tp``) needs rows that
     advance in lockstep over one prompt; a compiled one (``--compile``) runs one prompt's rows in
     lockstep and requests with their own prompts in waves over a padded static cache; everything
-    else runs on the padded batch, where rows join, leave and verify drafts on their own.
-    ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks)."""
+    else runs on the padded batch, where rows join, leave and verify drafts on their own (sliding
+    windows included), unless the model's cache cannot be padded (linear attention, say): then
+    one prompt's rows, or one request at a time, in lockstep.
+    ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks);
+    ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
+    cache), which a compiled one-token step would not serve."""
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
     from llmsample.engine.static import StaticBatch
@@ -90,6 +100,13 @@ def open_backend(
                 "--tp decodes rows of one prompt in lockstep; requests with their own prompts run without --tp"
             )
         return LockstepBatch(lm, rows, positions)
-    if lm.compiled is not None:
+    if lm.compiled is not None and steps:
         return LockstepBatch(lm, rows, positions) if one_prompt else StaticBatch(lm, rows, positions)
-    return PaddedBatch(lm.model, lm.sample_device, on_forward)
+    if PaddedBatch.supports(lm.model):
+        return PaddedBatch(lm.model, lm.sample_device, on_forward)
+    if one_prompt or rows == 1:  # a cache the padded batch cannot hold: one prompt's rows in lockstep
+        return LockstepBatch(lm, rows, positions)
+    raise UserError(
+        f"{lm.name!r} keeps a cache (not plain attention layers) that requests with their own prompts cannot "
+        "share; run them one at a time with --batch-size 1"
+    )

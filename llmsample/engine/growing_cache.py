@@ -18,18 +18,23 @@ from typing import Any
 import torch
 from torch import Tensor
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 HEADROOM = 32  # positions added at least when a buffer grows (then a quarter of its length)
 CONCAT_BELOW = 1 << 16  # elements of a layer's keys below which an update concatenates instead
 
 
 def growing_cache(config: Any) -> DynamicCache:
-    """A ``DynamicCache`` for ``config`` whose full-attention layers grow in place (other layer
-    kinds, sliding windows, are kept as transformers makes them)."""
+    """A ``DynamicCache`` for ``config`` whose attention layers grow in place, sliding-window ones
+    too: they keep every position, and the model's mask applies the window (by cache column,
+    which is the distance in positions as long as a row's tokens are contiguous). Other layer
+    kinds are kept as transformers makes them."""
     cache = DynamicCache(config=config)
-    cache.layers = [GrowingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [GrowingLayer() if type(layer) in GROWABLE else layer for layer in cache.layers]
     return cache
+
+
+GROWABLE = (DynamicLayer, DynamicSlidingWindowLayer)
 
 
 class GrowingLayer(DynamicLayer):

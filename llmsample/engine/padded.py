@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import RuntimeFailure
 from llmsample.models.compiled import cache_arg
 from llmsample.models.placement import input_device
 
@@ -30,7 +30,6 @@ class PaddedBatch:
     columns that are holes in every row are cropped before the next pass."""
 
     can_join = True
-    ragged = True
     compile_s = 0.0
 
     def __init__(
@@ -52,14 +51,30 @@ class PaddedBatch:
         self._lengths: list[int] = []  # each row's real tokens, on the host
         self._tails: list[int] = []  # at least this many columns after each row's last real token are holes
         self.on_forward = on_forward
+        self.full_attention = self.attends_fully(model)
 
     @staticmethod
     def supports(model: Any) -> bool:
-        """Whether every layer's cache is full attention (sliding windows cannot be padded)."""
+        """Whether every layer's cache can be padded: full attention, or a sliding window (kept
+        whole, the mask applying the window); not linear attention or other kinds."""
+        from llmsample.engine.growing_cache import GrowingLayer, growing_cache
+
+        return all(type(layer) is GrowingLayer for layer in growing_cache(model.config).layers)
+
+    @staticmethod
+    def attends_fully(model: Any) -> bool:
+        """Whether every layer is full attention (no sliding window)."""
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
         return all(type(layer) is DynamicLayer for layer in DynamicCache(config=model.config).layers)
+
+    @property
+    def ragged(self) -> bool:
+        """Rows verify ragged drafts and roll back alone. A sliding window is applied by cache
+        column, so it needs each row's tokens contiguous: with a window, only a row alone (its
+        rolled-back holes are all at the end, cropped before the next pass)."""
+        return self.full_attention or self.rows <= 1
 
     @property
     def rows(self) -> int:
@@ -229,12 +244,8 @@ class PaddedBatch:
         from llmsample.engine.growing_cache import GrowingLayer
 
         layers = list(cache.layers)
-        if not all(type(layer) is GrowingLayer for layer in layers):
-            kinds = sorted({type(layer).__name__ for layer in layers})
-            raise UserError(
-                f"batch decoding supports models with full attention in every layer, not {', '.join(kinds)}; "
-                "run these prompts with `llmsample generate`"
-            )
+        if not all(type(layer) is GrowingLayer for layer in layers):  # open_backend asks supports() first
+            raise ValueError(f"the padded batch cannot hold {sorted({type(layer).__name__ for layer in layers})}")
         return layers
 
 

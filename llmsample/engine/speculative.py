@@ -6,12 +6,13 @@ exactly the target's. Draft and target probabilities both come from
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from llmsample.engine.runner import ModelRunner
+from llmsample.engine.backend import Backend, open_backend
 from llmsample.errors import UserError
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
@@ -89,16 +90,24 @@ class NgramDrafter:
 
 
 class ModelDrafter:
-    """A smaller model with its own KV cache, sampled with the same pipeline and preset."""
+    """A smaller model with its own KV cache (one row of a backend of its own, transformers or
+    llama.cpp), sampled with the same pipeline and preset."""
 
     def __init__(self, draft: LoadedModel, vocab_size: int, sample_device: torch.device | None = None) -> None:
         """``sample_device``: the target's, where its proposals are compared with the target's
-        distributions (the draft's own input device when None)."""
-        # eager: drafts are cheap, and it has no --compile
-        self.runner = ModelRunner(draft.model, sample_device=sample_device)
-        self.runner.reset()
-        self.vocab_size = vocab_size
+        distributions (the draft's own when None)."""
+        self.draft, self.vocab_size = draft, vocab_size
+        self.sample_device = sample_device or draft.sample_device
+        self.backend: Backend | None = None
         self.fed: list[int] = []
+
+    def _open(self, seq: list[int], max_tokens: int) -> Tensor:
+        """The draft's row, its prompt admitted, with room for the row's whole run (``max_tokens``
+        and a draft past it; a llama.cpp context is sized by it); closed when the drafter goes."""
+        positions = len(seq) + max_tokens + DraftLength.max_k + 1
+        self.backend = open_backend(self.draft, 1, positions, one_prompt=True, steps=False)
+        weakref.finalize(self, self.backend.close)
+        return self.backend.admit([seq])
 
     def _fit(self, logits: Tensor) -> Tensor:
         """Draft logits on the target's vocabulary: padding rows of either embedding differ in size."""
@@ -116,15 +125,19 @@ class ModelDrafter:
         generator: torch.Generator,
         matcher: Matcher | None = None,
     ) -> tuple[Tensor, Tensor]:
-        common = 0
-        for a, b in zip(self.fed, seq, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(seq) - 1)  # feed at least one token to get fresh logits
-        self.runner.rollback(common)
-        device = self.runner.sample_device
-        logits = self.runner.extend(torch.tensor([seq[common:]], device=device), keep_last=True)[:, -1]
+        device = self.sample_device
+        if self.backend is None:
+            logits = self._open(seq, cfg.max_tokens)
+        else:
+            common = 0
+            for a, b in zip(self.fed, seq, strict=False):
+                if a != b:
+                    break
+                common += 1
+            common = min(common, len(seq) - 1)  # feed at least one token to get fresh logits
+            self.backend.rollback(0, common)
+            logits = self.backend.verify([seq[common:]])[:, -1]
+        logits = logits.to(device)
         self.fed = list(seq)
         tokens, dists = [], []
         pushed = 0
@@ -143,7 +156,7 @@ class ModelDrafter:
                     break
             if i < k - 1:
                 history = history.advanced(token)
-                logits = self.runner.step(token)
+                logits = self.backend.step(token).to(device)
         if matcher is not None:
             matcher.rollback(pushed)
         if not tokens:

@@ -36,7 +36,7 @@ class StaticBatch:
         """``positions``: the most any request of the run needs (prompt, tokens and one more)."""
         if lm.compiled is None:
             raise ValueError("a static batch needs a model loaded with --compile")
-        if not PaddedBatch.supports(lm.model):
+        if not PaddedBatch.attends_fully(lm.model):
             raise UserError(
                 "batch --compile pads rows of full attention, and this model has sliding-window layers; "
                 "run it without --compile"

@@ -429,3 +429,69 @@ def test_the_default_run_is_the_default_model_at_f16_on_llama_cpp_and_answers_pa
     assert summary["backend"] == "llama.cpp" and summary["quantization"] == "F16"
     assert summary["model_file"].endswith("-F16/model.gguf") and Path(summary["model_file"]).is_file()
     assert "Paris" in summary["text"]
+
+
+def jsonl(result) -> list[dict]:
+    assert result.exit_code == 0, result.output
+    return [json.loads(line) for line in result.stdout.splitlines()]
+
+
+def test_explain_on_llama_cpp_scores_as_transformers(gguf_file: Path, home: Path, monkeypatch) -> None:
+    """Teacher forcing through the seam: the next-token chain and a scored continuation on
+    llama.cpp are those of transformers on the same F32 weights."""
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    base = ["explain", "-m", str(gguf_file), "--raw", "-p", "The capital of France is", "--preset", "creative",
+            "--format", "jsonl", "-q"]  # fmt: skip
+    runs = {}
+    for backend in ("llama.cpp", "transformers"):
+        chain = jsonl(cli(*base, "--backend", backend))[0]
+        scored = jsonl(cli(*base, "--backend", backend, "--continuation", " Paris, the city of light."))
+        runs[backend] = chain, scored
+    (chain, scored), (want_chain, want_scored) = runs["llama.cpp"], runs["transformers"]
+    assert [c["token_id"] for c in chain["candidates"]] == [c["token_id"] for c in want_chain["candidates"]]
+    assert chain["kept"] == want_chain["kept"] and abs(chain["entropy"] - want_chain["entropy"]) < 1e-3
+    assert len(scored) == len(want_scored) > 3
+    for got, want in zip(scored, want_scored, strict=True):
+        assert (got["token_id"], got["model_rank"], got["allowed"]) == (
+            want["token_id"],
+            want["model_rank"],
+            want["allowed"],
+        )
+        assert abs(got["model_prob"] - want["model_prob"]) < 1e-4 and abs(got["prob"] - want["prob"]) < 1e-4
+
+
+@pytest.mark.parametrize("backends", [("llama.cpp", "transformers"), ("llama.cpp", "llama.cpp")])
+def test_compare_models_with_a_on_llama_cpp(gguf_file: Path, home: Path, monkeypatch, backends) -> None:
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    model = str(gguf_file)
+    lines = jsonl(cli("compare-models", "-m", model, "-m", model, "--backend-a", backends[0], "--backend-b", backends[1],
+                      "--raw", "-p", "Hello", "--continuation", " world, how are you?", "--format", "jsonl", "-q"))  # fmt: skip
+    summary = lines[-1]
+    assert (summary["backend_a"], summary["backend_b"]) == backends
+    assert summary["mean_kl"] < 1e-3 and summary["same_top_rate"] == 1.0
+
+
+def test_chat_explain_on_llama_cpp(gguf_file: Path, home: Path) -> None:
+    """A piped chat on llama.cpp: ``/explain`` shows the chain at a token of the last reply."""
+    env = {**os.environ, "LLMSAMPLE_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(
+        [sys.executable, "-m", "llmsample", "chat", "-m", str(gguf_file), "--backend", "llama.cpp", "-n", "4",
+         "--ignore-eos", "-t", "0", "--no-color"],
+        input="Hi there\n/explain 2\n", capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "next token under preset" in done.stdout and "entropy of the final distribution" in done.stdout
+
+
+@pytest.mark.parametrize("target", ["llama.cpp", "transformers"])
+def test_a_gguf_draft_model_keeps_greedy_output(gguf_file: Path, home: Path, monkeypatch, target: str) -> None:
+    """``--draft x.gguf`` drafts on llama.cpp (the target on either backend, the same vocabulary):
+    greedy speculation writes what plain greedy writes, and drafts were proposed and accepted."""
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    model = str(gguf_file)
+    common = ["-m", model, "--backend", target, "--raw", "-p", "Paris Paris Paris", "-n", "16", "-t", "0",
+              "--ignore-eos", "--format", "jsonl", "-q"]  # fmt: skip
+    plain = jsonl(cli("generate", *common))[-1]
+    spec = jsonl(cli("speculate", *common, "--draft", model))[-1]
+    assert spec["text"] == plain["text"] and spec["backend"] == plain["backend"] == target
+    assert spec["accepted"] > 0  # the draft is the target: its greedy drafts pass
