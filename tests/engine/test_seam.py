@@ -3,7 +3,8 @@ operation a backend says it supports (``can_join``, ``ragged``) gives the logits
 recomputation gives, and teacher forcing (:func:`llmsample.engine.forcing.forced_logits`: the
 prompt admitted, a whole text verified) gives them at every position. One tiny GGUF, read by
 transformers (the padded and lockstep batches) and by llama.cpp. (The compiled static batch
-needs an inductor build: tests/engine/test_static.py checks it against the padded batch.)"""
+needs an inductor build: tests/engine/test_static.py holds it to the same contract, on the
+compiled model that module builds once.)"""
 
 from __future__ import annotations
 

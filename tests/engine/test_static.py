@@ -121,3 +121,35 @@ def test_a_wave_joins_only_an_empty_static_batch(compiled_lm) -> None:
         assert backend.admit([[0, 3]]).shape[0] == 1
     finally:
         backend.close()
+
+
+def test_the_static_batch_keeps_the_seams_contract(compiled_lm, tiny_lm) -> None:
+    """The seam's contract (tests/engine/test_seam.py) for what the static batch supports: a wave
+    admitted, steps, rows leaving give a full recomputation's logits; it says it neither joins
+    nor verifies, and refuses both in one line."""
+    backend = StaticBatch(compiled_lm, BATCH_SIZE, 32)
+    assert not backend.can_join and not backend.ragged
+    seqs = [[5, 6, 7, 8], [9, 10], [11]]
+
+    def check(logits: torch.Tensor) -> None:
+        for row, seq in zip(logits, seqs, strict=True):
+            with torch.inference_mode():
+                want = tiny_lm.model(torch.tensor([seq])).logits[0, -1].float()
+            assert (row - want).abs().max().item() < 1e-3 * max(1.0, want.abs().max().item())
+            assert row.argmax() == want.argmax()
+
+    check(backend.admit([list(s) for s in seqs]))
+    for step in ([12, 13, 14], [15, 16, 17]):
+        for seq, t in zip(seqs, step, strict=True):
+            seq.append(t)
+        check(backend.step(torch.tensor(step)))
+    backend.keep([2, 0])  # row 1 leaves; the others go on, in a new order
+    seqs = [seqs[2], seqs[0]]
+    for seq, t in zip(seqs, [18, 19], strict=True):
+        seq.append(t)
+    check(backend.step(torch.tensor([18, 19])))
+    with pytest.raises(ValueError, match="one token per row"):
+        backend.verify([[1], [2]])
+    with pytest.raises(ValueError, match="admits a wave"):
+        backend.admit([[1]])
+    backend.close()
