@@ -151,10 +151,11 @@ def runtime_dir() -> str:
 
 
 @pytest.fixture(autouse=True)
-def isolated_user_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def isolated_user_dirs(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """No test reads or writes the real user's presets or run log; the model cache is the test cache."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
-    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))  # the run log (llmsample logs): on, and the test's own
+    # The run log (llmsample logs): on, the test's own, and beside tmp_path (tests list what they wrote there).
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("data")))
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir())  # no test finds the real user's warm engines

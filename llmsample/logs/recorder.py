@@ -10,7 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from llmsample.events import Summary, TokenEvent
-from llmsample.logs.store import LoggedRun, add
+from llmsample.logs.store import LoggedRun, add, database_path
 
 
 class LogRecorder:
@@ -33,5 +33,11 @@ class LogRecorder:
         )  # fmt: skip
         try:
             self.run_id = add(run)
-        except (sqlite3.Error, OSError, ValueError) as exc:
-            print(f"Warning: the run was not logged ({exc}); `llmsample logs off` stops logging", file=sys.stderr)
+        except OSError as exc:
+            warn(f"{exc.strerror or exc}: {exc.filename or database_path()}")
+        except (sqlite3.Error, ValueError) as exc:  # not a database, locked past the wait, a NaN
+            warn(f"{exc}: {database_path()}")
+
+
+def warn(reason: str) -> None:
+    print(f"Warning: the run was not logged ({reason}); `llmsample logs off` stops logging", file=sys.stderr)

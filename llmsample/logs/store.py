@@ -51,8 +51,14 @@ def off_switch() -> Path:
 
 
 def logging_on() -> bool:
-    """Runs are kept unless ``LLMSAMPLE_NO_LOG`` is set (non-empty) or ``llmsample logs off`` was said."""
-    return not os.environ.get("LLMSAMPLE_NO_LOG") and not off_switch().exists()
+    """Runs are kept unless ``LLMSAMPLE_NO_LOG`` is set (non-empty) or ``llmsample logs off`` was said
+    (a config directory that cannot be read says nothing: the run tries, and warns if it cannot)."""
+    if os.environ.get("LLMSAMPLE_NO_LOG"):
+        return False
+    try:
+        return not off_switch().exists()
+    except OSError:
+        return True
 
 
 @dataclass(frozen=True)
