@@ -229,6 +229,7 @@ def test_a_mask_that_leaves_nothing_is_never_lifted(cfg: SamplingConfig, stages:
         dtype=torch.float32,
         token_text=str,
         backend="transformers",
+        model_file=None,
         context_length=None,
     )
     emitter = Emitter(lm, cfg, RunStats("m", "p", None), torch.tensor([[8]]), ignore_eos=False)
