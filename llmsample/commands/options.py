@@ -111,7 +111,7 @@ def _parse_logit_bias(
     return tuple(pairs)
 
 
-def _stack(*decorators: Callable[[Any], Any], panel: str | None = None) -> Callable[[Any], Any]:
+def option_group(*decorators: Callable[[Any], Any], panel: str | None = None) -> Callable[[Any], Any]:
     """Several options as one decorator; ``panel``: the heading they are listed under in ``--help``
     (rich-click reads an option's ``panel``)."""
 
@@ -127,7 +127,7 @@ def _stack(*decorators: Callable[[Any], Any], panel: str | None = None) -> Calla
     return apply
 
 
-model_options = _stack(
+model_options = option_group(
     click.option("--model", "-m", metavar="ID|DIR", help="Hub id or local directory [default: SmolLM2-135M-Instruct]."),
     click.option(
         "--device", default="auto", show_default=True, callback=_check_device, help="auto, cpu, cuda, cuda:N or mps."
@@ -180,7 +180,7 @@ def _placement_value(parser: str) -> Callable[[click.Context, click.Parameter, s
     return check
 
 
-placement_options = _stack(
+placement_options = option_group(
     click.option(
         "--device-map",
         metavar="auto|balanced|sequential|FILE",
@@ -240,7 +240,7 @@ def placement_from_options(options: dict[str, Any]) -> Any:
     return Placement(device_map or "auto", max_memory, None if folder is None else str(folder))
 
 
-prompt_options = _stack(
+prompt_options = option_group(
     click.option(
         "--prompt",
         "-p",
@@ -262,7 +262,7 @@ prompt_options = _stack(
     panel="Prompt",
 )
 
-sampling_options = _stack(
+sampling_options = option_group(
     click.option("--preset", metavar="NAME", help="A preset from `llmsample presets list` [default: balanced]."),
     click.option("--preset-file", type=click.Path(path_type=Path, dir_okay=False), help="A preset TOML file."),
     click.option("--temperature", "-t", type=float, help="0 (or <= 1e-4) is greedy."),
@@ -318,7 +318,7 @@ sampling_options = _stack(
     panel="Sampling",
 )
 
-constraint_options = _stack(
+constraint_options = option_group(
     click.option("--json", "json", is_flag=True, help="Constrain the output to one JSON object."),
     click.option(
         "--json-schema",
@@ -377,7 +377,7 @@ def resolve_watch(options: dict[str, Any], lm: LoadedModel) -> tuple[tuple[str, 
     return tuple(pairs)
 
 
-output_options = _stack(
+output_options = option_group(
     format_option,
     click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token."),
     click.option(
@@ -403,7 +403,7 @@ reference_option = click.option(
     help="Also score every token under the same checkpoint in float32, unquantized: KL and same-top per token.",
 )
 
-draft_options = _stack(
+draft_options = option_group(
     click.option("--draft", metavar="ID|DIR|ngram", help="Speculative decoding with this draft model, or 'ngram'."),
     click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),
     click.option(
@@ -419,12 +419,12 @@ draft_options = _stack(
     panel="Speculation",
 )
 
-log_option = _stack(
+log_option = option_group(
     click.option("--no-log", is_flag=True, help="Keep this run out of `llmsample logs` (also LLMSAMPLE_NO_LOG=1)."),
     panel="Output",
 )
 
-compare_option = _stack(
+compare_option = option_group(
     click.option("--compare", is_flag=True, help="Also decode without speculation (same seed) and report the speedup."),
     panel="Speculation",
 )
@@ -518,7 +518,7 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
 
 def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
-    return _stack(
+    return option_group(
         prompt_options, model_options, placement_options, sampling_options, constraint_options, output_options,
         draft_options, compare_option, log_option,
     )(f)  # fmt: skip
