@@ -135,7 +135,8 @@ def tcp_ready(options: dict[str, Any], sock: Any, name: str, batch_size: int) ->
     def ready() -> None:
         if not options["quiet"]:
             shown = f"[{host}]" if ":" in host else host
-            click.echo(f"llmsample serve: {name} on http://{shown}:{port}/v1 (batch size {batch_size})", err=True)
+            base = f"http://{shown}:{port}"
+            click.echo(f"llmsample serve: {name} on {base}/v1 (batch size {batch_size}) · page {base}/", err=True)
         sys.stderr.flush()
 
     return ready

@@ -154,7 +154,7 @@ async def home(state: ServeState, request: HttpRequest) -> Response:
     from llmsample.serve import page
 
     nonce = secrets.token_urlsafe(16)
-    config = page.page_config(state.lm.name, state.settings, state.presets)
+    config = page.page_config(state.lm, state.settings, state.presets)
     headers = {"Content-Security-Policy": page.security_policy(nonce), "Cache-Control": "no-store"}
     return HTMLResponse(page.render(config, nonce), headers=headers)
 

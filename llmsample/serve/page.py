@@ -1,13 +1,15 @@
 """``GET /``: a page to try the sampler in a browser (``page.html`` beside this file, no external
 assets). It streams from the server's own completion endpoints with ``"llmsample": {"tokens":
 "full"}`` and colours each token as ``--html`` does; what the page needs from Python (the colour
-bands, the stages' labels, the presets' values for the sliders) is filled in here as JSON."""
+bands, the stages' labels, a control for every numeric key of the chain with each preset's
+values, whether the model chats) is filled in here as JSON."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsample.batch.run import BatchSettings
 from llmsample.errors import UserError
@@ -16,18 +18,60 @@ from llmsample.render.html import PAGE_STYLE
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.stages import STAGES
 
-SLIDERS = ("temperature", "top_k", "top_p", "min_p")
+if TYPE_CHECKING:
+    from llmsample.models.loading import LoadedModel
+
 PLACEHOLDER = "/*LLMSAMPLE_CONFIG*/null"
 NONCE = "LLMSAMPLE_NONCE"
 
 
-def _sliders(cfg: SamplingConfig) -> dict[str, Any]:
-    return {key: getattr(cfg, key) for key in SLIDERS}
+@dataclass(frozen=True)
+class Control:
+    """One sampling key as the page shows it: a slider (``integer``: a whole-number field) in a
+    group named as the docs name the stages; the range is the slider's, the key's own rules are
+    the server's (a value out of them is the server's 400, shown on the page)."""
+
+    key: str
+    label: str
+    group: str
+    low: float
+    high: float
+    step: float
+    integer: bool = False
 
 
-def page_config(model: str, settings: BatchSettings, presets: frozenset[str]) -> dict[str, Any]:
-    """The model's name, the bands (likeliest first, as the ``--html`` legend reads), the labels
-    of the stages that count what they remove, the server's own defaults and each preset's sliders."""
+CONTROLS: tuple[Control, ...] = (
+    Control("temperature", "temperature", "Temperature and truncation", 0, 2, 0.05),
+    Control("top_k", "top-k", "Temperature and truncation", 0, 200, 1, integer=True),
+    Control("top_p", "top-p", "Temperature and truncation", 0.05, 1, 0.01),
+    Control("min_p", "min-p", "Temperature and truncation", 0, 0.5, 0.01),
+    Control("typical_p", "typical-p", "Temperature and truncation", 0.05, 1, 0.01),
+    Control("top_n_sigma", "top-n-σ", "Temperature and truncation", 0, 5, 0.1),
+    Control("repetition_penalty", "repetition", "Penalties", 1, 2, 0.01),
+    Control("frequency_penalty", "frequency", "Penalties", -2, 2, 0.05),
+    Control("presence_penalty", "presence", "Penalties", -2, 2, 0.05),
+    Control("dry_multiplier", "multiplier", "DRY", 0, 2, 0.05),
+    Control("dry_base", "base", "DRY", 1, 4, 0.05),
+    Control("dry_allowed_length", "allowed length", "DRY", 1, 20, 1, integer=True),
+    Control("dry_penalty_last_n", "last n (0: all)", "DRY", 0, 4096, 1, integer=True),
+    Control("xtc_probability", "probability", "XTC", 0, 1, 0.05),
+    Control("xtc_threshold", "threshold", "XTC", 0.01, 0.5, 0.01),
+    Control("min_tokens", "min tokens", "Length", 0, 4096, 1, integer=True),
+    Control("max_tokens", "max tokens", "Length", 1, 4096, 1, integer=True),
+)  # fmt: skip
+"""Every numeric key of :class:`SamplingConfig` (a test holds the table to that), grouped.
+Lists and tables (``stop``, ``logit_bias``, ``ban``, DRY's breakers) go in the page's JSON box."""
+
+
+def _values(cfg: SamplingConfig) -> dict[str, Any]:
+    return {control.key: getattr(cfg, control.key) for control in CONTROLS}
+
+
+def page_config(lm: LoadedModel, settings: BatchSettings, presets: frozenset[str]) -> dict[str, Any]:
+    """The model's name, whether it chats (its tokenizer has a chat template: the page opens in
+    chat mode) and its context length, the bands (likeliest first, as the ``--html`` legend
+    reads), the stages' labels, the controls, the server's own defaults and each preset's values."""
+    from llmsample.engine.prompt import has_chat_template
     from llmsample.sampling import presets as preset_store
 
     name, default = preset_store.load(settings.preset, settings.preset_file)
@@ -35,14 +79,17 @@ def page_config(model: str, settings: BatchSettings, presets: frozenset[str]) ->
     values = {}
     for preset in sorted(presets):
         try:
-            values[preset] = _sliders(preset_store.load(preset)[1])
+            values[preset] = _values(preset_store.load(preset)[1])
         except UserError:
             continue  # a preset file that does not read: the page leaves it out, a request names it
     return {
-        "model": model,
+        "model": lm.name,
+        "chat": has_chat_template(lm),
+        "context_length": lm.context_length,
         "bands": [{"low": band.low, "label": band.label, "color": band.hex} for band in BANDS],
         "labels": {info.name: info.label for info in STAGES},
-        "server_default": {"name": name, **_sliders(default), "max_tokens": default.max_tokens},
+        "controls": [asdict(control) for control in CONTROLS],
+        "server_default": {"name": name, **_values(default)},
         "presets": values,
     }
 
