@@ -95,6 +95,8 @@ def explain(**options: Any) -> None:
 
     preset, cfg = resolve_sampling(options)
     check_views(options)
+    if options["layers"] and options["backend"] == "auto":  # only transformers exposes the layers
+        options = {**options, "backend": "transformers"}
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     watch = resolve_watch(options, lm)
