@@ -5,13 +5,15 @@ is always escaped, never HTML."""
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llmsample.analysis.lens import LayerReport
-from llmsample.engine.tree import Branch
 from llmsample.render.bands import band_for
 from llmsample.render.html import PAGE_STYLE
 from llmsample.render.inspect import visible
+
+if TYPE_CHECKING:  # types only: a renderer imports no torch
+    from llmsample.analysis.lens import LayerReport
+    from llmsample.engine.tree import Branch
 
 LENS_STYLE = """
 table.lens { border-collapse: collapse; font: 13px ui-monospace, monospace; }
