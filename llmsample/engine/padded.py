@@ -116,7 +116,9 @@ class PaddedBatch:
             lens = read_out(self.model, [stream[:, -1:] for stream in streams]).to(self.sample_device)
         except ValueError as exc:
             raise RuntimeFailure(f"cannot read the layers: {exc}") from exc
-        if not torch.allclose(lens[-1], logits[0], rtol=1e-2, atol=1e-2):
+        # The same operations on the same numbers: equal in float32; a bf16 kernel may round apart,
+        # a soft cap or a scale after the head would not come near.
+        if (lens[-1] - logits[0]).abs().max() > 1e-2 * logits.abs().max().clamp_min(1):
             raise RuntimeFailure("cannot read the layers: the model's head does more than its final norm and a linear map")
         return lens
 
