@@ -85,7 +85,7 @@ def explain(**options: Any) -> None:
     \b
     llmsample explain -p "The capital of France is" --raw --preset creative
     llmsample explain -p "Say hi" --continuation "Hello there!" --preset code
-    llmsample explain -p "The capital of France is" --raw --layers --backend transformers
+    llmsample explain -p "The capital of France is" --raw --layers
     llmsample explain -p "Once upon a time" --raw --tree 3 --tree-width 2
     """
     from llmsample.analysis.explain import explain_next, score_continuation
