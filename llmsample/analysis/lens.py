@@ -56,12 +56,21 @@ def layer_table(lens: Tensor, ids: Sequence[int], tokenizer_text: Any) -> list[L
 
 
 def explain_layers(
-    lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, top_n: int = 5, watch: Sequence[int] = ()
+    lm: LoadedModel,
+    prompt_ids: Tensor,
+    cfg: SamplingConfig,
+    top_n: int = 5,
+    watch: Sequence[int] = (),
+    fed: Sequence[int] = (),
 ) -> LayerReport:
-    """The chosen token, ``top_n - 1`` alternatives (the last layer's most likely) and ``watch``."""
-    lens = layer_logits(lm, prompt_ids[0].tolist())
+    """The chosen token, ``top_n - 1`` alternatives (the last layer's most likely) and ``watch``,
+    at the position after the prompt and ``fed`` (as written by the model: its penalties and
+    grammar see them as :func:`score_continuation` does)."""
+    lens = layer_logits(lm, [*prompt_ids[0].tolist(), *fed])
     history = TokenHistory.for_config(prompt_ids, lens.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
-    history = constrained_history(lm, cfg, history, lens.shape[-1])
+    if fed:
+        history = history.prefixes(torch.tensor(list(fed), device=prompt_ids.device), fed)
+    history = constrained_history(lm, cfg, history, lens.shape[-1], fed).rows(slice(-1, None))
     chosen = chain_report(lens[-1:], history, cfg, lm.tokenizer, 1).candidates[0].token_id
     top = torch.topk(lens[-1], top_n).indices.tolist()
     ids = list(dict.fromkeys([chosen, *top]))[:top_n]

@@ -32,11 +32,10 @@ def check_views(options: dict[str, Any]) -> None:
     """One view at a time, and a tree small enough to show: user errors before the model loads."""
     from llmsample.errors import UserError
 
-    if options["watch"] and (options["continuation"] is not None or options["tree"]):
-        raise UserError("--watch shows tokens in the next-token or --layers table; leave out --continuation and --tree")
-    views = [name for name in ("continuation", "layers", "tree") if options[name]]
-    if len(views) > 1:
-        raise UserError(f"--{views[0]} and --{views[1]} are separate views; ask for one at a time")
+    if options["tree"] and (options["layers"] or options["continuation"] is not None):
+        raise UserError("--tree is a view of its own; leave out --layers and --continuation")
+    if options["watch"] and (options["tree"] or (options["continuation"] is not None and not options["layers"])):
+        raise UserError("--watch shows tokens in the next-token and --layers tables, not in --continuation's or --tree's")
     if options["html"] and not (options["layers"] or options["tree"]):
         raise UserError("--html draws --layers or --tree; add one of them")
     leaves = options["tree_width"] ** (options["tree"] or 0)
@@ -60,7 +59,11 @@ def check_views(options: dict[str, Any]) -> None:
     help="Score this continuation token by token (teacher forcing).",
 )
 @click.option("--top-n", type=click.IntRange(1, 100), help="Candidates to show.  [default: 10; 5 with --layers]")
-@click.option("--layers", is_flag=True, help="The next token's rank and probability at every layer (the logit lens).")
+@click.option(
+    "--layers",
+    is_flag=True,
+    help="The next token's rank and probability at every layer (the logit lens); after --continuation if given.",
+)
 @click.option(
     "--tree",
     type=click.IntRange(1, MAX_DEPTH),
@@ -102,20 +105,22 @@ def explain(**options: Any) -> None:
     watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))
-    if options["layers"] or options["tree"]:
-        from llmsample.commands.explain_views import show_layers, show_tree
-
-        if options["layers"]:
-            show_layers(options, lm, prompt, prompt_ids, cfg, [token for _, token in watch], console)
-        else:
-            show_tree(options, lm, prompt, prompt_ids, console)
-        return
+    ids = []
     if options["continuation"] is not None:
         ids = lm.tokenizer(options["continuation"], add_special_tokens=False)["input_ids"]
         if not ids:
             from llmsample.errors import UserError
 
             raise UserError("--continuation is empty; give the text to score")
+    if options["layers"] or options["tree"]:
+        from llmsample.commands.explain_views import show_layers, show_tree
+
+        if options["layers"]:
+            show_layers(options, lm, prompt, prompt_ids, ids, cfg, [token for _, token in watch], console)
+        else:
+            show_tree(options, lm, prompt, prompt_ids, console)
+        return
+    if ids:
         scored = score_continuation(lm, prompt_ids, ids, cfg)
         if options["fmt"] == "jsonl":
             for token in scored:

@@ -19,19 +19,21 @@ def show_layers(
     lm: LoadedModel,
     prompt: str,
     prompt_ids: Tensor,
+    fed: list[int],
     cfg: SamplingConfig,
     watch: list[int],
     console: Any,
 ) -> None:
+    """The lens at the position after the prompt and ``fed`` (``--continuation``'s tokens)."""
     from llmsample.analysis.lens import explain_layers
     from llmsample.render.jsonout import strict_json
     from llmsample.render.lens import layers_page, layers_table
 
-    report = explain_layers(lm, prompt_ids, cfg, options["top_n"] or 5, watch)
+    report = explain_layers(lm, prompt_ids, cfg, options["top_n"] or 5, watch, fed)
     if options["html"]:
         from llmsample.render.html import write_page
 
-        write_page(options["html"], layers_page(report, prompt))
+        write_page(options["html"], layers_page(report, prompt + (options["continuation"] or "")))
     if options["fmt"] == "jsonl":
         click.echo(strict_json(report.to_dict()))
     else:

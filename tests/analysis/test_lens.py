@@ -22,6 +22,8 @@ from llmsample.engine.lens import layer_logits
 from llmsample.engine.tree import continuation_tree
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import sampling_probs
 from tests.conftest import make_tiny_model, save_tiny_llama
 
 PROMPT = [0, 3, 9, 12, 9]
@@ -70,6 +72,22 @@ def test_ranks_and_probabilities_per_layer_and_the_chosen_token(deep_lm) -> None
     banned = explain_layers(deep_lm, ids, SamplingConfig(ban=(deep_lm.token_text(top),)), top_n=4)
     assert banned.chosen != top and banned.tokens[0].ranks[-1] > 1 and banned.settles_at() is None
     assert top in [t.token_id for t in banned.tokens]  # still shown, as an alternative
+
+
+def test_after_a_continuation_the_preset_sees_it_as_written(deep_lm) -> None:
+    """``--layers --continuation``: the lens after the prompt and the text, the chosen token the
+    preset's given the text as generated tokens (a repetition penalty on them changes it)."""
+    cfg = SamplingConfig(repetition_penalty=50.0, frequency_penalty=2.0)
+    ids = torch.tensor([PROMPT])
+    changed = 0
+    for fed in ([t] for t in range(3, 32)):
+        lens = layer_logits(deep_lm, PROMPT + fed)
+        report = explain_layers(deep_lm, ids, cfg, top_n=3, fed=fed)
+        history = TokenHistory.start(ids, 32).advanced(torch.tensor(fed))
+        assert report.chosen == sampling_probs(lens[-1:], history, cfg)[0].argmax().item()
+        assert report.tokens[1].probs == lens.softmax(-1)[:, report.tokens[1].token_id].tolist()
+        changed += report.chosen != lens[-1].argmax().item()
+    assert changed  # the penalty decided at least once
 
 
 def test_a_backend_without_layers_is_refused_and_closed(deep_lm, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,7 +150,10 @@ def test_the_cli_views_jsonl_and_80_columns(tiny_model_dir: Path) -> None:
     record = json.loads(cli(*base, "--layers", "--format", "jsonl", "--top-n", "3", "--watch", "w5").stdout)
     assert record["type"] == "layers" and record["layers"] == 2
     assert [len(t["ranks"]) for t in record["tokens"]] == [3] * 4 and record["tokens"][-1]["text"] == "w5"
+    after = json.loads(cli(*base, "--layers", "--continuation", "w5 w6", "--format", "jsonl").stdout)
+    assert after["tokens"] != record["tokens"][: len(after["tokens"])]  # another position
     tree = json.loads(cli(*base, "--tree", "2", "--tree-width", "2", "--format", "jsonl").stdout)
+
     assert tree["type"] == "tree" and [len(b["children"]) for b in tree["branches"]] == [2, 2]
     shown = cli(*base, "--tree", "2", "--tree-width", "2")
     assert shown.exit_code == 0 and all(b["text"] in shown.stdout for b in tree["branches"])
@@ -145,9 +166,10 @@ def test_the_cli_views_jsonl_and_80_columns(tiny_model_dir: Path) -> None:
         (["--tree", "7"], "7 is not in the range 1<=x<=6"),
         (["--tree", "2", "--tree-width", "6"], "6 is not in the range 1<=x<=5"),
         (["--tree", "4", "--tree-width", "5"], "625 leaves, more than 256"),
-        (["--layers", "--tree", "2"], "--layers and --tree are separate views"),
-        (["--continuation", "w5", "--layers"], "--continuation and --layers are separate views"),
-        (["--tree", "2", "--watch", "w5"], "leave out --continuation and --tree"),
+        (["--layers", "--tree", "2"], "--tree is a view of its own"),
+        (["--continuation", "w5", "--tree", "2"], "--tree is a view of its own"),
+        (["--tree", "2", "--watch", "w5"], "not in --continuation's or --tree's"),
+        (["--continuation", "w5", "--watch", "w5"], "not in --continuation's or --tree's"),
         (["--html", "out.html"], "--html draws --layers or --tree"),
     ],
 )
