@@ -107,3 +107,14 @@ def test_an_overflowing_repetition_penalty_samples_finite_numbers() -> None:
 
     lines = [json.loads(line, parse_constant=refuse) for line in result.stdout.splitlines()]
     assert len(lines) == 4 and all(0 < line["prob"] <= 1 for line in lines[:-1])
+
+
+def test_the_logit_lens_on_the_real_model() -> None:
+    """``explain --layers`` on the default model (auto picks transformers, which exposes the
+    layers): the chosen token, " Paris", climbs from far down the list to rank 1 by the last layer."""
+    result = llmsample("explain", "--raw", "-p", "The capital of France is", "--layers", "--format", "jsonl", "-q")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    chosen = report["tokens"][0]
+    assert report["layers"] == 30 and chosen["text"] == " Paris"
+    assert chosen["ranks"][0] > 100 and chosen["ranks"][-1] == 1 and 0 < report["settles_at"] <= 30

@@ -104,7 +104,7 @@ def chain_report(
     return ChainReport(list(chain.names), candidates, kept, float(entropy_bits(chain.probs[0])))
 
 
-def _constrained(
+def constrained_history(
     lm: LoadedModel, cfg: SamplingConfig, history: TokenHistory, vocab: int, tokens: Sequence[int] = ()
 ) -> TokenHistory:
     """With a constraint: the grammar's allowed tokens at the start and after each of ``tokens``
@@ -125,7 +125,7 @@ def explain_next(
 ) -> ChainReport:
     logits = forced_logits(lm, prompt_ids[0].tolist())
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
-    history = _constrained(lm, cfg, history, logits.shape[-1])
+    history = constrained_history(lm, cfg, history, logits.shape[-1])
     return chain_report(logits, history, cfg, lm.tokenizer, top_n, watch)
 
 
@@ -140,7 +140,7 @@ def score_continuation(
     logits = forced_logits(lm, prompt_ids[0].tolist(), continuation)[:-1]
     history = TokenHistory.for_config(prompt_ids, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
     history = history.prefixes(cont, continuation)
-    history = _constrained(lm, cfg, history, logits.shape[-1], continuation)
+    history = constrained_history(lm, cfg, history, logits.shape[-1], continuation)
     chain = sampler_chain(logits, history.rows(slice(0, -1)), cfg)
     check_candidates(chain, 0, prompt_ids.shape[1])
     raw = chain.raw

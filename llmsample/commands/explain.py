@@ -11,6 +11,7 @@ from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
     format_option,
+    html_option,
     load_model_with_progress,
     model_options,
     no_color_option,
@@ -23,6 +24,26 @@ from llmsample.commands.options import (
     sampling_options,
     watch_option,
 )
+
+MAX_DEPTH, MAX_WIDTH, MAX_LEAVES = 6, 5, 256
+
+
+def check_views(options: dict[str, Any]) -> None:
+    """One view at a time, and a tree small enough to show: user errors before the model loads."""
+    from llmsample.errors import UserError
+
+    if options["tree"] and (options["layers"] or options["continuation"] is not None):
+        raise UserError("--tree is a view of its own; leave out --layers and --continuation")
+    if options["watch"] and (options["tree"] or (options["continuation"] is not None and not options["layers"])):
+        raise UserError("--watch shows tokens in the next-token and --layers tables, not in --continuation's or --tree's")
+    if options["html"] and not (options["layers"] or options["tree"]):
+        raise UserError("--html draws --layers or --tree; add one of them")
+    leaves = options["tree_width"] ** (options["tree"] or 0)
+    if leaves > MAX_LEAVES:
+        raise UserError(
+            f"--tree {options['tree']} --tree-width {options['tree_width']} is {leaves} leaves, more than "
+            f"{MAX_LEAVES}; make it shallower or narrower"
+        )
 
 
 @click.command(cls=GroupedCommand)
@@ -37,9 +58,28 @@ from llmsample.commands.options import (
     callback=check_utf8_option,
     help="Score this continuation token by token (teacher forcing).",
 )
-@click.option("--top-n", type=click.IntRange(1, 100), default=10, show_default=True, help="Candidates to show.")
+@click.option("--top-n", type=click.IntRange(1, 100), help="Candidates to show.  [default: 10; 5 with --layers]")
+@click.option(
+    "--layers",
+    is_flag=True,
+    help="The next token's rank and probability at every layer (the logit lens); after --continuation if given.",
+)
+@click.option(
+    "--tree",
+    type=click.IntRange(1, MAX_DEPTH),
+    metavar="DEPTH",
+    help=f"The most likely continuations as a tree, DEPTH tokens deep (at most {MAX_DEPTH}).",
+)
+@click.option(
+    "--tree-width",
+    type=click.IntRange(1, MAX_WIDTH),
+    default=3,
+    show_default=True,
+    help=f"Branches per node of --tree (at most {MAX_WIDTH}).",
+)
 @watch_option
 @format_option
+@html_option
 @no_color_option
 @quiet_option()
 def explain(**options: Any) -> None:
@@ -48,6 +88,8 @@ def explain(**options: Any) -> None:
     \b
     llmsample explain -p "The capital of France is" --raw --preset creative
     llmsample explain -p "Say hi" --continuation "Hello there!" --preset code
+    llmsample explain -p "The capital of France is" --raw --layers
+    llmsample explain -p "Once upon a time" --raw --tree 3 --tree-width 2
     """
     from llmsample.analysis.explain import explain_next, score_continuation
     from llmsample.engine.prompt import encode_prompt
@@ -55,21 +97,30 @@ def explain(**options: Any) -> None:
     from llmsample.terminal import stdout_console, use_color
 
     preset, cfg = resolve_sampling(options)
-    if options["watch"] and options["continuation"] is not None:
-        from llmsample.errors import UserError
-
-        raise UserError("--watch shows tokens in the next-token table; leave out --continuation to use it")
+    check_views(options)
+    if options["layers"] and options["backend"] == "auto":  # only transformers exposes the layers
+        options = {**options, "backend": "transformers"}
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))
+    ids = []
     if options["continuation"] is not None:
         ids = lm.tokenizer(options["continuation"], add_special_tokens=False)["input_ids"]
         if not ids:
             from llmsample.errors import UserError
 
             raise UserError("--continuation is empty; give the text to score")
+    if options["layers"] or options["tree"]:
+        from llmsample.commands.explain_views import show_layers, show_tree
+
+        if options["layers"]:
+            show_layers(options, lm, prompt, prompt_ids, ids, cfg, [token for _, token in watch], console)
+        else:
+            show_tree(options, lm, prompt, prompt_ids, console)
+        return
+    if ids:
         scored = score_continuation(lm, prompt_ids, ids, cfg)
         if options["fmt"] == "jsonl":
             for token in scored:
@@ -77,7 +128,7 @@ def explain(**options: Any) -> None:
         else:
             console.print(continuation_table(scored, preset))
         return
-    report = explain_next(lm, prompt_ids, cfg, options["top_n"], [token for _, token in watch])
+    report = explain_next(lm, prompt_ids, cfg, options["top_n"] or 10, [token for _, token in watch])
     if options["fmt"] == "jsonl":
         click.echo(strict_json(report.to_dict()))
     else:

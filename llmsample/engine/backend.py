@@ -17,7 +17,7 @@ ragged tokens with their ids in one ``llama_batch``, ``rollback`` is ``seq_rm``,
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -64,6 +64,16 @@ class Backend(Protocol):
 
     def close(self) -> None:
         """Give back what the run leased (a compiled step); idempotent."""
+        ...
+
+
+@runtime_checkable
+class LayerBackend(Protocol):
+    """A backend that can also read a prompt's layers (``explain --layers``): the padded batch."""
+
+    def admit_layers(self, prompt: list[int]) -> Tensor:
+        """:meth:`Backend.admit` of one prompt, with the logit lens at its last position
+        ``[layers + 1, vocab]`` (embeddings first, the model's own logits last)."""
         ...
 
 

@@ -81,9 +81,10 @@ class PaddedBatch:
         return self.mask.shape[0]
 
     @torch.inference_mode()
-    def admit(self, prompts: list[list[int]]) -> Tensor:
+    def admit(self, prompts: list[list[int]], hidden: list[Tensor] | None = None) -> Tensor:
         """Prefill ``prompts`` together (left-padded) and add them as the last rows; returns their
-        next-token logits ``[len(prompts), vocab]``."""
+        next-token logits ``[len(prompts), vocab]``. ``hidden``: given, it is filled with the
+        model's hidden states of the pass (:meth:`admit_layers`)."""
         from llmsample.engine.growing_cache import growing_cache
 
         self._crop_holes()  # before the rows change
@@ -93,11 +94,33 @@ class PaddedBatch:
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
         cache = growing_cache(self.model.config)
-        logits = self._forward(ids, mask, positions, cache, keep_last=True)[:, -1]
+        logits = self._forward(ids, mask, positions, cache, keep_last=True, hidden=hidden)[:, -1]
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=device))
         self._lengths += [len(p) for p in prompts]
         self._tails += [0] * len(prompts)  # left-padding a merge keeps every row's end
         return logits
+
+    @torch.inference_mode()
+    def admit_layers(self, prompt: list[int]) -> Tensor:
+        """:meth:`admit` of one prompt that also reads the residual stream at its last position
+        after the embeddings and after each layer through the final norm and the head (the
+        logit lens, :mod:`llmsample.models.lens`): ``[layers + 1, vocab]`` on the sample device,
+        the last row the admitted row's next-token logits."""
+        from llmsample.models.lens import norm_inputs, read_out
+
+        hidden: list[Tensor] = []
+        try:
+            with norm_inputs(self.model) as normed:
+                logits = self.admit([prompt], hidden)
+            streams = [*hidden[:-1], normed[-1]]
+            lens = read_out(self.model, [stream[:, -1:] for stream in streams]).to(self.sample_device)
+        except ValueError as exc:
+            raise RuntimeFailure(f"cannot read the layers: {exc}") from exc
+        # The same operations on the same numbers: equal in float32; a bf16 kernel may round apart,
+        # a soft cap or a scale after the head would not come near.
+        if (lens[-1] - logits[0]).abs().max() > 1e-2 * logits.abs().max().clamp_min(1):
+            raise RuntimeFailure("cannot read the layers: the model's head does more than its final norm and a linear map")
+        return lens
 
     @torch.inference_mode()
     def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
@@ -198,7 +221,13 @@ class PaddedBatch:
             layer.keys, layer.values = layer.keys[here], layer.values[here]
 
     def _forward(
-        self, ids: Tensor, mask: Tensor | None, positions: Tensor, cache: Any, keep_last: bool = False
+        self,
+        ids: Tensor,
+        mask: Tensor | None,
+        positions: Tensor,
+        cache: Any,
+        keep_last: bool = False,
+        hidden: list[Tensor] | None = None,
     ) -> Tensor:
         start = time.perf_counter()
         width = (self.mask if mask is None else mask).shape[1]  # a dense step passes no mask
@@ -210,6 +239,7 @@ class PaddedBatch:
                 use_cache=True,
                 logits_to_keep=1 if keep_last else 0,
                 **{self.cache_arg: cache},
+                **({} if hidden is None else {"output_hidden_states": True}),
             )
         except torch.OutOfMemoryError as exc:
             raise RuntimeFailure(
@@ -217,6 +247,8 @@ class PaddedBatch:
                 "try a smaller --batch-size"
             ) from exc
         logits = out.logits.float().to(self.sample_device)
+        if hidden is not None:
+            hidden.extend(out.hidden_states)
         if self.on_forward is not None:
             self.on_forward(time.perf_counter() - start)
         return logits

@@ -73,6 +73,8 @@ NON_FINITE = {
     "explain --continuation": (
         "llmsample.analysis.explain.ScoredToken.to_dict", lambda self: {"prob": -math.inf}, ["--continuation", "w5 w6"]
     ),
+    "explain --layers": ("llmsample.analysis.lens.LayerReport.to_dict", lambda self: {"probs": [math.nan]}, ["--layers"]),
+    "explain --tree": ("llmsample.engine.tree.Branch.to_dict", lambda self: {"path_prob": math.nan}, ["--tree", "2"]),
 }  # fmt: skip
 
 

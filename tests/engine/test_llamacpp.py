@@ -495,3 +495,26 @@ def test_a_gguf_draft_model_keeps_greedy_output(gguf_file: Path, home: Path, mon
     spec = jsonl(cli("speculate", *common, "--draft", model))[-1]
     assert spec["text"] == plain["text"] and spec["backend"] == plain["backend"] == target
     assert spec["accepted"] > 0  # the draft is the target: its greedy drafts pass
+
+
+def test_explain_layers_is_refused_and_the_tree_runs_on_llama_cpp(gguf_file: Path, home: Path, monkeypatch) -> None:
+    """llama.cpp does not expose its layers: ``--layers`` is one line (exit 2). The tree needs
+    only admit, verify and rollback, so it runs there, with transformers' tokens and probabilities."""
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(home))
+    base = ["explain", "-m", str(gguf_file), "--raw", "-p", "The capital of France is", "-q"]
+    refused = cli(*base, "--backend", "llama.cpp", "--layers")
+    assert refused.exit_code == 2 and refused.stdout == "", refused.output
+    assert refused.stderr.count("\n") == 1 and "--backend transformers" in refused.stderr
+    auto = cli(*base, "--backend", "auto", "--layers", "--format", "jsonl")  # auto picks transformers
+    assert auto.exit_code == 0 and json.loads(auto.stdout)["tokens"][0]["ranks"][-1] == 1, auto.output
+    trees = {
+        backend: json.loads(cli(*base, "--backend", backend, "--tree", "2", "--format", "jsonl").stdout)
+        for backend in ("llama.cpp", "transformers")
+    }
+
+    def flat(branches: list[dict]) -> list[tuple[int, float]]:
+        return [pair for b in branches for pair in [(b["token_id"], b["path_prob"]), *flat(b["children"])]]
+
+    got, want = flat(trees["llama.cpp"]["branches"]), flat(trees["transformers"]["branches"])
+    assert len(got) == 3 + 9 and [t for t, _ in got] == [t for t, _ in want]
+    assert all(abs(p - q) < 1e-4 for (_, p), (_, q) in zip(got, want, strict=True))
