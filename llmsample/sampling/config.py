@@ -206,6 +206,27 @@ def _check_logit_bias(value: Any) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def _check_flag(key: str) -> Any:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true or false, got {value!r}")
+        return value
+
+    return check
+
+
+def _check_open_unit(key: str, off: str) -> Any:
+    """A probability below 1, 0 turning the stage off (epsilon, eta: 1 would remove everything)."""
+
+    def check(value: Any) -> float:
+        v = _number(key, value)
+        if not 0 <= v < 1:
+            raise ConfigError(key, f"must be in [0, 1) ({off}), got {value!r}")
+        return v
+
+    return check
+
+
 def _check_description(value: Any) -> str:
     if not isinstance(value, str):
         raise ConfigError("description", f"expected a string, got {value!r}")
@@ -236,6 +257,16 @@ _CHECKS = {
     "logit_bias": _check_logit_bias,
     "ban": _check_strings("ban"),
     "min_tokens": _check_count("min_tokens", 0, "0 turns it off"),
+    "no_repeat_ngram_size": _check_count("no_repeat_ngram_size", 0, "0 turns it off"),
+    "dynatemp_range": _check_non_negative("dynatemp_range", "0 turns it off"),
+    "dynatemp_exponent": _check_non_negative("dynatemp_exponent", "1 maps the entropy linearly"),
+    "smoothing_factor": _check_non_negative("smoothing_factor", "0 turns it off"),
+    "smoothing_curve": _check_unit("smoothing_curve", 1.0, 10.0, "1 is the plain quadratic"),
+    "epsilon_cutoff": _check_open_unit("epsilon_cutoff", "0 turns it off"),
+    "eta_cutoff": _check_open_unit("eta_cutoff", "0 turns it off"),
+    "top_h": _check_unit("top_h", 0.0, 1.0, "0 turns it off"),
+    "top_a": _check_non_negative("top_a", "0 turns it off"),
+    "p_less": _check_flag("p_less"),
 }
 
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -269,6 +300,16 @@ class SamplingConfig:
     logit_bias: tuple[tuple[str, float], ...] = field(default=())
     ban: tuple[str, ...] = field(default=())
     min_tokens: int = 0
+    no_repeat_ngram_size: int = 0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    smoothing_factor: float = 0.0
+    smoothing_curve: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    top_h: float = 0.0
+    top_a: float = 0.0
+    p_less: bool = False
     # A compiled :class:`llmsample.sampling.constraint.Constraint` (--json-schema, --regex, ...):
     # set by the commands, never by a preset, so it is not one of ``keys()``.
     constraint: Any = None
@@ -310,6 +351,10 @@ class SamplingConfig:
     @property
     def has_xtc(self) -> bool:
         return self.xtc_probability > 0
+
+    @property
+    def has_dynatemp(self) -> bool:
+        return self.dynatemp_range > 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -52,6 +52,10 @@ STAGES: tuple[StageInfo, ...] = (
         "min_tokens", "min-n", lambda cfg: cfg.min_tokens > 0, removes=True, letter="n", legend="--min-tokens",
         needs_sequences=True, needs_vocabulary=True,
     ),
+    StageInfo(
+        "no_repeat_ngram", "n-gram", lambda cfg: cfg.no_repeat_ngram_size > 0, removes=True, letter="r",
+        legend="--no-repeat-ngram-size", needs_sequences=True,
+    ),
     StageInfo("penalties", "penal.", _always),
     StageInfo("dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True),
     StageInfo(
@@ -60,6 +64,7 @@ STAGES: tuple[StageInfo, ...] = (
     ),
     StageInfo("greedy", "greedy", lambda cfg: cfg.is_greedy),
     StageInfo("temperature", "temp.", _sampling),
+    StageInfo("smoothing", "smooth", lambda cfg: _sampling(cfg) and cfg.smoothing_factor > 0),
     StageInfo(
         "top_n_sigma", "n-σ", lambda cfg: _sampling(cfg) and cfg.top_n_sigma > 0, removes=True, letter="σ",
         legend="top-n-sigma",
@@ -70,6 +75,21 @@ STAGES: tuple[StageInfo, ...] = (
         "typical_p", "typ.", lambda cfg: _sampling(cfg) and cfg.typical_p < 1, removes=True, letter="t",
         legend="typical-p",
     ),
+    StageInfo(
+        "epsilon", "eps.", lambda cfg: _sampling(cfg) and cfg.epsilon_cutoff > 0, removes=True, letter="e",
+        legend="epsilon cutoff",
+    ),
+    StageInfo(
+        "eta", "eta", lambda cfg: _sampling(cfg) and cfg.eta_cutoff > 0, removes=True, letter="η",
+        legend="eta cutoff",
+    ),
+    StageInfo(
+        "top_h", "top-h", lambda cfg: _sampling(cfg) and cfg.top_h > 0, removes=True, letter="h", legend="top-h",
+    ),
+    StageInfo(
+        "top_a", "top-a", lambda cfg: _sampling(cfg) and cfg.top_a > 0, removes=True, letter="a", legend="top-a",
+    ),
+    StageInfo("p_less", "p-less", lambda cfg: _sampling(cfg) and cfg.p_less, removes=True, letter="l", legend="p-less"),
     StageInfo("min_p", "min-p", _sampling, removes=True, letter="m", legend="min-p"),
     StageInfo(
         "xtc", "XTC", lambda cfg: _sampling(cfg) and cfg.has_xtc, removes=True, letter="x",
