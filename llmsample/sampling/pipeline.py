@@ -28,8 +28,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from llmsample.sampling import filters
-from llmsample.sampling import cutoffs
+from llmsample.sampling import cutoffs, filters
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.filters import (
     apply_penalties,
