@@ -40,10 +40,10 @@ def _keep_top(logits: Tensor, remove_mask: Tensor) -> Tensor:
 
 def apply_dynamic_temperature(logits: Tensor, temperature: float, spread: float, exponent: float) -> Tensor:
     """Dynamic temperature (llama.cpp's ``llama_sampler_temp_ext``, ``--dynatemp-range``): the
-    temperature of each row moves in ``[max(0, t - spread), t + spread]`` with its entropy, as
-    ``low + (high - low) * (H / log n) ** exponent``, n the tokens still in the row (llama.cpp's
-    candidates). A temperature that comes to 0 is taken as the greedy threshold (1e-4), which removes
-nothing (llama.cpp keeps the argmax alone; the temperature stage removes nothing here)."""
+        temperature of each row moves in ``[max(0, t - spread), t + spread]`` with its entropy, as
+        ``low + (high - low) * (H / log n) ** exponent``, n the tokens still in the row (llama.cpp's
+        candidates). A temperature that comes to 0 is taken as the greedy threshold (1e-4), which removes
+    nothing (llama.cpp keeps the argmax alone; the temperature stage removes nothing here)."""
     if spread <= 0:
         return apply_temperature(logits, temperature)
     low, high = max(0.0, temperature - spread), temperature + spread
