@@ -335,6 +335,11 @@ sampling_options = option_group(
     click.option(
         "--p-less/--no-p-less", default=None, help="p-less: keep tokens at least as likely as two draws agree."
     ),
+    click.option(
+        "--samplers",
+        metavar="A,B,...",
+        help="The order of the stages after the history ones (top_k,min_p,temperature,...); only these run.",
+    ),
     panel="Sampling",
 )
 

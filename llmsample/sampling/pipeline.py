@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from llmsample.sampling import cutoffs, filters
-from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.config import SAMPLER_ORDER, SamplingConfig
 from llmsample.sampling.filters import (
     apply_penalties,
     apply_temperature,
@@ -170,7 +170,7 @@ class Chain:
         """After the biases, bans and penalties, before the temperature: it ranks the
         alternatives a greedy step discarded."""
         names = self.names
-        at = names.index("greedy") if "greedy" in names else names.index("temperature")
+        at = next((i for i, name in enumerate(names) if name == "greedy" or name in SAMPLER_ORDER), len(names))
         return self.stages[at - 1].logits
 
     @property

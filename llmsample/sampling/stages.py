@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llmsample.sampling.config import SAMPLER_ORDER
+
 if TYPE_CHECKING:
     from llmsample.sampling.config import SamplingConfig
 
@@ -112,8 +114,13 @@ def label(name: str) -> str:
 
 
 def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
-    """The stages a config's chain runs, in order (``raw`` first)."""
-    return tuple(info for info in STAGES if info.on(cfg))
+    """The stages a config's chain runs, in order (``raw`` first): the table's, or with
+    ``samplers`` the history stages in the table's order and then the listed ones in theirs."""
+    chain = tuple(info for info in STAGES if info.on(cfg))
+    if not cfg.samplers or cfg.is_greedy:
+        return chain
+    history = tuple(info for info in chain if info.name not in SAMPLER_ORDER)
+    return history + tuple(BY_NAME[name] for name in cfg.samplers if BY_NAME[name].on(cfg))
 
 
 def needs_sequences(cfg: SamplingConfig) -> bool:
