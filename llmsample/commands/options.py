@@ -315,6 +315,31 @@ sampling_options = option_group(
         help="Never generate this text (repeatable).",
     ),
     click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
+    click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this many tokens; 0 is off."),
+    click.option(
+        "--dynatemp-range", type=float, help="Dynamic temperature: t ± this, hotter when unsure; 0 is off."
+    ),
+    click.option(
+        "--dynatemp-exponent",
+        "--dynatemp-exp",
+        "dynatemp_exponent",
+        type=float,
+        help="Dynamic temperature: exponent of the entropy [default: 1].",
+    ),
+    click.option("--smoothing-factor", type=float, help="Quadratic smoothing of the logits; 0 is off."),
+    click.option("--smoothing-curve", type=float, help="Smoothing: 1 quadratic, up to 3 cubic [default: 1]."),
+    click.option("--epsilon-cutoff", type=float, help="Drop tokens below this probability; 0 is off."),
+    click.option("--eta-cutoff", type=float, help="Eta sampling: an entropy-scaled epsilon; 0 is off."),
+    click.option("--top-h", type=float, help="Top-h: keep tokens until their entropy reaches h x the total; 0 is off."),
+    click.option("--top-a", type=float, help="Drop tokens below a x the top probability squared; 0 is off."),
+    click.option(
+        "--p-less/--no-p-less", default=None, help="p-less: keep tokens at least as likely as two draws agree."
+    ),
+    click.option(
+        "--samplers",
+        metavar="A,B,...",
+        help="The order of the stages after the history ones (top_k,min_p,temperature,...); only these run.",
+    ),
     panel="Sampling",
 )
 

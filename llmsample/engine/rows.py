@@ -132,6 +132,8 @@ class Row:
         own = {} if cfg.is_greedy else {
             "temperature": 1.0, "top_p": 1.0 if cfg.top_p >= 1 else 0.5, "min_p": 0.5 if cfg.min_p > 0 else 0.0
         }  # fmt: skip
+        if cfg.has_dynatemp:  # the chain's dynamic temperature reads the config's (not RowValues)
+            own.pop("temperature", None)
         return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint, **own)
 
     def propose(self, rows: int) -> list[int]:

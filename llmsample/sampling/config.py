@@ -206,6 +206,67 @@ def _check_logit_bias(value: Any) -> tuple[tuple[str, float], ...]:
     return tuple(out)
 
 
+def _check_flag(key: str) -> Any:
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"expected true or false, got {value!r}")
+        return value
+
+    return check
+
+
+def _check_open_unit(key: str, off: str) -> Any:
+    """A probability below 1, 0 turning the stage off (epsilon, eta: 1 would remove everything)."""
+
+    def check(value: Any) -> float:
+        v = _number(key, value)
+        if not 0 <= v < 1:
+            raise ConfigError(key, f"must be in [0, 1) ({off}), got {value!r}")
+        return v
+
+    return check
+
+
+SAMPLER_ORDER = (
+    "temperature", "smoothing", "top_n_sigma", "top_k", "top_p", "typical_p", "epsilon", "eta", "top_h", "top_a",
+    "p_less", "min_p", "xtc",
+)  # fmt: skip
+"""The stages ``samplers`` may order, in the default order: everything after the history stages
+(biases, bans, penalties, DRY, the constraint run first, whatever the order). XTC samples a
+mixture, so it stays last."""
+
+SAMPLER_NAMES = {name: name for name in SAMPLER_ORDER} | {
+    "temp": "temperature", "dynamic_temperature": "temperature", "quadratic_sampling": "smoothing",
+    "typ_p": "typical_p", "typical": "typical_p", "epsilon_cutoff": "epsilon", "eta_cutoff": "eta",
+}  # fmt: skip
+"""Our stage names and llama-server's and text-generation-webui's (``samplers``, ``sampler_priority``)."""
+
+HISTORY_SAMPLERS = frozenset(
+    {"penalties", "dry", "repetition_penalty", "presence_penalty", "frequency_penalty", "no_repeat_ngram", "logit_bias"}
+)
+"""Peers' names for stages that read the history: accepted in a list (they always run first)."""
+
+
+def _check_samplers(value: Any) -> tuple[str, ...]:
+    """A list of stage names (or one string split at ``,`` or ``;``, as llama-server's ``--samplers``)."""
+    if isinstance(value, str):
+        value = [name.strip() for name in value.replace(";", ",").split(",") if name.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(name, str) for name in value):
+        raise ConfigError("samplers", f"expected a list of stage names, got {value!r}")
+    names = []
+    for name in value:
+        if name in HISTORY_SAMPLERS:
+            continue
+        if name not in SAMPLER_NAMES:
+            raise ConfigError("samplers", f"unknown stage {name!r}; the stages: {', '.join(SAMPLER_ORDER)}")
+        if SAMPLER_NAMES[name] in names:
+            raise ConfigError("samplers", f"{name!r} is listed twice")
+        names.append(SAMPLER_NAMES[name])
+    if "xtc" in names[:-1]:
+        raise ConfigError("samplers", "xtc samples a mixture of two branches: it must come last")
+    return tuple(names)
+
+
 def _check_description(value: Any) -> str:
     if not isinstance(value, str):
         raise ConfigError("description", f"expected a string, got {value!r}")
@@ -236,6 +297,17 @@ _CHECKS = {
     "logit_bias": _check_logit_bias,
     "ban": _check_strings("ban"),
     "min_tokens": _check_count("min_tokens", 0, "0 turns it off"),
+    "no_repeat_ngram_size": _check_count("no_repeat_ngram_size", 0, "0 turns it off"),
+    "dynatemp_range": _check_non_negative("dynatemp_range", "0 turns it off"),
+    "dynatemp_exponent": _check_non_negative("dynatemp_exponent", "1 maps the entropy linearly"),
+    "smoothing_factor": _check_non_negative("smoothing_factor", "0 turns it off"),
+    "smoothing_curve": _check_unit("smoothing_curve", 1.0, 10.0, "1 is the plain quadratic"),
+    "epsilon_cutoff": _check_open_unit("epsilon_cutoff", "0 turns it off"),
+    "eta_cutoff": _check_open_unit("eta_cutoff", "0 turns it off"),
+    "top_h": _check_unit("top_h", 0.0, 1.0, "0 turns it off"),
+    "top_a": _check_non_negative("top_a", "0 turns it off"),
+    "p_less": _check_flag("p_less"),
+    "samplers": _check_samplers,
 }
 
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -269,6 +341,17 @@ class SamplingConfig:
     logit_bias: tuple[tuple[str, float], ...] = field(default=())
     ban: tuple[str, ...] = field(default=())
     min_tokens: int = 0
+    no_repeat_ngram_size: int = 0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    smoothing_factor: float = 0.0
+    smoothing_curve: float = 1.0
+    epsilon_cutoff: float = 0.0
+    eta_cutoff: float = 0.0
+    top_h: float = 0.0
+    top_a: float = 0.0
+    p_less: bool = False
+    samplers: tuple[str, ...] = field(default=())  # the order of SAMPLER_ORDER's stages; () the default
     # A compiled :class:`llmsample.sampling.constraint.Constraint` (--json-schema, --regex, ...):
     # set by the commands, never by a preset, so it is not one of ``keys()``.
     constraint: Any = None
@@ -276,6 +359,25 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         for key, check in _CHECKS.items():
             object.__setattr__(self, key, check(getattr(self, key)))
+        self._check_unlisted()
+
+    def _check_unlisted(self) -> None:
+        """With ``samplers``, only the listed stages run: one that is set but not listed would be
+        dropped silently, so it is refused."""
+        if not self.samplers or self.is_greedy:
+            return
+        active = {
+            "temperature": self.temperature != 1.0 or self.has_dynatemp, "smoothing": self.smoothing_factor > 0,
+            "top_n_sigma": self.top_n_sigma > 0, "top_k": self.top_k > 0, "top_p": self.top_p < 1,
+            "typical_p": self.typical_p < 1, "epsilon": self.epsilon_cutoff > 0, "eta": self.eta_cutoff > 0,
+            "top_h": self.top_h > 0, "top_a": self.top_a > 0, "p_less": self.p_less, "min_p": self.min_p > 0,
+            "xtc": self.has_xtc,
+        }  # fmt: skip
+        unlisted = [name for name in SAMPLER_ORDER if active[name] and name not in self.samplers]
+        if unlisted:
+            raise ConfigError(
+                "samplers", f"{unlisted[0]} is set but not listed; list it or turn it off (only the listed stages run)"
+            )
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -310,6 +412,10 @@ class SamplingConfig:
     @property
     def has_xtc(self) -> bool:
         return self.xtc_probability > 0
+
+    @property
+    def has_dynatemp(self) -> bool:
+        return self.dynatemp_range > 0
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -2,14 +2,16 @@
 table's order, over ``[batch, vocab]`` logits, then one token per row.
 
 Order (fixed; the stages in brackets appear only when their setting is on):
-[logit bias] -> [ban] -> [min-tokens] -> penalties -> [DRY] -> [constraint] -> temperature (or greedy argmax)
--> [top-n-sigma] -> top-k -> top-p -> [typical-p] -> min-p -> [XTC] -> softmax -> draw.
+[logit bias] -> [ban] -> [min-tokens] -> [no-repeat-ngram] -> penalties -> [DRY] -> [constraint]
+-> temperature, dynamic when on (or greedy argmax) -> [smoothing] -> [top-n-sigma] -> top-k -> top-p
+-> [typical-p] -> [epsilon] -> [eta] -> [top-h] -> [top-a] -> [p-less] -> min-p -> [XTC] -> softmax -> draw.
 Everything that edits logits from the context (biases, bans, penalties) comes before the
 temperature, as in transformers' processors and llama.cpp's default chain; the truncation
 filters follow text-generation-webui's default priority (top-n-sigma, top-k, top-p, typical-p,
-min-p, XTC last). The constraint (a grammar's allowed tokens) comes after everything that edits
+epsilon, eta, top-a, min-p, XTC last; top-h and p-less, which it lacks, beside top-a). The constraint (a grammar's allowed tokens) comes after everything that edits
 logits and before greedy and every truncation filter: the truncation then works on the allowed
-tokens, and the draw is from the renormalised constrained distribution. The tensor filters are in :mod:`llmsample.sampling.filters`, the stages that
+tokens, and the draw is from the renormalised constrained distribution. The tensor filters are in :mod:`llmsample.sampling.filters` and
+:mod:`llmsample.sampling.cutoffs`, the stages that
 read texts and token sequences in :mod:`llmsample.sampling.text_stages`.
 Every command, the speculative drafter and verifier included, goes through
 :func:`sampler_chain`, so what is shown, what is drawn and what is verified agree.
@@ -26,8 +28,8 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from llmsample.sampling import filters
-from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling import cutoffs, filters
+from llmsample.sampling.config import SAMPLER_ORDER, SamplingConfig
 from llmsample.sampling.filters import (
     apply_penalties,
     apply_temperature,
@@ -42,7 +44,14 @@ from llmsample.sampling.filters import (
 )
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.stages import chain_of
-from llmsample.sampling.text_stages import apply_constraint, apply_dry, apply_logit_bias, mask_banned, mask_early_end
+from llmsample.sampling.text_stages import (
+    apply_constraint,
+    apply_dry,
+    apply_logit_bias,
+    mask_banned,
+    mask_early_end,
+    mask_repeated_ngrams,
+)
 
 StageFunction = Callable[[Tensor, TokenHistory, SamplingConfig], Tensor]
 
@@ -50,15 +59,24 @@ APPLY: dict[str, StageFunction] = {
     "logit_bias": apply_logit_bias,
     "ban": mask_banned,
     "min_tokens": mask_early_end,
+    "no_repeat_ngram": mask_repeated_ngrams,
     "penalties": apply_penalties,
     "dry": apply_dry,
     "constraint": apply_constraint,
     "greedy": lambda logits, history, cfg: keep_argmax(logits),
-    "temperature": lambda logits, history, cfg: apply_temperature(logits, cfg.temperature),
+    "temperature": lambda logits, history, cfg: cutoffs.apply_dynamic_temperature(
+        logits, cfg.temperature, cfg.dynatemp_range, cfg.dynatemp_exponent
+    ),
+    "smoothing": lambda logits, history, cfg: cutoffs.apply_smoothing(logits, cfg.smoothing_factor, cfg.smoothing_curve),
     "top_n_sigma": lambda logits, history, cfg: keep_top_n_sigma(logits, cfg.top_n_sigma),
     "top_k": lambda logits, history, cfg: keep_top_k(logits, cfg.top_k),
     "top_p": lambda logits, history, cfg: keep_top_p(logits, cfg.top_p),
     "typical_p": lambda logits, history, cfg: keep_typical_p(logits, cfg.typical_p),
+    "epsilon": lambda logits, history, cfg: cutoffs.keep_epsilon(logits, cfg.epsilon_cutoff),
+    "eta": lambda logits, history, cfg: cutoffs.keep_eta(logits, cfg.eta_cutoff),
+    "top_h": lambda logits, history, cfg: cutoffs.keep_top_h(logits, cfg.top_h),
+    "top_a": lambda logits, history, cfg: cutoffs.keep_top_a(logits, cfg.top_a),
+    "p_less": lambda logits, history, cfg: cutoffs.keep_p_less(logits),
     "min_p": lambda logits, history, cfg: keep_min_p(logits, cfg.min_p),
     "xtc": lambda logits, history, cfg: keep_xtc(logits, cfg.xtc_threshold),
 }
@@ -152,7 +170,7 @@ class Chain:
         """After the biases, bans and penalties, before the temperature: it ranks the
         alternatives a greedy step discarded."""
         names = self.names
-        at = names.index("greedy") if "greedy" in names else names.index("temperature")
+        at = next((i for i, name in enumerate(names) if name == "greedy" or name in SAMPLER_ORDER), len(names))
         return self.stages[at - 1].logits
 
     @property
@@ -218,7 +236,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
         elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
             logits, ids = filters.top_p_kept(logits, cfg.top_p if values is None else values.top_p, vocab // 8)
         else:
-            if values is not None and info.name in PER_ROW:
+            if values is not None and info.name in PER_ROW and not (info.name == "temperature" and cfg.has_dynatemp):
                 logits = PER_ROW[info.name](logits, values)
             else:
                 logits = APPLY[info.name](logits, history, cfg)
@@ -232,7 +250,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     return Chain(tuple(stages), logits.softmax(-1), ids)
 
 
-NARROWING = frozenset({"top_n_sigma", "top_p", "typical_p", "min_p"})
+NARROWING = frozenset({"top_n_sigma", "top_p", "typical_p", "epsilon", "eta", "top_h", "top_a", "p_less", "min_p"})
 """The filters after the temperature that usually leave a few candidates: after the first of
 them that does, the chain goes on on its candidates (the stages after it are all filters of a
 distribution)."""

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llmsample.sampling.config import SAMPLER_ORDER
+
 if TYPE_CHECKING:
     from llmsample.sampling.config import SamplingConfig
 
@@ -52,6 +54,10 @@ STAGES: tuple[StageInfo, ...] = (
         "min_tokens", "min-n", lambda cfg: cfg.min_tokens > 0, removes=True, letter="n", legend="--min-tokens",
         needs_sequences=True, needs_vocabulary=True,
     ),
+    StageInfo(
+        "no_repeat_ngram", "n-gram", lambda cfg: cfg.no_repeat_ngram_size > 0, removes=True, letter="r",
+        legend="--no-repeat-ngram-size", needs_sequences=True,
+    ),
     StageInfo("penalties", "penal.", _always),
     StageInfo("dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True),
     StageInfo(
@@ -60,6 +66,7 @@ STAGES: tuple[StageInfo, ...] = (
     ),
     StageInfo("greedy", "greedy", lambda cfg: cfg.is_greedy),
     StageInfo("temperature", "temp.", _sampling),
+    StageInfo("smoothing", "smooth", lambda cfg: _sampling(cfg) and cfg.smoothing_factor > 0),
     StageInfo(
         "top_n_sigma", "n-σ", lambda cfg: _sampling(cfg) and cfg.top_n_sigma > 0, removes=True, letter="σ",
         legend="top-n-sigma",
@@ -70,6 +77,21 @@ STAGES: tuple[StageInfo, ...] = (
         "typical_p", "typ.", lambda cfg: _sampling(cfg) and cfg.typical_p < 1, removes=True, letter="t",
         legend="typical-p",
     ),
+    StageInfo(
+        "epsilon", "eps.", lambda cfg: _sampling(cfg) and cfg.epsilon_cutoff > 0, removes=True, letter="e",
+        legend="epsilon cutoff",
+    ),
+    StageInfo(
+        "eta", "eta", lambda cfg: _sampling(cfg) and cfg.eta_cutoff > 0, removes=True, letter="η",
+        legend="eta cutoff",
+    ),
+    StageInfo(
+        "top_h", "top-h", lambda cfg: _sampling(cfg) and cfg.top_h > 0, removes=True, letter="h", legend="top-h",
+    ),
+    StageInfo(
+        "top_a", "top-a", lambda cfg: _sampling(cfg) and cfg.top_a > 0, removes=True, letter="a", legend="top-a",
+    ),
+    StageInfo("p_less", "p-less", lambda cfg: _sampling(cfg) and cfg.p_less, removes=True, letter="l", legend="p-less"),
     StageInfo("min_p", "min-p", _sampling, removes=True, letter="m", legend="min-p"),
     StageInfo(
         "xtc", "XTC", lambda cfg: _sampling(cfg) and cfg.has_xtc, removes=True, letter="x",
@@ -92,8 +114,13 @@ def label(name: str) -> str:
 
 
 def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
-    """The stages a config's chain runs, in order (``raw`` first)."""
-    return tuple(info for info in STAGES if info.on(cfg))
+    """The stages a config's chain runs, in order (``raw`` first): the table's, or with
+    ``samplers`` the history stages in the table's order and then the listed ones in theirs."""
+    chain = tuple(info for info in STAGES if info.on(cfg))
+    if not cfg.samplers or cfg.is_greedy:
+        return chain
+    history = tuple(info for info in chain if info.name not in SAMPLER_ORDER)
+    return history + tuple(BY_NAME[name] for name in cfg.samplers if BY_NAME[name].on(cfg))
 
 
 def needs_sequences(cfg: SamplingConfig) -> bool:

@@ -1,4 +1,4 @@
-"""The text-aware stages of the sampler chain: logit biases, bans, min-tokens and DRY, which
+"""The text-aware stages of the sampler chain: logit biases, bans, min-tokens, no-repeat-ngram and DRY, which
 read the tokenizer's texts and each row's token sequence (kept in the :class:`TokenHistory`).
 They come before the temperature, as in transformers' processors and llama.cpp's default chain;
 no function edits its input in place, and a removed token has logit ``-inf``."""
@@ -131,3 +131,22 @@ def apply_constraint(logits: Tensor, history: TokenHistory, cfg: SamplingConfig)
     if allowed.device != logits.device:
         allowed = allowed.to(logits.device, non_blocking=True)
     return logits.masked_fill(~allowed, -math.inf)
+
+
+def mask_repeated_ngrams(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
+    """transformers' ``no_repeat_ngram_size``: remove every token that would complete an n-gram
+    already in the row's sequence (prompt and generated, as transformers reads a decoder's
+    ``input_ids``); n = 1 removes every token seen."""
+    n = cfg.no_repeat_ngram_size
+    if n <= 0:
+        return logits
+    return mask_tokens(logits, [ngram_completions(row, n) for row in _sequences(history, "no_repeat_ngram")])
+
+
+def ngram_completions(sequence: tuple[int, ...], n: int) -> set[int]:
+    """The tokens that follow, somewhere in ``sequence``, the n - 1 tokens it ends with."""
+    start = len(sequence) - n + 1
+    if start < 0:
+        return set()
+    prefix = sequence[start:]
+    return {sequence[i + n - 1] for i in range(start) if sequence[i : i + n - 1] == prefix}

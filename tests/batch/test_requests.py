@@ -78,6 +78,17 @@ def test_our_json_line_with_every_field() -> None:
             "logit_bias": {"50256": -100},
             "ban": ["As an AI"],
             "min_tokens": 4,
+            "no_repeat_ngram_size": 3,
+            "dynatemp_range": 0.5,
+            "dynatemp_exponent": 1.5,
+            "smoothing_factor": 0.3,
+            "smoothing_curve": 2,
+            "epsilon_cutoff": 0.0003,
+            "eta_cutoff": 0.0003,
+            "top_h": 0.4,
+            "top_a": 0.1,
+            "p_less": True,
+            "samplers": "top_k;typ_p;top_p;min_p;epsilon_cutoff;eta;top_h;top_a;p_less;smoothing;temperature;top_n_sigma;xtc",
         }
     )
     request = one(line)
@@ -92,6 +103,7 @@ def test_our_json_line_with_every_field() -> None:
     # Normalised as SamplingConfig stores them: floats, and stop as a tuple.
     assert request.overrides["temperature"] == 1.0 and isinstance(request.overrides["temperature"], float)
     assert request.overrides["stop"] == ("\n\n",)
+    assert request.overrides["samplers"][:3] == ("top_k", "typical_p", "top_p")
     assert set(request.overrides) == set(SAMPLING_KEYS)
     assert request.chat_messages() == [
         {"role": "system", "content": "Be brief."},

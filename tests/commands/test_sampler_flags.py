@@ -33,6 +33,15 @@ def run(*args: str):
         (("--dry-sequence-breaker", ""), "--dry-sequence-breaker: the strings must not be empty"),
         (("--ban", ""), "--ban: the strings must not be empty"),
         (("--min-tokens", "-1"), "--min-tokens: must be an integer >= 0"),
+        (("--no-repeat-ngram-size", "-1"), "--no-repeat-ngram-size: must be an integer >= 0"),
+        (("--dynatemp-range", "-0.5"), "--dynatemp-range: must be >= 0"),
+        (("--dynatemp-exp", "-1"), "--dynatemp-exponent: must be >= 0"),
+        (("--smoothing-factor", "-1"), "--smoothing-factor: must be >= 0"),
+        (("--smoothing-curve", "0.5"), "--smoothing-curve: must be in [1, 10]"),
+        (("--epsilon-cutoff", "1"), "--epsilon-cutoff: must be in [0, 1)"),
+        (("--eta-cutoff", "-0.1"), "--eta-cutoff: must be in [0, 1)"),
+        (("--top-h", "1.5"), "--top-h: must be in [0, 1]"),
+        (("--top-a", "-1"), "--top-a: must be >= 0"),
         (("--logit-bias", "504"), "is not TOKEN=BIAS"),
         (("--logit-bias", "504=lots"), "is not TOKEN=BIAS"),
         (("--logit-bias", "504=200"), "--logit-bias: the bias of '504' must be in [-100, 100]"),
@@ -62,6 +71,20 @@ def test_flags_reach_the_chain(tiny_model_dir: Path) -> None:
     tokens = [json.loads(line) for line in result.stdout.splitlines()][:-1]
     assert tokens and all(t["token_id"] != 7 for t in tokens)
     assert all(t["removed"]["ban"] >= 1 and t["removed"]["min_tokens"] >= 1 for t in tokens)
+
+
+def test_the_newer_stages_flags_reach_the_chain(tiny_model_dir: Path) -> None:
+    import json
+
+    flags = ("--no-repeat-ngram-size", "1", "--dynatemp-range", "0.5", "--smoothing-factor", "0.2",
+             "--epsilon-cutoff", "0.001", "--eta-cutoff", "0.001", "--top-h", "0.9", "--top-a", "0.01", "--p-less")  # fmt: skip
+    result = run("generate", "-m", str(tiny_model_dir), *MODEL_ARGS, "--ignore-eos", *flags)
+    assert result.exit_code == 0, result.output
+    tokens = [json.loads(line) for line in result.stdout.splitlines()][:-1]
+    assert {"no_repeat_ngram", "epsilon", "eta", "top_h", "top_a", "p_less"} <= set(tokens[0]["removed"])
+    ids = [t["token_id"] for t in tokens]
+    assert len(set(ids)) == len(ids)  # n-gram size 1: no token twice
+    assert all(t["removed"]["no_repeat_ngram"] >= 3 for t in tokens)  # the prompt's three tokens at least
 
 
 EVERY_TEXT = ("--ban", "w", "--ban", "<")  # the tiny model's every token text holds one of them

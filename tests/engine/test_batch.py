@@ -20,6 +20,8 @@ CONFIGS = [
     dict(temperature=1.2, top_p=0.9, min_p=0.02, seed=5, presence_penalty=0.8, repetition_penalty=1.3),
     dict(temperature=0.7, seed=11, stop=("w9",)),
     dict(temperature=1.0, seed=13, min_p=0.02, dry_multiplier=0.8, xtc_probability=0.5, ban=("w12 w13",), min_tokens=2),
+    dict(temperature=1.1, seed=17, dynatemp_range=0.5, no_repeat_ngram_size=2, smoothing_factor=0.2, epsilon_cutoff=0.01,
+         eta_cutoff=0.01, top_h=0.9, top_a=0.05),
 ]
 
 
@@ -59,6 +61,9 @@ MIXED = [  # rows that share a chain call, each with its own temperature, top-p 
     dict(temperature=1.3, top_p=0.95, min_p=0.1, seed=2),
     dict(temperature=1.0, top_p=0.5, min_p=0.05, seed=3),
     dict(temperature=0.9, top_p=0.8, min_p=0.3, seed=4),
+    # a dynamic temperature is the row's own: these two share a call by their top-p alone
+    dict(temperature=1.0, top_p=0.9, dynatemp_range=0.6, seed=5),
+    dict(temperature=1.0, top_p=0.7, dynatemp_range=0.6, seed=6),
 ]
 
 

@@ -27,7 +27,7 @@ PROMPTS = ["w4 w8 w15 w16 w23 w4 w8 w15", "w5 w6 w5 w6 w5", "w9", "w12 w13 w14 w
 CONFIGS = [
     dict(temperature=0.0),
     dict(temperature=0.9, top_k=8, seed=3),
-    dict(temperature=1.2, top_p=0.9, min_p=0.02, seed=5, presence_penalty=0.8),
+    dict(temperature=1.2, top_p=0.9, min_p=0.02, seed=5, presence_penalty=0.8, dynatemp_range=0.5, no_repeat_ngram_size=3),
     dict(temperature=0.0, dry_multiplier=0.8, ban=("w12 w13",)),
     dict(temperature=1.0, seed=13, min_p=0.02, xtc_probability=0.5, min_tokens=2),
 ]

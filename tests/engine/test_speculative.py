@@ -220,7 +220,13 @@ CONFIGS = {
     "top_n_sigma": SamplingConfig(temperature=1.5, top_n_sigma=1.0),
     # XTC: p and q are the mixtures of its two branches; 0.08 puts several tokens above it here
     "xtc": SamplingConfig(temperature=1.2, min_p=0.02, xtc_threshold=0.08, xtc_probability=0.6),
+    "dynatemp_smoothing": SamplingConfig(temperature=1.0, dynatemp_range=0.6, dynatemp_exponent=1.5, smoothing_factor=0.3),
+    "epsilon_eta_top_a": SamplingConfig(temperature=1.3, epsilon_cutoff=0.02, eta_cutoff=0.01, top_a=0.1),
+    "top_h": SamplingConfig(temperature=1.5, top_h=0.8),
+    "p_less": SamplingConfig(temperature=1.5, p_less=True),
+    "samplers_order": SamplingConfig(temperature=1.8, top_k=8, min_p=0.2, top_a=0.1, samplers="min_p,top_k,temperature,top_a"),
     # the text-aware stages: the drafted token changes the history they read at the second step
+    "no_repeat_ngram": SamplingConfig(temperature=1.2, no_repeat_ngram_size=2),
     "dry_ban_bias_min_tokens": SamplingConfig(
         temperature=1.1,
         dry_multiplier=1.5,

@@ -254,6 +254,14 @@ EVERYTHING = SamplingConfig(
     ban=("Hello",),
     min_tokens=2,
     presence_penalty=0.5,
+    no_repeat_ngram_size=3,
+    dynatemp_range=0.3,
+    smoothing_factor=0.1,
+    epsilon_cutoff=1e-4,
+    eta_cutoff=1e-4,
+    top_h=0.99,
+    top_a=0.01,
+    p_less=True,
 )
 
 
@@ -261,12 +269,12 @@ def test_the_chain_runs_in_the_documented_order() -> None:
     history = history_of([1, 2, 7, 1], [2], EVERYTHING)
     chain = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING)
     assert chain.names == (
-        "raw", "logit_bias", "ban", "min_tokens", "penalties", "dry", "temperature",
-        "top_n_sigma", "top_k", "top_p", "typical_p", "min_p", "xtc",
+        "raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "penalties", "dry", "temperature", "smoothing",
+        "top_n_sigma", "top_k", "top_p", "typical_p", "epsilon", "eta", "top_h", "top_a", "p_less", "min_p", "xtc",
     )  # fmt: skip
     assert set(FILTER_STAGES) - {"constraint"} <= set(chain.names)  # the constraint: tests/constraints
     greedy = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING.with_overrides(temperature=0))
-    assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "penalties", "dry", "greedy")
+    assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "penalties", "dry", "greedy")
     # off stages are not in the chain: the default chain is as it was
     assert sampler_chain(LOGITS, NO_HISTORY, SamplingConfig()).names == (
         "raw", "penalties", "temperature", "top_k", "top_p", "min_p",

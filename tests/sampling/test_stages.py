@@ -25,6 +25,13 @@ EXAMPLES: dict[str, dict[str, Any]] = {  # settings that switch an optional stag
     "top_n_sigma": {"top_n_sigma": 1.0},
     "typical_p": {"typical_p": 0.9},
     "xtc": {"xtc_probability": 0.5},
+    "no_repeat_ngram": {"no_repeat_ngram_size": 2},
+    "smoothing": {"smoothing_factor": 0.3},
+    "epsilon": {"epsilon_cutoff": 0.01},
+    "eta": {"eta_cutoff": 0.01},
+    "top_h": {"top_h": 0.5},
+    "top_a": {"top_a": 0.2},
+    "p_less": {"p_less": True},
 }
 OPTIONAL = [BY_NAME[name] for name in EXAMPLES]
 PROMPT = torch.tensor([[1, 2, 7, 1, 2]])

@@ -29,6 +29,20 @@ def test_openai_keys_and_ours_together() -> None:
     assert serve.max_tokens_key == "max_completion_tokens"
 
 
+def test_the_newer_samplers_and_their_order_in_a_body() -> None:
+    """llama-server's and text-generation-webui's names: the same keys, and ``samplers`` a list."""
+    body = {**CHAT, "dynatemp_range": 0.5, "dynatemp_exponent": 2, "smoothing_factor": 0.3, "top_a": 0.1,
+            "no_repeat_ngram_size": 2,
+            "samplers": ["penalties", "dry", "top_k", "typ_p", "min_p", "top_a", "quadratic_sampling", "temperature"]}  # fmt: skip
+    request = parse_body(body, CHAT_URL, PRESETS).request
+    assert request.overrides["samplers"] == ("top_k", "typical_p", "min_p", "top_a", "smoothing", "temperature")
+    assert request.overrides["dynatemp_exponent"] == 2.0 and request.overrides["no_repeat_ngram_size"] == 2
+    error = refused({**CHAT, "samplers": ["top_k", "xtc", "temperature"]})
+    assert "xtc samples a mixture" in str(error)
+    error = refused({**body, "samplers": ["top_k", "temperature"]})  # smoothing and top-a would be dropped
+    assert "samplers: smoothing is set but not listed" in str(error)
+
+
 def test_null_means_not_given() -> None:
     serve = parse_body({**CHAT, "temperature": None, "n": None, "stream": None, "top_k": None}, CHAT_URL, PRESETS)
     assert serve.request.overrides == {} and serve.n == 1 and not serve.stream
