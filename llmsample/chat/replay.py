@@ -1,11 +1,12 @@
 """``chat --replay``: a saved reply against the same reply decoded again, and where and why
-the two part (a near tie tipped by different numbers; a token the replay would hardly draw,
-which says the model, its weights or the settings are not those of the saved run)."""
+the two part (:func:`llmsample.logs.replay.where_they_part`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from llmsample.logs.replay import where_they_part
 
 if TYPE_CHECKING:
     from llmsample.chat.conversation import Reply
@@ -29,22 +30,8 @@ def compare(lm: LoadedModel, exchange: int, saved: dict[str, Any], reply: Reply 
     if ids is None:
         same = reply.text == saved.get("content")
         return Replayed(exchange, same, "" if same else "the text differs (the saved reply has no token ids)")
-    if reply.ids == ids:
-        return Replayed(exchange, True)
-    at = next((i for i, (a, b) in enumerate(zip(ids, reply.ids, strict=False)) if a != b), None)
-    if at is None:
-        longer, shorter = ("saved reply", "replay") if len(ids) > len(reply.ids) else ("replay", "saved reply")
-        return Replayed(exchange, False, f"the {shorter} stopped at token {min(len(ids), len(reply.ids))} "
-                                         f"({reply.stop_reason} in the replay) where the {longer} went on")  # fmt: skip
-    event, old = reply.events[at], ids[at]
-    now = f"replayed {lm.token_text(event.token_id)!r} (p {event.prob:.3g})"
-    held = next((c.prob for c in event.top if c.token_id == old), None)
-    then = f"saved {lm.token_text(old)!r}"
-    if held is None:
-        reason = "the saved token is not among the replay's alternatives: another model, weights or settings?"
-    else:
-        reason = f"the saved token has p {held:.3g} in the replay: a near tie that other numbers tipped"
-    return Replayed(exchange, False, f"token {at}: {then}, {now}; {reason}")
+    parted = where_they_part([(t, lm.token_text(t), None) for t in ids], reply.events, reply.stop_reason)
+    return Replayed(exchange, parted is None, parted or "")
 
 
 def summary_line(results: list[Replayed]) -> list[str]:

@@ -8,6 +8,7 @@ import queue
 import sqlite3
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -28,9 +29,10 @@ class LogRecorder:
         system: str | None,
         conversation: str | None = None,
         parent: int | None = None,
+        flags: dict[str, Any] | None = None,
     ) -> None:
         self.asked = (command, prompt, system, settings)
-        self.thread = (conversation, parent)
+        self.thread = (conversation, parent, flags)
         self.records: list[dict[str, Any]] = []
         self.run_id: int | None = None
 
@@ -70,15 +72,16 @@ def warn(reason: str) -> None:
 
 class BackgroundLog:
     """Runs kept by a thread of their own, so that a writer that waits (another's transaction, a
-    slow disk) never holds up the loop that decodes (``serve``); ``close`` waits for the last."""
+    slow disk) never holds up the loop that decodes (``serve``); ``close`` waits for the last.
+    What is put is a maker of the run: its records are made on this thread too."""
 
     def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[LoggedRun | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[Callable[[], LoggedRun] | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._write, name="llmsample-log", daemon=True)
         self.thread.start()
 
-    def put(self, run: LoggedRun) -> None:
-        self.queue.put(run)
+    def put(self, make: Callable[[], LoggedRun]) -> None:
+        self.queue.put(make)
 
     def close(self) -> None:
         self.queue.put(None)
@@ -89,7 +92,7 @@ class BackgroundLog:
         while not ended:
             runs, item = [], self.queue.get()
             while item is not None:
-                runs.append(item)  # and what came meanwhile: one transaction for them all
+                runs.append(item())  # and what came meanwhile: one transaction for them all
                 try:
                     item = self.queue.get_nowait()
                 except queue.Empty:

@@ -32,11 +32,12 @@ CREATE TABLE IF NOT EXISTS runs (
     summary TEXT NOT NULL,
     records TEXT NOT NULL,
     conversation TEXT,
-    parent INTEGER
+    parent INTEGER,
+    flags TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_started ON runs (started);
 """
-ADDED = {"conversation": "TEXT", "parent": "INTEGER"}  # columns a log made before them lacks
+ADDED = {"conversation": "TEXT", "parent": "INTEGER", "flags": "TEXT"}  # columns a log made before them lacks
 KINDS = ("generate", "speculate", "chat", "batch", "serve")  # the command column: what kept the run
 BUSY_MS = 5000  # a writer waits this long for another one's transaction before giving up
 
@@ -84,6 +85,7 @@ class LoggedRun:
     records: list[dict[str, Any]]
     conversation: str | None = None  # a chat's turns share it
     parent: int | None = None  # a chat turn: the run of the reply before it in its conversation
+    flags: dict[str, Any] | None = None  # the command's flags beyond the settings (--raw, --ignore-eos...)
     id: int | None = None
     started: str = ""
 
@@ -137,8 +139,8 @@ def add_all(runs: list[LoggedRun], path: Path | None = None) -> list[int]:
             for run in runs:
                 cursor = db.execute(
                     "INSERT INTO runs (started, command, model, backend, preset, seed, prompt, system, settings, "
-                    "text, stop_reason, tokens, summary, records, conversation, parent) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "text, stop_reason, tokens, summary, records, conversation, parent, flags) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     _values(run),
                 )
                 ids.append(int(cursor.lastrowid or 0))
@@ -155,6 +157,7 @@ def _values(run: LoggedRun) -> tuple[Any, ...]:
         started, run.command, run.model, run.backend, run.preset, run.seed, run.prompt, run.system,
         _json(run.settings), run.text, run.stop_reason, run.tokens, _json(run.summary),
         "\n".join(_json(record) for record in run.records), run.conversation, run.parent,
+        None if run.flags is None else _json(run.flags),
     )  # fmt: skip
 
 
@@ -200,7 +203,9 @@ def _run(row: sqlite3.Row) -> LoggedRun:
     data = dict(row)
     records = [json.loads(line) for line in data.pop("records").splitlines() if line]
     settings, summary = json.loads(data.pop("settings")), json.loads(data.pop("summary"))
-    return LoggedRun(**data, settings=settings, summary=summary, records=records)
+    flags = data.pop("flags")
+    flags = None if flags is None else json.loads(flags)
+    return LoggedRun(**data, flags=flags, settings=settings, summary=summary, records=records)
 
 
 def _json(value: Any) -> str:
