@@ -63,5 +63,6 @@ def reply_record(run: LoggedRun) -> dict[str, Any]:
     forced = len(ids) - run.tokens
     return {
         "type": "assistant", "content": run.text, "seed": run.seed, "settings": run.settings, "prefix": ids[:forced],
-        "token_ids": ids, "stop_reason": run.stop_reason, "log_id": run.id,
+        "token_ids": ids, "token_probs": [record.get("prob") for record in run.records], "stop_reason": run.stop_reason,
+        "log_id": run.id,
     }  # fmt: skip

@@ -30,7 +30,9 @@ def compare(lm: LoadedModel, exchange: int, saved: dict[str, Any], reply: Reply 
     if ids is None:
         same = reply.text == saved.get("content")
         return Replayed(exchange, same, "" if same else "the text differs (the saved reply has no token ids)")
-    parted = where_they_part([(t, lm.token_text(t), None) for t in ids], reply.events, reply.stop_reason)
+    probs = saved.get("token_probs") or [None] * len(ids)  # a logged reply's (-c), not a /save file's
+    saved_tokens = [(t, lm.token_text(t), p) for t, p in zip(ids, probs, strict=False)]
+    parted = where_they_part(saved_tokens, reply.events, reply.stop_reason)
     return Replayed(exchange, parted is None, parted or "")
 
 

@@ -203,7 +203,7 @@ def _run(row: sqlite3.Row) -> LoggedRun:
     data = dict(row)
     records = [json.loads(line) for line in data.pop("records").splitlines() if line]
     settings, summary = json.loads(data.pop("settings")), json.loads(data.pop("summary"))
-    flags = data.pop("flags")
+    flags = data.pop("flags", None)  # a log from before the column: read as it is
     flags = None if flags is None else json.loads(flags)
     return LoggedRun(**data, flags=flags, settings=settings, summary=summary, records=records)
 
