@@ -73,7 +73,9 @@ def generate(**options: Any) -> None:
     run(options)
 
 
-def run(options: dict[str, Any], asked: tuple[str, SamplingConfig, str] | None = None, check: Any = None) -> None:
+def run(
+    options: dict[str, Any], asked: tuple[str, SamplingConfig, str] | None = None, check: Renderer | None = None
+) -> None:
     """Shared by ``generate`` and ``speculate``: the same renderers over the same events.
     ``asked``: the preset, settings and prompt of a logged run (``--replay``), ``check`` its renderer."""
     from llmsample.engine.prompt import encode_prompt

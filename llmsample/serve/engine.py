@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.feed import QueueFeed
@@ -25,6 +25,9 @@ from llmsample.errors import first_line
 from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.mailbox import Mailbox, post
+
+if TYPE_CHECKING:
+    from llmsample.serve.journal import ServeLog
 
 
 class Busy(Exception):
@@ -101,7 +104,7 @@ class Engine:
         self.closing = False
         self.counts = {"finished": 0, "cancelled": 0, "failed": 0}  # rows, since the start
         self.keys = itertools.count()
-        self.log: Any = None  # a ServeLog: sees every row's records (serve/journal.py)
+        self.log: ServeLog | None = None  # sees every row's records, for the run log
 
     def new_key(self) -> int:
         with self.lock:
