@@ -102,13 +102,12 @@ def compare(
     ``interrupted``), and the rest are skipped."""
     constraint = next(iter(configs.values())).constraint if configs else None  # the presets share it
     greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens, constraint=constraint)
+    seeds = [seed + i for i in range(samples)]
     try:
-        greedy_run = loop.generate(lm, prompt_ids, greedy_cfg, RunStats(lm.name, "greedy", None))
-        greedy = [e.token_id for e in loop.run_to_end(greedy_run)[0]]
+        greedy = greedy_reference(lm, prompt_ids, greedy_cfg, seeds)
     except (KeyboardInterrupt, Interrupted) as exc:  # before any preset: nothing to show
         ignore_further_interrupts()
         return Comparison([], [], _exit_code(exc))
-    seeds = [seed + i for i in range(samples)]
     runs: list[PresetRun] = []
     code = 0
     with progress(len(configs)) as advance:
@@ -120,6 +119,19 @@ def compare(
                 break
             advance()
     return Comparison(runs, greedy, code)
+
+
+def greedy_reference(lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, seeds: list[int]) -> list[int]:
+    """The greedy text, decoded as each preset's samples are: one batch of a row per seed, the
+    same shapes at every step. A row's numbers can depend on the batch's shape (matmul blocking,
+    padding), so a reference decoded alone could part from a greedy preset at a near tie; decoded
+    this way, a greedy preset is this very computation and never "diverges" from itself."""
+    stats = [RunStats(lm.name, "greedy", s) for s in seeds]
+    first: list[int] = []
+    for row, item in loop.generate_rows(lm, prompt_ids, cfg, stats, list(seeds)):
+        if row == 0 and isinstance(item, TokenEvent):
+            first.append(item.token_id)
+    return first
 
 
 def _run_preset(

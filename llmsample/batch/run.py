@@ -4,6 +4,7 @@ records back to output records, written in input order as soon as every earlier 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_tem
 from llmsample.engine.speculative import Drafter
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
+from llmsample.logs.recorder import LogRecorder
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling import presets as preset_store
 from llmsample.sampling.config import ConfigError, SamplingConfig, fresh_seed
@@ -121,15 +123,18 @@ def run_batch(
     *,
     drafter: Callable[[], Drafter] | None = None,
     reference: LoadedModel | None = None,
+    log: bool = False,
 ) -> BatchOutcome:
     """Decode every request not in ``done``; bad lines and failed requests become error records.
     ``drafter`` makes each request's drafter (speculation); ``reference`` scores every token
-    (``--reference``). Raises what interrupts it after writing every record that finished."""
+    (``--reference``); ``log``: each decoded request goes to the run log. Raises what interrupts
+    it after writing every record that finished."""
     outcome = BatchOutcome()
     todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
     writer = OrderedWriter(write, [i for i, _ in todo])
     items: list[BatchItem] = []
     requests: dict[int, Request] = {}
+    configs: dict[int, SamplingConfig] = {}
     shapes: dict[int, ChatShape] = {}
     for position, item in todo:
         try:
@@ -142,7 +147,7 @@ def run_batch(
             outcome.failed += 1
             writer.put(position, _error(settings, _as_error(item, str(exc))))
             continue
-        requests[position] = item
+        requests[position], configs[position] = item, cfg
         stats = RunStats(lm.name, preset, cfg.seed)
         items.append(BatchItem(position, ids, cfg, stats, drafter, settings.draft_tokens))
     top_n = max([settings.top_n, *(r.top_logprobs for r in requests.values())])
@@ -159,6 +164,8 @@ def run_batch(
                 continue
             request, tokens = requests[position], events.pop(position)
             incomplete = None if isinstance(record, RowFailed) else incomplete_message(record)
+            if log and not isinstance(record, RowFailed):
+                request_recorder("batch", request, settings.system, configs[position], tokens).summary(record)
             if isinstance(record, RowFailed):
                 outcome.failed += 1
                 writer.put(position, _error(settings, _as_error(request, record.message, "decoding_failed")))
@@ -173,6 +180,24 @@ def run_batch(
     finally:
         writer.flush_finished()
     return outcome
+
+
+def asked(request: Request, system: str | None) -> tuple[str, str | None]:
+    """What a request asked, as the run log keeps it: its prompt (its messages as JSON) and system message."""
+    if request.messages is not None:
+        return json.dumps(request.messages, ensure_ascii=False), None
+    return request.prompt or "", request.system or system
+
+
+def request_recorder(
+    command: str, request: Request, system: str | None, cfg: SamplingConfig, events: list[TokenEvent]
+) -> LogRecorder:
+    """A decoded request's events through the log's renderer: its summary keeps the run."""
+    prompt, system = asked(request, system)
+    recorder = LogRecorder(command, prompt, cfg.as_dict(), system)
+    for event in events:
+        recorder.token(event)
+    return recorder
 
 
 def _as_error(item: Request | RequestError, message: str, code: str = "invalid_request") -> RequestError:

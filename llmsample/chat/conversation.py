@@ -34,6 +34,7 @@ class Reply:
     settings: SamplingConfig
     stop_reason: str
     prefix: list[int] = field(default_factory=list)  # forced before the sampled tokens (/branch)
+    logged: int | None = None  # its run in the run log
 
     @property
     def ids(self) -> list[int]:

@@ -22,6 +22,7 @@ from llmsample.sampling.config import fresh_seed
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from llmsample.chat.replay import Replayed
     from llmsample.engine.speculative import Drafter
     from llmsample.models.loading import LoadedModel
     from llmsample.sampling.config import SamplingConfig
@@ -84,6 +85,7 @@ class Chat:
         self.totals = Totals()
         self.legend_shown = False
         self.last_summary: Summary | None = None
+        self.log_thread: str | None = None  # the conversation's id in the run log (None: not kept)
 
     # -- what the slash commands and the REPL call --------------------------------------------
 
@@ -132,24 +134,31 @@ class Chat:
                 turn.reply, turn.saved = old
         return reply
 
-    def replay(self) -> list[tuple[int, bool]]:
-        """A loaded conversation's replies decoded again with their seeds and settings: which
-        of them (by exchange) came out the same as saved."""
-        results = []
-        turns, self.conversation.turns = self.conversation.turns, []
-        for number, turn in enumerate(turns, 1):
-            self.conversation.turns.append(Turn(turn.user))
-            if turn.saved is None:
-                continue
-            record = turn.saved
-            prefix = [int(t) for t in record.get("prefix") or []]
-            ids, _ = self.conversation.fit(self.lm, 0)
-            events = [forced_event(self.lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
-            reply = self._answer(events, int(record["seed"]), settings_of(record))
-            same = reply is not None and reply.text == record.get("content")
-            if reply is not None and "token_ids" in record:
-                same = reply.ids == record["token_ids"]
-            results.append((number, same))
+    def replay(self) -> list[Replayed]:
+        """A loaded conversation's replies decoded again with their seeds and settings, each after
+        the saved conversation before it (a reply that differs does not carry into the next), and
+        none of them kept in the run log; interrupted replies are skipped (where the interrupt
+        landed is not in the seed)."""
+        from llmsample.chat.replay import Replayed, compare
+
+        results: list[Replayed] = []
+        turns, thread, self.log_thread = self.conversation.turns, self.log_thread, None
+        try:
+            for number, turn in enumerate(turns, 1):
+                record = turn.saved
+                if record is None:
+                    continue
+                if record.get("stop_reason") == "interrupted":
+                    results.append(Replayed(number, None, "interrupted"))
+                    continue
+                self.conversation.turns = [*turns[: number - 1], Turn(turn.user)]
+                prefix = [int(t) for t in record.get("prefix") or []]
+                ids, _ = self.conversation.fit(self.lm, 0)
+                events = [forced_event(self.lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
+                reply = self._answer(events, int(record["seed"]), settings_of(record))
+                results.append(compare(self.lm, number, record, reply))
+        finally:
+            self.conversation.turns, self.log_thread = turns, thread
         return results
 
     def undo(self) -> bool:
@@ -192,6 +201,10 @@ class Chat:
         reply = Reply(ids, events, summary.text, seed, cfg, summary.stop_reason, prefix)
         self.conversation.turns[-1].reply = reply
         self._count(summary)
+        if self.log_thread is not None:
+            from llmsample.chat.logged import keep_reply
+
+            keep_reply(self.conversation, self.log_thread, reply, summary)
         return reply
 
     def _stream(self, item: BatchItem, kept: list[TokenEvent]) -> tuple[list[TokenEvent], Summary]:

@@ -14,7 +14,9 @@ from llmsample.commands.options import (
     constraint_options,
     draft_options,
     end_rank,
+    keeps_log,
     load_model_with_progress,
+    log_option,
     model_options,
     quiet_option,
     reference_option,
@@ -49,6 +51,7 @@ from llmsample.errors import Interrupted, RuntimeFailure, UserError
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks).")
 @draft_options
 @reference_option
+@log_option
 @quiet_option("progress")
 def batch(**options: Any) -> None:
     """Decode many requests in one process, together, with every token's figures.
@@ -268,7 +271,8 @@ def _run(
                 rate = f"{generated / elapsed:.1f} tok/s" if elapsed else ""
                 progress.update(task, advance=1, rate=rate)
 
-            outcome = run_batch(lm, parsed, done, settings, write, finished, drafter=drafter, reference=reference)
+            outcome = run_batch(lm, parsed, done, settings, write, finished, drafter=drafter, reference=reference,
+                                log=keeps_log(options))  # fmt: skip
     except KeyboardInterrupt as exc:
         raise click.exceptions.Exit(130) from exc
     except Interrupted as exc:

@@ -14,7 +14,9 @@ from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
     draft_options,
+    keeps_log,
     load_model_with_progress,
+    log_option,
     model_options,
     output_options,
     placement_options,
@@ -33,13 +35,23 @@ from llmsample.errors import UserError
     type=click.Path(path_type=Path, dir_okay=False),
     help="Continue a conversation saved with /save.",
 )
-@click.option("--replay", is_flag=True, help="With --load: decode every saved reply again with its seed and settings.")
+@click.option(
+    "-c",
+    "--continue",
+    "resume",
+    is_flag=True,
+    help="Continue the last conversation kept in the run log (`llmsample logs`).",
+)
+@click.option(
+    "--replay", is_flag=True, help="With --load or -c: decode every saved reply again with its seed and settings."
+)
 @model_options
 @placement_options
 @sampling_options
 @constraint_options
 @output_options
 @draft_options
+@log_option
 def chat(**options: Any) -> None:
     """Talk with a chat model: each reply streams coloured by probability, the conversation's
     cache is kept between turns, and slash commands regenerate, undo, branch and inspect.
@@ -49,7 +61,11 @@ def chat(**options: Any) -> None:
     llmsample chat --preset creative --system "You are terse."
     printf 'Hi\\nWhat is 2+2?\\n' | llmsample chat --preset deterministic
     llmsample chat --load saved.jsonl --replay
+    llmsample chat -c
+
+    Every reply is kept in the run log (`llmsample logs`) unless --no-log.
     """
+    from llmsample.chat.logged import last_conversation, new_conversation
     from llmsample.chat.repl import converse
     from llmsample.chat.slash import load_into
     from llmsample.chat.talk import Chat, ChatSettings, Views
@@ -57,8 +73,11 @@ def chat(**options: Any) -> None:
     from llmsample.commands.generate import build_renderers
     from llmsample.engine.prompt import has_chat_template
 
-    if options["replay"] and options["load_file"] is None:
-        raise UserError("--replay decodes a saved conversation again; give it with --load FILE")
+    if options["replay"] and options["load_file"] is None and not options["resume"]:
+        raise UserError("--replay decodes a saved conversation again; give it with --load FILE or -c")
+    if options["resume"] and options["load_file"] is not None:
+        raise UserError("-c continues the last logged conversation and --load a saved one; give one of them")
+    resumed = last_conversation() if options["resume"] else None  # before the model loads: none is one line
     preset, cfg = resolve_sampling(options)
     lm = load_model_with_progress(options)
     if not has_chat_template(lm):
@@ -74,11 +93,14 @@ def chat(**options: Any) -> None:
     )  # fmt: skip
     views = Views(lambda quiet: build_renderers({**options, "quiet": quiet}), chain_table)
     talk = Chat(lm, preset, cfg, settings, views, resolve_watch(options, lm), drafter)
+    talk.log_thread = new_conversation() if keeps_log(options) else None
     try:
         if options["load_file"] is not None:
             load_into(talk, options["load_file"])
-            if options["replay"]:
-                replay(talk)
+        if resumed is not None:
+            continue_from(talk, *resumed)
+        if options["replay"]:
+            replay(talk)
         if options["system"] is not None:
             talk.conversation.system = options["system"] or None
         interactive = sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty()
@@ -87,11 +109,18 @@ def chat(**options: Any) -> None:
         talk.close()
 
 
+def continue_from(talk: Any, thread: str, model: str, conversation: Any) -> None:
+    """``-c``: the logged conversation's turns and system message (unless --system), the same id."""
+    talk.conversation = conversation
+    if talk.log_thread is not None:
+        talk.log_thread = thread
+    elsewhere = "" if model == talk.lm.name else f" (its replies came from {model})"
+    talk.note(f"continuing the last conversation: {len(conversation.turns)} exchange(s){elsewhere}")
+
+
 def replay(talk: Any) -> None:
-    """Every saved reply decoded again, then one line: do they equal the saved ones?"""
-    results = talk.replay()
-    differ = [str(number) for number, same in results if not same]
-    if differ:
-        talk.note(f"replayed {len(results)} replies: exchange(s) {', '.join(differ)} differ from the saved ones")
-    else:
-        talk.note(f"replayed {len(results)} replies: all equal to the saved ones")
+    """Every saved reply decoded again; a line for each that differs (where, and why), then the count."""
+    from llmsample.chat.replay import summary_line
+
+    for line in summary_line(talk.replay()):
+        talk.note(line)

@@ -39,6 +39,12 @@ if TYPE_CHECKING:
     help="Tensor parallel: split the model over the processes of a torchrun launch (see docs/scaling.md).",
 )
 @reference_option
+@click.option(
+    "--replay",
+    metavar="ID",
+    type=int,
+    help="Run a logged run again (its prompt, settings, seed, model) and say whether the tokens match.",
+)
 @with_engine_options
 def generate(**options: Any) -> None:
     """Generate text from a prompt, token by token, with our own sampler.
@@ -48,11 +54,18 @@ def generate(**options: Any) -> None:
     llmsample generate -p "Write a haiku" --preset creative --seed 7 --inspect
     echo "Once upon a time" | llmsample generate --raw --format jsonl
     llmsample generate -p "Explain top-p" --quantize int8 --reference --format jsonl
+    llmsample generate --replay 12
 
     A warm engine of the same model (llmsample start) answers instead of loading the model here.
     """
     from llmsample.client.route import choose
 
+    if options.get("replay") is not None:
+        from llmsample.commands.replay import replay_options
+
+        options, asked, check = replay_options(options)
+        run(options, asked, check)
+        return
     target = choose(options)  # before anything imports torch: the warm path stays light
     if target is not None:
         generate_on(target, options)
@@ -60,12 +73,15 @@ def generate(**options: Any) -> None:
     run(options)
 
 
-def run(options: dict[str, Any]) -> None:
-    """Shared by ``generate`` and ``speculate``: the same renderers over the same events."""
+def run(
+    options: dict[str, Any], asked: tuple[str, SamplingConfig, str] | None = None, check: Renderer | None = None
+) -> None:
+    """Shared by ``generate`` and ``speculate``: the same renderers over the same events.
+    ``asked``: the preset, settings and prompt of a logged run (``--replay``), ``check`` its renderer."""
     from llmsample.engine.prompt import encode_prompt
     from llmsample.events import RunStats
 
-    preset, cfg, prompt = what_was_asked(options)
+    preset, cfg, prompt = asked or what_was_asked(options)
     if options.get("tp"):
         options = join_tensor_parallel(options)
     lm = load_model_with_progress(options)
@@ -96,7 +112,7 @@ def run(options: dict[str, Any]) -> None:
             reference=reference,
         )  # fmt: skip
     renderers = build_renderers(options, asked=(prompt, cfg.as_dict())) if not options.get("silent") else []
-    summary = consume(events, renderers, stats, options["quiet"])
+    summary = consume(events, [*renderers, *([check] if check else [])], stats, options["quiet"])
     if options.get("tp"):
         end_rank(0)
     from llmsample.sampling.constraint import incomplete_message
@@ -259,10 +275,11 @@ def build_renderers(options: dict[str, Any], asked: tuple[str, dict[str, Any]] |
         from llmsample.logs.store import logging_on
 
         if logging_on():
+            from llmsample.commands.replay import logged_flags
             from llmsample.logs.recorder import LogRecorder
 
             command = click.get_current_context().info_name or "generate"
-            renderers.append(LogRecorder(command, *asked, options.get("system")))
+            renderers.append(LogRecorder(command, *asked, options.get("system"), flags=logged_flags(options)))
     return renderers
 
 

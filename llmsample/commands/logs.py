@@ -20,8 +20,8 @@ from llmsample.logs import store
 @click.option("-n", "--count", type=click.IntRange(1, 100000), default=10, show_default=True, help="How many runs.")
 @click.pass_context
 def logs(ctx: click.Context, count: int) -> None:
-    """The runs kept in the log, newest first: every generate and speculate, with its prompt,
-    settings, seed and every token's record.
+    """The runs kept in the log, newest first: every generate and speculate, chat reply, batch
+    request and served request, with its prompt, settings, seed and every token's record.
 
     \b
     llmsample logs
@@ -104,7 +104,7 @@ def _list(runs: list[store.LoggedRun], fmt: str) -> None:
     for run in runs:
         if fmt == "jsonl":
             keys = ("id", "started", "command", "model", "backend", "preset", "seed", "prompt", "system",
-                    "text", "stop_reason", "tokens", "settings")  # fmt: skip
+                    "text", "stop_reason", "tokens", "settings", "conversation", "parent")  # fmt: skip
             click.echo(json.dumps({key: getattr(run, key) for key in keys}, ensure_ascii=False, allow_nan=False))
         else:
             click.echo(f"{run.id:>5}  {run.started}  {run.command:<9} seed {run.seed}  {_short(run.prompt)} → "

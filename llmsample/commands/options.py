@@ -449,6 +449,14 @@ log_option = option_group(
     panel="Output",
 )
 
+
+def keeps_log(options: dict[str, Any]) -> bool:
+    """Whether this run goes to the run log: not with --no-log, LLMSAMPLE_NO_LOG or `llmsample logs off`."""
+    from llmsample.logs.store import logging_on
+
+    return not options.get("no_log") and logging_on()
+
+
 compare_option = option_group(
     click.option("--compare", is_flag=True, help="Also decode without speculation (same seed) and report the speedup."),
     panel="Speculation",

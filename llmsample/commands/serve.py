@@ -12,7 +12,9 @@ import click
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     draft_options,
+    keeps_log,
     load_model_with_progress,
+    log_option,
     model_options,
     quiet_option,
     resolve_sampling,
@@ -58,6 +60,7 @@ from llmsample.errors import UserError
 )
 @click.option("--engine", is_flag=True, hidden=True, help="Serve as this user's warm engine (llmsample start).")
 @click.option("--keep-alive", type=click.FloatRange(0, min_open=True), hidden=True, help="An engine's idle seconds.")
+@log_option
 @quiet_option("startup line or request log")
 def serve(**options: Any) -> None:
     """Serve the model over the OpenAI API (chat and completions, streamed or whole).
@@ -70,6 +73,8 @@ def serve(**options: Any) -> None:
     llmsample serve --port 8000
     llmsample serve -m HuggingFaceTB/SmolLM2-360M-Instruct --preset creative --batch-size 16
     LLMSAMPLE_API_KEY=secret llmsample serve --host 0.0.0.0
+
+    Every answered request is kept in the run log (`llmsample logs`) unless --no-log.
     """
     from llmsample.batch.run import BatchSettings
     from llmsample.engine.batch import default_batch_size
@@ -111,6 +116,10 @@ def serve(**options: Any) -> None:
         drafter = build_drafter(options, lm)
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
     engine = Engine(lm, batch_size, options["max_queue"])
+    if not options["engine"] and keeps_log(options):  # a warm engine's clients log their own runs
+        from llmsample.serve.journal import ServeLog
+
+        engine.log = ServeLog(options["system"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
                        drafter=drafter, read_timeout=options["read_timeout"], strict_api=options["strict_api"])  # fmt: skip
     idle = Idle(state)
@@ -124,6 +133,8 @@ def serve(**options: Any) -> None:
         serve_forever(app if options["quiet"] else AccessLog(app), sock, engine, ready, options["read_timeout"])
     finally:
         sock.close()
+        if engine.log is not None:
+            engine.log.close()
         if options["engine"]:
             registry.remove_record(directory, registry.engine_id(registry.spec_of(options)), os.getpid())
 

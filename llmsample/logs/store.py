@@ -30,10 +30,15 @@ CREATE TABLE IF NOT EXISTS runs (
     stop_reason TEXT NOT NULL,
     tokens INTEGER NOT NULL,
     summary TEXT NOT NULL,
-    records TEXT NOT NULL
+    records TEXT NOT NULL,
+    conversation TEXT,
+    parent INTEGER,
+    flags TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_started ON runs (started);
 """
+ADDED = {"conversation": "TEXT", "parent": "INTEGER", "flags": "TEXT"}  # columns a log made before them lacks
+KINDS = ("generate", "speculate", "chat", "batch", "serve")  # the command column: what kept the run
 BUSY_MS = 5000  # a writer waits this long for another one's transaction before giving up
 
 
@@ -78,6 +83,9 @@ class LoggedRun:
     tokens: int
     summary: dict[str, Any]
     records: list[dict[str, Any]]
+    conversation: str | None = None  # a chat's turns share it
+    parent: int | None = None  # a chat turn: the run of the reply before it in its conversation
+    flags: dict[str, Any] | None = None  # the command's flags beyond the settings (--raw, --ignore-eos...)
     id: int | None = None
     started: str = ""
 
@@ -97,27 +105,60 @@ def connect(path: Path | None = None, create: bool = True) -> Iterator[sqlite3.C
     try:
         if create:
             db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL stays whole; a power cut may lose the last run
             db.executescript(SCHEMA)
+            _add_columns(db)
         yield db
     finally:
         db.close()
 
 
+def _add_columns(db: sqlite3.Connection) -> None:
+    """A log written before a column existed gains it (null in its old runs)."""
+    have = {row["name"] for row in db.execute("PRAGMA table_info(runs)")}
+    for name, kind in ADDED.items():
+        if name not in have:
+            try:
+                db.execute(f"ALTER TABLE runs ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as exc:  # another writer added it between the look and now
+                if "duplicate column" not in str(exc):
+                    raise
+
+
 def add(run: LoggedRun, path: Path | None = None) -> int:
     """Keep ``run``; its id. One transaction: a run is in the log whole or not at all."""
+    return add_all([run], path)[0]
+
+
+def add_all(runs: list[LoggedRun], path: Path | None = None) -> list[int]:
+    """Keep ``runs`` in one transaction (a batch's finished requests, a server's): their ids."""
+    ids = []
+    with connect(path) as db:
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for run in runs:
+                cursor = db.execute(
+                    "INSERT INTO runs (started, command, model, backend, preset, seed, prompt, system, settings, "
+                    "text, stop_reason, tokens, summary, records, conversation, parent, flags) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    _values(run),
+                )
+                ids.append(int(cursor.lastrowid or 0))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+    return ids
+
+
+def _values(run: LoggedRun) -> tuple[Any, ...]:
     started = run.started or datetime.now(UTC).isoformat(timespec="seconds")
-    values = (
+    return (
         started, run.command, run.model, run.backend, run.preset, run.seed, run.prompt, run.system,
         _json(run.settings), run.text, run.stop_reason, run.tokens, _json(run.summary),
-        "\n".join(_json(record) for record in run.records),
+        "\n".join(_json(record) for record in run.records), run.conversation, run.parent,
+        None if run.flags is None else _json(run.flags),
     )  # fmt: skip
-    with connect(path) as db:
-        cursor = db.execute(
-            "INSERT INTO runs (started, command, model, backend, preset, seed, prompt, system, settings, text, "
-            "stop_reason, tokens, summary, records) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            values,
-        )
-        return int(cursor.lastrowid or 0)
 
 
 def recent(limit: int, search: str | None = None, path: Path | None = None) -> list[LoggedRun]:
@@ -133,6 +174,22 @@ def recent(limit: int, search: str | None = None, path: Path | None = None) -> l
     return [_run(row) for row in rows]
 
 
+def last_conversation(path: Path | None = None) -> list[LoggedRun]:
+    """The newest chat turn and the turns before it in its conversation (by ``parent``), oldest
+    first: the conversation as it stood at its last reply; empty when no chat was kept."""
+    try:
+        with connect(path, create=False) as db:
+            row = db.execute("SELECT * FROM runs WHERE command = 'chat' ORDER BY id DESC LIMIT 1").fetchone()
+            chain = []
+            while row is not None and len(chain) < 100000:
+                chain.append(_run(row))
+                parent = chain[-1].parent
+                row = None if parent is None else db.execute("SELECT * FROM runs WHERE id = ?", (parent,)).fetchone()
+    except FileNotFoundError:
+        return []
+    return chain[::-1]
+
+
 def get(run_id: int, path: Path | None = None) -> LoggedRun | None:
     try:
         with connect(path, create=False) as db:
@@ -146,7 +203,9 @@ def _run(row: sqlite3.Row) -> LoggedRun:
     data = dict(row)
     records = [json.loads(line) for line in data.pop("records").splitlines() if line]
     settings, summary = json.loads(data.pop("settings")), json.loads(data.pop("summary"))
-    return LoggedRun(**data, settings=settings, summary=summary, records=records)
+    flags = data.pop("flags", None)  # a log from before the column: read as it is
+    flags = None if flags is None else json.loads(flags)
+    return LoggedRun(**data, flags=flags, settings=settings, summary=summary, records=records)
 
 
 def _json(value: Any) -> str:

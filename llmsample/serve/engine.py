@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.feed import QueueFeed
@@ -25,6 +25,9 @@ from llmsample.errors import first_line
 from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.mailbox import Mailbox, post
+
+if TYPE_CHECKING:
+    from llmsample.serve.journal import ServeLog
 
 
 class Busy(Exception):
@@ -101,6 +104,7 @@ class Engine:
         self.closing = False
         self.counts = {"finished": 0, "cancelled": 0, "failed": 0}  # rows, since the start
         self.keys = itertools.count()
+        self.log: ServeLog | None = None  # sees every row's records, for the run log
 
     def new_key(self) -> int:
         with self.lock:
@@ -109,10 +113,10 @@ class Engine:
     def submit(self, items: list[BatchItem], mailbox: Mailbox) -> None:
         """Queue the rows of one request (all or none); raises :class:`Busy` or :class:`Closing`."""
         with self.lock:
-            if self.closing:
-                raise Closing
-            if self.routes and len(self.routes) + len(items) > self.batch_size + self.max_queue:
-                raise Busy(self.retry_after())
+            if self.closing or (self.routes and len(self.routes) + len(items) > self.batch_size + self.max_queue):
+                if self.log is not None:
+                    self.log.forget(items)
+                raise Closing if self.closing else Busy(self.retry_after())
             for item in items:  # under the lock: a shutdown lands before these rows or after them
                 self.routes[item.key] = mailbox
                 self.waiting[item.key] = item
@@ -134,7 +138,7 @@ class Engine:
             with self.lock:
                 never = [(self.waiting.pop(key), self.routes.pop(key)) for key in live if key in self.waiting]
                 self.counts["cancelled"] += len(never)
-            post((box, [(item.key, _unstarted(item))]) for item, box in never)
+            self._post([(box, [(item.key, _unstarted(item))]) for item, box in never])
 
     def shutdown(self) -> None:
         """No new requests; every row in flight ends now (its stream gets a final chunk)."""
@@ -161,6 +165,8 @@ class Engine:
                         return
 
     def _route(self, key: Any, record: Any) -> None:
+        if self.log is not None:
+            self.log.see(key, record)
         ends = not hasattr(record, "token_id")
         with self.lock:
             box = self.routes.pop(key, None) if ends else self.routes.get(key)
@@ -196,7 +202,15 @@ class Engine:
             failed = [(key, self.routes.pop(key)) for key in self.started if key in self.routes]
             self.counts["failed"] += len(failed)
             self.started.clear()
-        post((box, [(key, RowFailed(key, message))]) for key, box in failed)
+        self._post([(box, [(key, RowFailed(key, message))]) for key, box in failed])
+
+    def _post(self, ended: list[tuple[Mailbox, list[tuple[Any, Any]]]]) -> None:
+        """Ends of rows the loop did not route (never started, failed): to their requests and the log."""
+        if self.log is not None:
+            for _, records in ended:
+                for key, record in records:
+                    self.log.see(key, record)
+        post(ended)
 
 
 def _unstarted(item: BatchItem) -> Summary:

@@ -23,10 +23,14 @@ from llmsample.serve.state import ServeState
 def build_items(state: ServeState, serve: ServeRequest, chat: bool) -> tuple[list[BatchItem], ChatShape]:
     """The request's rows (``n`` per prompt, in order) and how a chat answer's text is read
     back (its tools and thinking block)."""
-    items, shape = [], PLAIN
+    items, shape, asked = [], PLAIN, []
     for request, tokens in zip(serve.requests, serve.token_prompts, strict=True):
         rows, shape = _prompt_items(state, serve, request, tokens, chat)
         items += rows
+        asked.append((request, rows))
+    if state.engine.log is not None:  # every prompt's rows made: the request goes to the engine
+        for request, rows in asked:
+            state.engine.log.expect(request, rows)
     return items, shape
 
 

@@ -137,14 +137,36 @@ def test_an_interruption_keeps_the_finished_presets(
     assert all(r.metrics.tokens == len(r.events) for r in cut)
 
 
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated")  # the backend's call, seen by the wrapper
+def test_a_greedy_preset_never_diverges_even_where_the_batch_shape_moves_the_numbers(
+    tiny_lm, prompt_ids, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose numbers depend on how many rows a pass holds (as padding and matmul blocking
+    make real ones, here made large): the greedy text of a batch of one is not that of a batch of
+    three, and the reference is decoded as the presets' samples are, so a greedy preset keeps it."""
+    forward = tiny_lm.model.forward
+
+    def shape_dependent(*args: Any, **kwargs: Any) -> Any:
+        out = forward(*args, **kwargs)
+        out.logits[..., 7 + out.logits.shape[0]] += 50.0  # the favourite token follows the batch's rows
+        return out
+
+    monkeypatch.setattr(tiny_lm.model, "forward", shape_dependent)
+    alone, _ = loop.run_to_end(loop.generate(tiny_lm, prompt_ids, SamplingConfig(temperature=0.0, max_tokens=4),
+                                             RunStats("t", "g", None)))  # fmt: skip
+    done = compare(tiny_lm, prompt_ids, {"cold": SamplingConfig(temperature=0.0)}, samples=3, seed=0, max_tokens=4)
+    assert [e.token_id for e in alone] == [8] * 4  # one row throughout
+    assert done.greedy == [8, 10, 10, 10]  # the prompt prefilled once (one row), then steps of three rows
+    assert [run.metrics.divergence_index for run in done.runs] == [None] * 3
+
+
 def test_an_interruption_during_the_greedy_run_keeps_nothing(
     tiny_lm, prompt_ids, monkeypatch: pytest.MonkeyPatch, no_signal_changes: list[int]
 ) -> None:
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         raise Interrupted(signal.SIGHUP)
-        yield
 
-    monkeypatch.setattr(loop, "generate", interrupted)
+    monkeypatch.setattr(comparing, "greedy_reference", interrupted)
     done = compare(tiny_lm, prompt_ids, CONFIGS, samples=2, seed=0, max_tokens=6)
     assert done == Comparison([], [], 129) and no_signal_changes == [1]
 
