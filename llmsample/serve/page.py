@@ -27,9 +27,10 @@ NONCE = "LLMSAMPLE_NONCE"
 
 @dataclass(frozen=True)
 class Control:
-    """One sampling key as the page shows it: a slider (``integer``: a whole-number field) in a
-    group named as the docs name the stages; the range is the slider's, the key's own rules are
-    the server's (a value out of them is the server's 400, shown on the page)."""
+    """One sampling key as the page shows it: a slider (``integer``: a whole-number field;
+    ``flag``: a checkbox) in a group named as the docs name the stages; the range is the
+    slider's, the key's own rules are the server's (a value out of them is the server's 400,
+    shown on the page)."""
 
     key: str
     label: str
@@ -38,18 +39,29 @@ class Control:
     high: float
     step: float
     integer: bool = False
+    flag: bool = False
 
 
 CONTROLS: tuple[Control, ...] = (
     Control("temperature", "temperature", "Temperature and truncation", 0, 2, 0.05),
+    Control("dynatemp_range", "dynamic ±", "Temperature and truncation", 0, 2, 0.05),
+    Control("dynatemp_exponent", "dynamic exponent", "Temperature and truncation", 0, 4, 0.05),
+    Control("smoothing_factor", "smoothing", "Temperature and truncation", 0, 5, 0.05),
+    Control("smoothing_curve", "smoothing curve", "Temperature and truncation", 1, 10, 0.1),
     Control("top_k", "top-k", "Temperature and truncation", 0, 200, 1, integer=True),
     Control("top_p", "top-p", "Temperature and truncation", 0.05, 1, 0.01),
     Control("min_p", "min-p", "Temperature and truncation", 0, 0.5, 0.01),
     Control("typical_p", "typical-p", "Temperature and truncation", 0.05, 1, 0.01),
     Control("top_n_sigma", "top-n-σ", "Temperature and truncation", 0, 5, 0.1),
+    Control("epsilon_cutoff", "epsilon", "Temperature and truncation", 0, 0.01, 0.0001),
+    Control("eta_cutoff", "eta", "Temperature and truncation", 0, 0.01, 0.0001),
+    Control("top_h", "top-h", "Temperature and truncation", 0, 1, 0.01),
+    Control("top_a", "top-a", "Temperature and truncation", 0, 1, 0.01),
+    Control("p_less", "p-less", "Temperature and truncation", 0, 1, 1, flag=True),
     Control("repetition_penalty", "repetition", "Penalties", 1, 2, 0.01),
     Control("frequency_penalty", "frequency", "Penalties", -2, 2, 0.05),
     Control("presence_penalty", "presence", "Penalties", -2, 2, 0.05),
+    Control("no_repeat_ngram_size", "no-repeat n-gram", "Penalties", 0, 10, 1, integer=True),
     Control("dry_multiplier", "multiplier", "DRY", 0, 2, 0.05),
     Control("dry_base", "base", "DRY", 1, 4, 0.05),
     Control("dry_allowed_length", "allowed length", "DRY", 1, 20, 1, integer=True),
@@ -59,7 +71,7 @@ CONTROLS: tuple[Control, ...] = (
     Control("min_tokens", "min tokens", "Length", 0, 4096, 1, integer=True),
     Control("max_tokens", "max tokens", "Length", 1, 4096, 1, integer=True),
 )  # fmt: skip
-"""Every numeric key of :class:`SamplingConfig` (a test holds the table to that), grouped.
+"""Every numeric and on/off key of :class:`SamplingConfig` (a test holds the table to that), grouped.
 Lists and tables (``stop``, ``logit_bias``, ``ban``, DRY's breakers) go in the page's JSON box."""
 
 

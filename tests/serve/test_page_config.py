@@ -18,7 +18,7 @@ NOT_CONTROLS = {"seed"}  # the page's own field beside the preset: a number, but
 
 def numeric_keys() -> set[str]:
     hints = typing.get_type_hints(SamplingConfig)
-    return {f.name for f in dataclasses.fields(SamplingConfig) if hints[f.name] in (int, float)} - NOT_CONTROLS
+    return {f.name for f in dataclasses.fields(SamplingConfig) if hints[f.name] in (int, float, bool)} - NOT_CONTROLS
 
 
 def test_every_numeric_key_of_the_chain_has_one_control() -> None:
@@ -27,7 +27,7 @@ def test_every_numeric_key_of_the_chain_has_one_control() -> None:
     assert set(keys) == numeric_keys()
     for control in CONTROLS:
         assert control.low < control.high and control.step > 0
-        default = getattr(SamplingConfig(), control.key)
+        default = float(getattr(SamplingConfig(), control.key))
         assert control.low <= default <= control.high, control.key  # the defaults fit the sliders
 
 
