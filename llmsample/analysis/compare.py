@@ -6,14 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmsample.analysis.metrics import SampleMetrics, cross_sample_diversity, mean_pairwise_overlap, sample_metrics
-from llmsample.engine import loop
-from llmsample.engine.rows import RowFailed
 from llmsample.errors import Interrupted, ignore_further_interrupts
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
@@ -22,6 +20,10 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from llmsample.models.loading import LoadedModel
+
+Rows = Callable[[SamplingConfig, list[RunStats], list[int | None]], Iterator[tuple[int, Any]]]
+"""Decodes one prompt's rows under a config, row i seeded ``seeds[i]``: yields ``(row, record)``,
+a record a token, the row's summary, or its failure (anything with a ``message``)."""
 
 Progress = Callable[[int], AbstractContextManager[Callable[[], None]]]
 """Given the number of presets, a context around the preset runs that yields "one more done"."""
@@ -96,6 +98,29 @@ def compare(
     max_tokens: int,
     progress: Progress = _no_progress,
 ) -> Comparison:
+    """:func:`compare_rows` in this process."""
+    return compare_rows(local_rows(lm, prompt_ids), lm.name, configs, samples, seed, max_tokens, progress)
+
+
+def local_rows(lm: LoadedModel, prompt_ids: Tensor) -> Rows:
+    """The prompt's rows decoded here, as one batch."""
+    from llmsample.engine import loop
+
+    def rows(cfg: SamplingConfig, stats: list[RunStats], seeds: list[int | None]) -> Iterator[tuple[int, Any]]:
+        return loop.generate_rows(lm, prompt_ids, cfg, stats, seeds)
+
+    return rows
+
+
+def compare_rows(
+    rows: Rows,
+    model: str,
+    configs: dict[str, SamplingConfig],
+    samples: int,
+    seed: int,
+    max_tokens: int,
+    progress: Progress = _no_progress,
+) -> Comparison:
     """Every preset's samples (sample i uses seed ``seed + i``) as one batch each, after a greedy
     run that the divergence index is measured against. On Ctrl-C, SIGTERM or SIGHUP the presets
     that finished are kept, the interrupted one with what it had (its summaries say
@@ -103,8 +128,8 @@ def compare(
     constraint = next(iter(configs.values())).constraint if configs else None  # the presets share it
     greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens, constraint=constraint)
     try:
-        greedy_run = loop.generate(lm, prompt_ids, greedy_cfg, RunStats(lm.name, "greedy", None))
-        greedy = [e.token_id for e in loop.run_to_end(greedy_run)[0]]
+        greedy = [e.token_id for _, e in rows(greedy_cfg, [RunStats(model, "greedy", None)], [None])
+                  if isinstance(e, TokenEvent)]  # fmt: skip
     except (KeyboardInterrupt, Interrupted) as exc:  # before any preset: nothing to show
         ignore_further_interrupts()
         return Comparison([], [], _exit_code(exc))
@@ -114,7 +139,7 @@ def compare(
     with progress(len(configs)) as advance:
         for name, base in configs.items():
             cfg = dataclasses.replace(base, max_tokens=max_tokens, seed=seed)
-            preset_runs, code = _run_preset(lm, prompt_ids, name, cfg, seeds, greedy)
+            preset_runs, code = _run_preset(rows, model, name, cfg, seeds, greedy)
             runs.extend(preset_runs)
             if code:
                 break
@@ -123,20 +148,20 @@ def compare(
 
 
 def _run_preset(
-    lm: LoadedModel, prompt_ids: Tensor, name: str, cfg: SamplingConfig, seeds: list[int], greedy: list[int]
+    rows: Rows, model: str, name: str, cfg: SamplingConfig, seeds: list[int], greedy: list[int]
 ) -> tuple[list[PresetRun], int]:
     """One preset's samples as one batch, a row per seed; every row comes back, an interrupted
     one with the tokens it kept, with the exit code the interruption calls for (0 when none)."""
-    stats = [RunStats(lm.name, name, s) for s in seeds]
+    stats = [RunStats(model, name, s) for s in seeds]
     events: list[list[TokenEvent]] = [[] for _ in seeds]
     summaries: dict[int, Summary] = {}
     failures: dict[int, str] = {}
     code = 0
     try:
-        for row, item in loop.generate_rows(lm, prompt_ids, cfg, stats, seeds):
+        for row, item in rows(cfg, stats, list(seeds)):
             if isinstance(item, Summary):
                 summaries[row] = item
-            elif isinstance(item, RowFailed):  # this sample ends; the others finish
+            elif not isinstance(item, TokenEvent):  # this sample failed and ends; the others finish
                 failures[row] = item.message
                 summaries[row] = dataclasses.replace(
                     stats[row].summary("failed"), text="".join(e.text for e in events[row]), tokens=len(events[row])

@@ -144,7 +144,7 @@ def test_an_interruption_during_the_greedy_run_keeps_nothing(
         raise Interrupted(signal.SIGHUP)
         yield
 
-    monkeypatch.setattr(loop, "generate", interrupted)
+    monkeypatch.setattr(loop, "generate_rows", interrupted)  # the greedy run is the first
     done = compare(tiny_lm, prompt_ids, CONFIGS, samples=2, seed=0, max_tokens=6)
     assert done == Comparison([], [], 129) and no_signal_changes == [1]
 
