@@ -78,7 +78,6 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
         "llama-cpp-python alone": [sys.executable, "-c", LLAMA_CPP_ALONE, gguf, PROMPT],
     }
     seconds: dict[str, list[float]] = {name: [] for name in sides}
-    result = StartupBench(runs, gguf)
     try:
         for run in range(runs):
             for name, args in sides.items():
@@ -87,11 +86,11 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
                 if took is not None:
                     seconds[name].append(took)
         log(f"{CALLERS} callers of the warm engine, together and in turn")
-        result.tokens, result.together_tokens_per_s, result.in_turn_tokens_per_s = many_callers(env, tokens)
+        written, together, in_turn = many_callers(env, tokens)
     finally:
         subprocess.run([sys.executable, "-m", "llmsample", "stop", "--all"], env=env, capture_output=True)
-    result.first_token_s = {name: statistics.median(s) if s else None for name, s in seconds.items()}
-    return result
+    medians = {name: statistics.median(s) if s else None for name, s in seconds.items()}
+    return StartupBench(runs, gguf, medians, CALLERS, written, together, in_turn)
 
 
 def many_callers(env: dict[str, str], tokens: int) -> tuple[int, float, float]:

@@ -1,10 +1,13 @@
 """``compare-presets`` on a warm engine: a preset's samples go as jobs sent together and print
-what the in-process run prints (the records without their clocks, the HTML page byte for byte)."""
+the same texts, tokens and seeds as the in-process run. The figures agree to float32 rounding,
+not to the bit: in-process the samples share one prefill of the prompt (the lockstep backend),
+on the engine they are rows of its shared batch, and a batched matmul's rounding follows its shape."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+
+import pytest
 
 from llmsample.client.connection import Target, get_json
 from llmsample.client.wire import ENGINE_PATH
@@ -16,22 +19,26 @@ def finished(engine: Engine) -> int:
     return get_json(Target("unix:" + engine.record()["socket"]), ENGINE_PATH)["finished"]
 
 
-def without_clocks(stdout: str) -> list[dict]:
+FIGURES = ("mean_logprob", "perplexity", "mean_entropy")
+
+
+def split(stdout: str) -> tuple[list[dict], list[float]]:
+    """The records without their clocks and float figures; those figures apart."""
     records = [json.loads(line) for line in stdout.splitlines()]
     for record in records:
         assert record.pop("tokens_per_s") is not None
-    return records
+    return records, [record.pop(key) for record in records for key in FIGURES]
 
 
-def test_compare_presets_prints_the_same(engine: Engine, tmp_path: Path) -> None:
+def test_compare_presets_prints_the_same(engine: Engine) -> None:
     args = ("compare-presets", *engine.load_args, "-p", "w3 w4", "--system", "w9", "--presets", "creative,balanced",
             "--samples", "3", "--seed", "6", "-n", "10", "--format", "jsonl", "-q")  # fmt: skip
     before = finished(engine)
-    warm = engine.cli(*args, "--html", str(tmp_path / "warm.html"))
+    warm = engine.cli(*args)
     assert finished(engine) == before + 7  # the greedy reference and 2 x 3 samples ran there
-    local = engine.cli(*args, "--html", str(tmp_path / "local.html"), "--local")
+    local = engine.cli(*args, "--local")
     assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
-    records = without_clocks(warm.stdout)
-    assert records == without_clocks(local.stdout) and len(records) == 6
+    (records, figures), (local_records, local_figures) = split(warm.stdout), split(local.stdout)
+    assert records == local_records and len(records) == 6  # texts, token counts, seeds, divergence
+    assert figures == pytest.approx(local_figures, rel=1e-5)
     assert len({record["text"] for record in records}) > 1  # the seeds differ, and so do the samples
-    assert (tmp_path / "warm.html").read_bytes() == (tmp_path / "local.html").read_bytes()
