@@ -70,7 +70,8 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
                              capture_output=True, text=True, env=env, check=True).stdout.splitlines()[-1]  # fmt: skip
     gguf = json.loads(summary)["model_file"]
     log("starting a warm engine")
-    subprocess.run([sys.executable, "-m", "llmsample", "start", "-q", "--keep-alive", "10m"], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "llmsample", "start", "-q", "--keep-alive", "10m"], env=env, check=True,
+                   capture_output=True)  # fmt: skip
     sides: dict[str, list[str]] = {
         "cold transformers": generate_args("--backend", "transformers", "--local"),
         "cold llama.cpp": generate_args("--backend", "llama.cpp", "--local"),
