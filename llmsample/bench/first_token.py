@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -90,6 +91,7 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
         written, together, in_turn = many_callers(env, tokens)
     finally:
         subprocess.run([sys.executable, "-m", "llmsample", "stop", "--all"], env=env, capture_output=True)
+        shutil.rmtree(runtime, ignore_errors=True)
     medians = {name: statistics.median(s) if s else None for name, s in seconds.items()}
     return StartupBench(runs, gguf, medians, CALLERS, written, together, in_turn)
 
