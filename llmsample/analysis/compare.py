@@ -6,14 +6,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from llmsample.analysis.metrics import SampleMetrics, cross_sample_diversity, mean_pairwise_overlap, sample_metrics
-from llmsample.engine import loop
-from llmsample.engine.rows import RowFailed
 from llmsample.errors import Interrupted, ignore_further_interrupts
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
@@ -22,6 +20,10 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from llmsample.models.loading import LoadedModel
+
+Rows = Callable[[SamplingConfig, list[RunStats], list[int | None]], Iterator[tuple[int, Any]]]
+"""Decodes one prompt's rows under a config, row i seeded ``seeds[i]``: yields ``(row, record)``,
+a record a token, the row's summary, or its failure (anything with a ``message``)."""
 
 Progress = Callable[[int], AbstractContextManager[Callable[[], None]]]
 """Given the number of presets, a context around the preset runs that yields "one more done"."""
@@ -96,6 +98,29 @@ def compare(
     max_tokens: int,
     progress: Progress = _no_progress,
 ) -> Comparison:
+    """:func:`compare_rows` in this process."""
+    return compare_rows(local_rows(lm, prompt_ids), lm.name, configs, samples, seed, max_tokens, progress)
+
+
+def local_rows(lm: LoadedModel, prompt_ids: Tensor) -> Rows:
+    """The prompt's rows decoded here, as one batch."""
+    from llmsample.engine import loop
+
+    def rows(cfg: SamplingConfig, stats: list[RunStats], seeds: list[int | None]) -> Iterator[tuple[int, Any]]:
+        return loop.generate_rows(lm, prompt_ids, cfg, stats, seeds)
+
+    return rows
+
+
+def compare_rows(
+    rows: Rows,
+    model: str,
+    configs: dict[str, SamplingConfig],
+    samples: int,
+    seed: int,
+    max_tokens: int,
+    progress: Progress = _no_progress,
+) -> Comparison:
     """Every preset's samples (sample i uses seed ``seed + i``) as one batch each, after a greedy
     run that the divergence index is measured against. On Ctrl-C, SIGTERM or SIGHUP the presets
     that finished are kept, the interrupted one with what it had (its summaries say
@@ -104,7 +129,7 @@ def compare(
     greedy_cfg = SamplingConfig(temperature=0.0, max_tokens=max_tokens, constraint=constraint)
     seeds = [seed + i for i in range(samples)]
     try:
-        greedy = greedy_reference(lm, prompt_ids, greedy_cfg, seeds)
+        greedy = greedy_reference(rows, model, greedy_cfg, seeds)
     except (KeyboardInterrupt, Interrupted) as exc:  # before any preset: nothing to show
         ignore_further_interrupts()
         return Comparison([], [], _exit_code(exc))
@@ -113,7 +138,7 @@ def compare(
     with progress(len(configs)) as advance:
         for name, base in configs.items():
             cfg = dataclasses.replace(base, max_tokens=max_tokens, seed=seed)
-            preset_runs, code = _run_preset(lm, prompt_ids, name, cfg, seeds, greedy)
+            preset_runs, code = _run_preset(rows, model, name, cfg, seeds, greedy)
             runs.extend(preset_runs)
             if code:
                 break
@@ -121,34 +146,30 @@ def compare(
     return Comparison(runs, greedy, code)
 
 
-def greedy_reference(lm: LoadedModel, prompt_ids: Tensor, cfg: SamplingConfig, seeds: list[int]) -> list[int]:
+def greedy_reference(rows: Rows, model: str, cfg: SamplingConfig, seeds: list[int]) -> list[int]:
     """The greedy text, decoded as each preset's samples are: one batch of a row per seed, the
     same shapes at every step. A row's numbers can depend on the batch's shape (matmul blocking,
     padding), so a reference decoded alone could part from a greedy preset at a near tie; decoded
     this way, a greedy preset is this very computation and never "diverges" from itself."""
-    stats = [RunStats(lm.name, "greedy", s) for s in seeds]
-    first: list[int] = []
-    for row, item in loop.generate_rows(lm, prompt_ids, cfg, stats, list(seeds)):
-        if row == 0 and isinstance(item, TokenEvent):
-            first.append(item.token_id)
-    return first
+    stats = [RunStats(model, "greedy", s) for s in seeds]
+    return [e.token_id for row, e in rows(cfg, stats, list(seeds)) if row == 0 and isinstance(e, TokenEvent)]
 
 
 def _run_preset(
-    lm: LoadedModel, prompt_ids: Tensor, name: str, cfg: SamplingConfig, seeds: list[int], greedy: list[int]
+    rows: Rows, model: str, name: str, cfg: SamplingConfig, seeds: list[int], greedy: list[int]
 ) -> tuple[list[PresetRun], int]:
     """One preset's samples as one batch, a row per seed; every row comes back, an interrupted
     one with the tokens it kept, with the exit code the interruption calls for (0 when none)."""
-    stats = [RunStats(lm.name, name, s) for s in seeds]
+    stats = [RunStats(model, name, s) for s in seeds]
     events: list[list[TokenEvent]] = [[] for _ in seeds]
     summaries: dict[int, Summary] = {}
     failures: dict[int, str] = {}
     code = 0
     try:
-        for row, item in loop.generate_rows(lm, prompt_ids, cfg, stats, seeds):
+        for row, item in rows(cfg, stats, list(seeds)):
             if isinstance(item, Summary):
                 summaries[row] = item
-            elif isinstance(item, RowFailed):  # this sample ends; the others finish
+            elif not isinstance(item, TokenEvent):  # this sample failed and ends; the others finish
                 failures[row] = item.message
                 summaries[row] = dataclasses.replace(
                     stats[row].summary("failed"), text="".join(e.text for e in events[row]), tokens=len(events[row])

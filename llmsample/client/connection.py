@@ -84,20 +84,51 @@ def get_json(target: Target, path: str, timeout: float = 5.0) -> Any:
 
 def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iterator[TokenEvent | Summary]:
     """The job's records as the engine decodes them, its summary last (saying where it ran).
-    ``waiting`` is told once, in one line, when the engine is full and the job waits for a row."""
-    body = json.dumps(job.to_json(), allow_nan=False)
-    connection, response = _admitted(target, body, waiting)
+    ``waiting`` is told once, in one line, when the engine is full and the job waits for a row;
+    a row the engine could not finish raises as the in-process run would."""
+    records = _records(target, *_admitted(target, job, waiting))
+    try:
+        for record in records:
+            if isinstance(record, Failed):
+                raise (UserError if record.user_error else RuntimeFailure)(record.message)
+            yield record
+    finally:
+        records.close()  # a Ctrl-C: the connection closes, and the engine cancels the row
+
+
+def stream_rows(
+    target: Target, jobs: list[Job], waiting: Callable[[str], None]
+) -> Iterator[tuple[int, TokenEvent | Summary | Failed]]:
+    """Several jobs as rows of the engine's one batch: every one sent before any is read, then
+    each one's records in turn as ``(index, record)``; a row that failed ends with its
+    :class:`Failed`, and the others go on."""
+    opened = [_admitted(target, job, waiting) for job in jobs]
+    streams = [_records(target, *pair) for pair in opened]
+    try:
+        for index, stream in enumerate(streams):
+            for record in stream:
+                yield index, record
+    finally:
+        for stream in streams:
+            stream.close()
+        for connection, _ in opened:
+            connection.close()
+
+
+def _records(
+    target: Target, connection: http.client.HTTPConnection, response: http.client.HTTPResponse
+) -> Iterator[TokenEvent | Summary | Failed]:
     ended = False
     try:
         for line in response:
             record = decode(line)
-            if isinstance(record, Failed):
-                raise (UserError if record.user_error else RuntimeFailure)(record.message)
             if isinstance(record, Summary):
                 ended = True
                 yield served(record, target.where)
                 return
             yield record
+            if isinstance(record, Failed):
+                return
     except (OSError, http.client.HTTPException, ValueError):
         pass  # the stream broke off: said below, in one line
     finally:
@@ -107,8 +138,9 @@ def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iter
 
 
 def _admitted(
-    target: Target, body: str, waiting: Callable[[str], None]
+    target: Target, job: Job, waiting: Callable[[str], None]
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+    body = json.dumps(job.to_json(), allow_nan=False)
     told = False
     while True:
         connection = target.connection()

@@ -15,25 +15,22 @@ from llmsample.errors import UserError
 UNSERVED = {
     "tp": "--tp",
     "compile_model": "--compile",
-    "draft": "--draft",
     "reference": "--reference",
     "watch": "--watch",
     "ignore_eos": "--ignore-eos",
-    "json": "--json",
-    "json_schema": "--json-schema",
-    "regex": "--regex",
-    "choice": "--choice",
-    "grammar": "--grammar",
     "device_map": "--device-map",
     "max_memory": "--max-memory",
     "offload_folder": "--offload-folder",
 }
-"""Options an engine's rows cannot take yet (a model of its own, a per-run setting of the loop,
-a constraint): a command given one runs in-process, and with ``--host`` it is refused."""
+"""Options an engine's rows cannot take (a model of its own, a per-run setting of the loop, a
+placement): refused in one line when an engine would run the command, never dropped."""
 
 
 def unserved(options: dict[str, Any]) -> str | None:
-    """The first option given that an engine cannot honour."""
+    """The first option given that an engine cannot honour (``--draft``: a draft model; ``ngram``
+    runs there)."""
+    if options.get("draft") not in (None, "ngram"):
+        return "--draft MODEL"
     return next((flag for key, flag in UNSERVED.items() if options.get(key)), None)
 
 
@@ -47,11 +44,16 @@ def choose(options: dict[str, Any]) -> Target | None:
         if flag:
             raise UserError(f"{flag} does not run on an engine (--host / LLMSAMPLE_HOST); leave it out or pass --local")
         return Target(host.rstrip("/"), os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"))
-    if unserved(options) or not _has_engines():
+    if not _has_engines():
         return None
     record = registry.find(registry.spec_of(options))
     if record is None:
         return None
+    flag = unserved(options)
+    if flag:
+        raise UserError(
+            f"{flag} does not run on the warm engine for {record.name}; leave it out, or pass --local to run here"
+        )
     if record.version != __version__:
         raise UserError(
             f"the warm engine for {record.name} runs llmsample {record.version}, this is {__version__}: "

@@ -24,6 +24,7 @@ from llmsample.events import (
     Watched,
 )
 from llmsample.sampling.config import SamplingConfig
+from llmsample.sampling.constraint import Constraint
 
 JOB_PATH = "/llmsample/v1/generate"
 ENGINE_PATH = "/llmsample/v1/engine"
@@ -34,7 +35,8 @@ VERSION_HEADER = "X-Llmsample-Version"
 class Job:
     """One prompt for the engine, as ``generate`` resolved it before loading anything: the text
     (the engine applies the chat template, as the in-process run does), the settings with their
-    seed, and how many alternatives each record lists."""
+    seed and compiled constraint, how many alternatives each record lists, and ``--draft ngram``
+    (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive)."""
 
     prompt: str
     cfg: SamplingConfig
@@ -44,9 +46,13 @@ class Job:
     truncate: str = "error"
     top_n: int = 5
     model: str | None = None  # the model the caller expects (None: whatever the engine serves)
+    ngram: tuple[int, int] | None = None
+    draft_tokens: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg) if f.name != "constraint"}
+        config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
+        if self.cfg.constraint is not None:
+            config["constraint"] = asdict(self.cfg.constraint)
         data = asdict(self)
         data["cfg"] = config
         return data
@@ -60,11 +66,42 @@ def job_from_json(data: Any) -> Job:
     if set(data) - names or "prompt" not in data or "cfg" not in data or "preset" not in data:
         raise ValueError(f"a job has the keys {', '.join(sorted(names))} (prompt, cfg and preset required)")
     config = data["cfg"]
-    known = {f.name for f in fields(SamplingConfig)} - {"constraint"}
+    known = {f.name for f in fields(SamplingConfig)}
     if not isinstance(config, dict) or set(config) - known:
         raise ValueError(f"cfg: unknown keys {sorted(set(config) - known) if isinstance(config, dict) else config!r}")
-    cfg = SamplingConfig(**{key: _tuples(value) for key, value in config.items()})
-    return Job(**{**data, "cfg": cfg})
+    constraint = _constraint(config.get("constraint"))
+    cfg = SamplingConfig(**{key: _tuples(value) for key, value in config.items() if key != "constraint"})
+    cfg = dataclasses.replace(cfg, constraint=constraint)
+    return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data)})
+
+
+def _constraint(data: Any) -> Constraint | None:
+    """The client compiled it (a bad one failed there, before anything was sent)."""
+    if data is None:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str) or not isinstance(data.get("grammar"), str):
+        raise ValueError("cfg.constraint: expected an object with a kind and a grammar")
+    try:
+        return Constraint(**{**data, "ignored": tuple(data.get("ignored", ()))})
+    except TypeError:
+        raise ValueError(f"cfg.constraint: the keys are {', '.join(f.name for f in fields(Constraint))}") from None
+
+
+def _ngram(value: Any) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    if not (isinstance(value, list) and len(value) == 2 and all(type(n) is int and n >= 1 for n in value)):
+        raise ValueError(f"ngram: expected [shortest, longest], two whole numbers from 1, got {value!r}")
+    if value[0] > value[1]:
+        raise ValueError(f"ngram: the shortest n {value[0]} is above the longest {value[1]}")
+    return value[0], value[1]
+
+
+def _draft_tokens(data: dict[str, Any]) -> int | None:
+    value = data.get("draft_tokens")
+    if value is not None and not (type(value) is int and value >= 1):
+        raise ValueError(f"draft_tokens: expected a whole number from 1, got {value!r}")
+    return value
 
 
 def _tuples(value: Any) -> Any:

@@ -61,7 +61,7 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
     return variants
 
 
-SECTIONS = ("batch_sizes", "workloads", "quant")
+SECTIONS = ("batch_sizes", "workloads", "quant", "startup")
 
 
 @click.command(cls=GroupedCommand)
@@ -98,6 +98,12 @@ SECTIONS = ("batch_sizes", "workloads", "quant")
     help=f"Instead: speed, memory and KL against float32 of these variants (fp32,bf16,int8,int4; "
     f"alone: {DEFAULT_VARIANTS}), each in a process of its own, at most 64 tokens.",
 )
+@click.option(
+    "--startup",
+    is_flag=True,
+    help="Instead: seconds to the first token from a fresh process (cold transformers, cold llama.cpp, a warm "
+    "engine, llama-cpp-python alone) and 8 callers of a warm engine at once against one after another.",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
     from llmsample.bench.results import write_results
@@ -111,6 +117,9 @@ def bench(**options: Any) -> None:
         return
     if options["quant"]:
         bench_quant(options, err)
+        return
+    if options["startup"]:
+        bench_startup(options, err)
         return
     if options["workloads"]:
         bench_workloads(options, err)
@@ -139,6 +148,25 @@ def check_sections(options: dict[str, Any]) -> None:
     if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
         named = chosen[0] if chosen else "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--backend llama.cpp is a benchmark of its own (the GGUF's own weights); leave out {named}")
+
+
+def bench_startup(options: dict[str, Any], err: Any) -> None:
+    """``--startup``: what a command waits for before its first token, cold and warm (the
+    default model; at most 64 tokens per caller)."""
+    import time
+
+    from llmsample.bench.first_token import run_startup_benchmark, table
+    from llmsample.bench.results import machine_info, write_document
+
+    if options["model"] is not None:
+        raise UserError("--startup measures the default model on both backends; leave out --model")
+    result = run_startup_benchmark(
+        options["runs"], min(options["tokens"], 64), lambda s: err.print(f"[dim]bench: {s}…[/]")
+    )
+    document = {**result.to_dict(), "machine": machine_info().__dict__}
+    path = write_document(document, options["out"] / f"bench-startup-cpu-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    click.echo(table(result))
+    err.print(f"[dim]figures written to {path}[/]")
 
 
 def bench_quant(options: dict[str, Any], err: Any) -> None:

@@ -23,11 +23,13 @@ from llmsample.commands.options import (
     quiet_option,
     read_prompt,
 )
+from llmsample.commands.warm import with_engine_options
 from llmsample.errors import UserError
 from llmsample.render.numbers import format_number
 
 if TYPE_CHECKING:
-    from llmsample.analysis.compare import PresetAggregate, PresetRun
+    from llmsample.analysis.compare import PresetAggregate, PresetRun, Rows
+    from llmsample.client.connection import Target
 
 
 @click.command("compare-presets", cls=GroupedCommand)
@@ -43,14 +45,18 @@ if TYPE_CHECKING:
 @html_option
 @no_color_option
 @quiet_option()
+@with_engine_options
 def compare_presets(**options: Any) -> None:
     """Run the same prompt through several presets (one model load) and compare them.
 
     \b
     llmsample compare-presets -p "Write a haiku about rain" --samples 3
     llmsample compare-presets -p "Sort a list in Python" --presets code,deterministic --format jsonl
+
+    A warm engine of the same model (llmsample start) decodes the samples instead of this process.
     """
-    from llmsample.analysis.compare import compare
+    from llmsample.analysis.compare import compare_rows, local_rows
+    from llmsample.client.route import choose
     from llmsample.render.jsonout import strict_json
     from llmsample.sampling import presets as preset_store
 
@@ -68,14 +74,19 @@ def compare_presets(**options: Any) -> None:
     constraint = constraint_from(options)  # a bad one fails before the model load
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
-    lm = load_model_with_progress(options)
-    from llmsample.engine.prompt import encode_prompt
+    target = choose(options)
+    if target is not None:
+        rows, model = engine_rows(target, prompt, options), target.name or options["model"] or ""
+    else:
+        from llmsample.engine.prompt import encode_prompt
 
-    prompt_ids = encode_prompt(
-        lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]
-    )
-    comparison = compare(
-        lm, prompt_ids, configs, options["samples"], options["seed"], options["max_tokens"],
+        lm = load_model_with_progress(options)
+        prompt_ids = encode_prompt(
+            lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]
+        )
+        rows, model = local_rows(lm, prompt_ids), lm.name
+    comparison = compare_rows(
+        rows, model, configs, options["samples"], options["seed"], options["max_tokens"],
         progress=lambda total: progress_bar(total, options["quiet"]),
     )  # fmt: skip
     runs = comparison.runs
@@ -98,6 +109,22 @@ def compare_presets(**options: Any) -> None:
         click.echo(f"Error: {run.preset} sample {run.sample} (seed {run.seed}): {run.failure}", err=True)
     if comparison.exit_code or failed:
         raise click.exceptions.Exit(comparison.exit_code or 1)
+
+
+def engine_rows(target: Target, prompt: str, options: dict[str, Any]) -> Rows:
+    """A preset's samples as jobs sent together, so they share the engine's batch as they share
+    one batch in-process (each row's own seed: the same tokens either way)."""
+    from llmsample.client.connection import say, stream_rows
+    from llmsample.client.wire import Job
+
+    model = None if target.where.startswith("unix:") else options["model"]
+
+    def rows(cfg: Any, stats: list[Any], seeds: list[int | None]) -> Any:
+        jobs = [Job(prompt, dataclasses.replace(cfg, seed=seed), row.preset, options["system"], options["raw"],
+                    options["truncate"], model=model) for row, seed in zip(stats, seeds, strict=True)]  # fmt: skip
+        return stream_rows(target, jobs, say)
+
+    return rows
 
 
 @contextlib.contextmanager

@@ -134,17 +134,27 @@ def what_was_asked(options: dict[str, Any]) -> tuple[str, SamplingConfig, str]:
 
 
 def generate_on(target: Target, options: dict[str, Any]) -> None:
-    """``generate`` on an engine: the settings resolved here as in-process (the seed drawn here),
-    the prompt sent as text (the engine applies the chat template), the records rendered here."""
+    """``generate`` on an engine: the settings resolved here as in-process (the seed drawn here,
+    a constraint compiled here), the prompt sent as text (the engine applies the chat template),
+    the records rendered here; ``--draft ngram`` drafts on the engine."""
     from llmsample.client.connection import say, stream_job
     from llmsample.client.wire import Job
     from llmsample.events import RunStats
+    from llmsample.sampling.constraint import incomplete_message
 
     preset, cfg, prompt = what_was_asked(options)
+    ngram = None
+    if options.get("draft") == "ngram":
+        ngram = (options["ngram_min"], options["ngram_max"])
+        if ngram[0] > ngram[1]:
+            raise UserError(f"--ngram-min {ngram[0]} is above --ngram-max {ngram[1]}")
     job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"],
-              model=None if target.where.startswith("unix:") else options["model"])  # fmt: skip
+              model=None if target.where.startswith("unix:") else options["model"], ngram=ngram,
+              draft_tokens=options.get("draft_tokens") if ngram else None)  # fmt: skip
     stats = RunStats(model=target.name or options["model"] or "", preset=preset, seed=cfg.seed)
     events = stream_job(target, job, say)
+    if ngram and options.get("compare"):
+        events = with_comparison_on(target, job, events)
     try:
         renderers = build_renderers(options, asked=(prompt, cfg.as_dict())) if not options.get("silent") else []
         summary = consume(events, renderers, stats, options["quiet"])
@@ -152,6 +162,31 @@ def generate_on(target: Target, options: dict[str, Any]) -> None:
         events.close()  # a Ctrl-C: the connection closes, and the engine cancels the row
     if summary.stop_reason == "cancelled":
         raise RuntimeFailure(f"the engine at {target.where} stopped before the answer was done")
+    incomplete = incomplete_message(summary)
+    if incomplete is not None:
+        raise RuntimeFailure(incomplete)
+
+
+def with_comparison_on(target: Target, job: Any, events: Iterator[Any]) -> Iterator[Any]:
+    """``--compare`` on an engine: after the speculative job, the same job without a drafter;
+    the summary gains the plain speed and the speedup, as :func:`with_plain_comparison`'s does."""
+    from llmsample.client.connection import say, stream_job
+    from llmsample.events import PlainComparison, Summary
+
+    summary = None
+    try:
+        for item in events:
+            if isinstance(item, Summary):
+                summary = item
+            else:
+                yield item
+    finally:
+        events.close()
+    assert summary is not None
+    plain = [record for record in stream_job(target, dataclasses.replace(job, ngram=None), say)][-1]
+    speedup = summary.tokens_per_s / plain.tokens_per_s if plain.tokens_per_s and summary.tokens_per_s else None
+    comparison = PlainComparison(plain.tokens_per_s, plain.elapsed_s, speedup)
+    yield dataclasses.replace(summary, facts=dataclasses.replace(summary.facts, comparison=comparison))
 
 
 def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:

@@ -6,23 +6,33 @@ from typing import Any
 
 import click
 
-from llmsample.commands.generate import run
+from llmsample.commands.generate import generate_on, run
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import generation_options, reference_option
+from llmsample.commands.warm import with_engine_options
 
 
 @click.command(cls=GroupedCommand)
 @generation_options
 @reference_option
+@with_engine_options
 def speculate(**options: Any) -> None:
     """Speculative decoding: a draft proposes, the target verifies (exact rejection sampling).
 
     --draft is a model sharing the target's tokenizer, or 'ngram' (the default): prompt lookup,
     which pays off when the answer copies from the prompt (rewrites, edits, extraction).
-    Drafted tokens that the target accepted are underlined in the live view.
+    Drafted tokens that the target accepted are underlined in the live view. With 'ngram', a
+    warm engine of the model (llmsample start) drafts and verifies instead of this process.
 
     \b
     llmsample speculate -p "Add docstrings to: $(cat f.py)" --draft ngram --compare
     llmsample speculate -m HuggingFaceTB/SmolLM2-1.7B-Instruct --draft HuggingFaceTB/SmolLM2-135M-Instruct -p ...
     """
-    run({**options, "draft": options["draft"] or "ngram"})
+    from llmsample.client.route import choose
+
+    options = {**options, "draft": options["draft"] or "ngram"}
+    target = choose(options)  # --draft ngram drafts on a warm engine; a draft model runs here (--local)
+    if target is not None:
+        generate_on(target, options)
+        return
+    run(options)

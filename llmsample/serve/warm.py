@@ -106,7 +106,22 @@ def job_items(state: ServeState, job: Job) -> list[BatchItem]:
         stats.note(quantization=lm.quantization)
     if lm.placed_on:
         stats.note(device_map=tuple(lm.placed_on))
-    return [BatchItem(state.engine.new_key(), ids, job.cfg, stats, top_n=job.top_n)]
+    drafter = None
+    if job.ngram is not None:
+        drafter = _ngram_drafter(lm, *job.ngram)
+    return [BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n)]
+
+
+def _ngram_drafter(lm: Any, ngram_min: int, ngram_max: int) -> Any:
+    """``--draft ngram``'s drafter, made when the row starts (on the engine's thread, as the
+    in-process run makes its own before the loop)."""
+
+    def make() -> Any:
+        from llmsample.engine.speculative import NgramDrafter
+
+        return NgramDrafter(lm.model.config.vocab_size, lm.sample_device, ngram_min, ngram_max)
+
+    return make
 
 
 def bind_unix(path: Path) -> socket.socket:

@@ -84,3 +84,31 @@ def test_a_user_error_is_the_same_line(engine: Engine, prompt: str) -> None:
     assert warm.returncode == local.returncode == 2
     assert warm.stdout == local.stdout == ""
     assert warm.stderr == local.stderr and len(warm.stderr.splitlines()) == 1
+
+
+def comparable(stdout: str) -> tuple[list[str], dict]:
+    """JSONL's token records, and its summary without the clocks and where it ran."""
+    *tokens, last = stdout.splitlines()
+    summary = json.loads(last)
+    for key in (*TIMING, "engine", "warm", "plain_tokens_per_s", "plain_elapsed_s", "speedup"):
+        summary.pop(key, None)
+    return tokens, summary
+
+
+def test_speculation_with_ngram_drafts_on_the_engine(engine: Engine) -> None:
+    args = ("speculate", *engine.load_args, "-p", "w3 w4 w5 w3 w4 w5 w3 w4", "--raw", "--seed", "4", "-n", "30",
+            "--draft-tokens", "3", "--format", "jsonl", "--compare")  # fmt: skip
+    warm, local = engine.cli(*args), engine.cli(*args, "--local")
+    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
+    assert comparable(warm.stdout) == comparable(local.stdout)
+    summary = json.loads(warm.stdout.splitlines()[-1])
+    assert summary["engine"].startswith("unix:") and summary["drafted"] > 0
+    assert summary["plain_tokens_per_s"] > 0
+
+
+def test_a_flag_the_engine_cannot_honour_is_refused(engine: Engine) -> None:
+    done = engine.generate("-p", "w3", "--watch", "w4")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("Error: --watch does not run on the warm engine") or "--watch" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert engine.generate("-p", "w3", "--watch", "w4", "-n", "3", "--local").returncode == 0
