@@ -14,24 +14,6 @@ import pytest
 
 from tests.serve.conftest import Server, start_byte_chat_server
 
-HERMES = """{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-{% endif %}Tools: {% for tool in tools %}{{ tool.function.name }} {% endfor %}<|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
-{% for c in m.tool_calls %}<tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif not (m.role == 'system' and tools) %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}<|im_start|>assistant
-"""
 THINKING = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: <think>\n"
 
 WEATHER = {
@@ -51,13 +33,6 @@ TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} 
 MESSAGES = [{"role": "user", "content": "weather?"}]
 UNTRUNCATED = {"top_k": 0, "min_p": 0.0, "typical_p": 1.0}  # with top_p 1: every truncation off
 WILD = {"temperature": 1.5, "top_p": 1.0, "extra_body": UNTRUNCATED}
-
-
-@pytest.fixture(scope="module")
-def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_byte_chat_server(tmp_path_factory, "tools", "--batch-size", "64", template=HERMES)
-    yield running
-    running.stop()
 
 
 def create(server: Server, **kwargs: Any) -> Any:
