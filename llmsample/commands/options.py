@@ -315,6 +315,12 @@ sampling_options = option_group(
         help="Never generate this text (repeatable).",
     ),
     click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
+    click.option(
+        "--reasoning-budget",
+        type=int,
+        metavar="N",
+        help="After N tokens in a <think> block, close it (its closing tokens forced, source 'forced').",
+    ),
     panel="Sampling",
 )
 

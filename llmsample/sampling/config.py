@@ -236,6 +236,7 @@ _CHECKS = {
     "logit_bias": _check_logit_bias,
     "ban": _check_strings("ban"),
     "min_tokens": _check_count("min_tokens", 0, "0 turns it off"),
+    "reasoning_budget": _check_count("reasoning_budget", 0, "0 turns it off"),
 }
 
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -269,6 +270,7 @@ class SamplingConfig:
     logit_bias: tuple[tuple[str, float], ...] = field(default=())
     ban: tuple[str, ...] = field(default=())
     min_tokens: int = 0
+    reasoning_budget: int = 0  # thinking tokens before the block is closed by force (llmsample.sampling.budget)
     # A compiled :class:`llmsample.sampling.constraint.Constraint` (--json-schema, --regex, ...):
     # set by the commands, never by a preset, so it is not one of ``keys()``.
     constraint: Any = None

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from llmsample.sampling import filters
+from llmsample.sampling.budget import force_block_close
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.filters import (
     apply_penalties,
@@ -50,6 +51,7 @@ APPLY: dict[str, StageFunction] = {
     "logit_bias": apply_logit_bias,
     "ban": mask_banned,
     "min_tokens": mask_early_end,
+    "reasoning_budget": force_block_close,
     "penalties": apply_penalties,
     "dry": apply_dry,
     "constraint": apply_constraint,

@@ -52,6 +52,10 @@ STAGES: tuple[StageInfo, ...] = (
         "min_tokens", "min-n", lambda cfg: cfg.min_tokens > 0, removes=True, letter="n", legend="--min-tokens",
         needs_sequences=True, needs_vocabulary=True,
     ),
+    StageInfo(
+        "reasoning_budget", "think", lambda cfg: cfg.reasoning_budget > 0, removes=True, letter="r",
+        legend="--reasoning-budget, closing the thinking block", needs_sequences=True, needs_vocabulary=True,
+    ),
     StageInfo("penalties", "penal.", _always),
     StageInfo("dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True),
     StageInfo(
