@@ -33,7 +33,7 @@ OWN = ("messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choi
 HINTS = {
     "metadata": "this server keeps no per-user records",
     "service_tier": "this server has one tier",
-    "thinking": "the model reasons as its chat template has it",
+    "thinking": "the model reasons as its chat template has it (enabled with budget_tokens: the budget)",
 }
 NAMES = {"stop": "stop_sequences"}
 ERROR_TYPES = {
@@ -64,11 +64,9 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
         if key not in given:
             raise ApiError(400, f"{key}: Field required", key)
     warnings: list[str] = []
+    budget = _thinking_budget(given.get("thinking"))
     for key, reason in HINTS.items():
-        value = given.get(key)
-        if value is not None and not (
-            key == "thinking" and isinstance(value, dict) and value.get("type") == "disabled"
-        ):
+        if given.get(key) is not None and not (key == "thinking" and budget is not None):
             convert.hint(key, reason, strict, warnings)
     stops = given.get("stop_sequences", [])
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
@@ -80,11 +78,23 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
             chat[ours] = given[theirs]
     if "stream" in given and not counting:
         chat["stream"] = given["stream"]
+    if budget:
+        chat["reasoning_budget"] = budget
     if "tools" in given:
         chat["tools"] = _tools(given["tools"])
     if "tool_choice" in given:
         chat["tool_choice"] = _tool_choice(given["tool_choice"])
     return chat, warnings
+
+
+def _thinking_budget(value: Any) -> int | None:
+    """``thinking``: disabled is 0 (the template's own way), enabled with ``budget_tokens`` is the
+    reasoning budget (the block closed by force after that many tokens); None: neither."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return 0
+    budget = value.get("budget_tokens") if kind == "enabled" else None
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
 def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
