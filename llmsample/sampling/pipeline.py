@@ -2,7 +2,7 @@
 table's order, over ``[batch, vocab]`` logits, then one token per row.
 
 Order (fixed; the stages in brackets appear only when their setting is on):
-[logit bias] -> [ban] -> [min-tokens] -> penalties -> [DRY] -> [constraint] -> temperature (or greedy argmax)
+[logit bias] -> [ban] -> [min-tokens] -> [reasoning budget] -> penalties -> [DRY] -> [constraint] -> temperature (or greedy argmax)
 -> [top-n-sigma] -> top-k -> top-p -> [typical-p] -> min-p -> [XTC] -> softmax -> draw.
 Everything that edits logits from the context (biases, bans, penalties) comes before the
 temperature, as in transformers' processors and llama.cpp's default chain; the truncation

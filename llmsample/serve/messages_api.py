@@ -15,8 +15,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from llmsample.batch.responses import dumps
-from llmsample.batch.tools import ChatShape
+from llmsample.batch.tools import ChatShape, tool_prompt
 from llmsample.engine.rows import RowFailed
+from llmsample.errors import UserError
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve import convert
 from llmsample.serve.access import TOKENS
@@ -310,15 +311,22 @@ def _closing(answer: Answer, summary: Summary) -> str:
 
 
 async def count_tokens(state: ServeState, request: HttpRequest) -> Response:
-    """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` would send them."""
-    from llmsample.serve.tokens import tokenize_body
-
+    """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` would send them
+    (the tools rendered as that request renders them)."""
     body = await read_json(request, state.max_body, state.read_timeout)
     chat, _ = chat_body(body, strict=False, counting=True)
-    if "tools" in chat:
-        raise ApiError(400, "tools: tool calls are not supported", "tools")
-    counted = await off_loop(tokenize_body, state.lm, {"messages": chat["messages"]})
-    return JSONResponse({"input_tokens": counted["count"]})
+    serve = convert.chat_request(chat, state.presets, False, [], NAMES)
+    return JSONResponse({"input_tokens": await off_loop(_prompt_tokens, state, serve)})
+
+
+def _prompt_tokens(state: ServeState, serve: ServeRequest) -> int:
+    from llmsample.engine.prompt import encode_messages
+
+    messages, tools = tool_prompt(state.lm.tokenizer, serve.request)
+    try:
+        return int(encode_messages(state.lm, messages, tools=tools).shape[-1])
+    except UserError as exc:
+        raise ApiError(400, str(exc), "messages") from None
 
 
 MESSAGES_API = convert.ConvertedApi(

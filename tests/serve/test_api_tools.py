@@ -210,3 +210,11 @@ def test_two_hundred_wild_messages_calls_validate(tools_server: Server) -> None:
         return [(block.name, block.input) for block in answer.content if block.type == "tool_use"]
 
     _wild_calls(200, run)
+
+
+def test_count_tokens_counts_the_tools_as_the_message_renders_them(tools_server: Server) -> None:
+    client = anthropic_client(tools_server)
+    body = message_body(tools_server, max_tokens=1, extra_body={"seed": 1})
+    counted = client.messages.count_tokens(model=body["model"], messages=body["messages"], tools=body["tools"])
+    bare = client.messages.count_tokens(model=body["model"], messages=body["messages"])
+    assert counted.input_tokens == client.messages.create(**body).usage.input_tokens > bare.input_tokens
