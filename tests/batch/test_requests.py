@@ -78,6 +78,7 @@ def test_our_json_line_with_every_field() -> None:
             "logit_bias": {"50256": -100},
             "ban": ["As an AI"],
             "min_tokens": 4,
+            "reasoning_budget": 16,
         }
     )
     request = one(line)

@@ -253,6 +253,7 @@ EVERYTHING = SamplingConfig(
     logit_bias={"x": 1.0},
     ban=("Hello",),
     min_tokens=2,
+    reasoning_budget=4,
     presence_penalty=0.5,
 )
 
@@ -261,12 +262,12 @@ def test_the_chain_runs_in_the_documented_order() -> None:
     history = history_of([1, 2, 7, 1], [2], EVERYTHING)
     chain = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING)
     assert chain.names == (
-        "raw", "logit_bias", "ban", "min_tokens", "penalties", "dry", "temperature",
+        "raw", "logit_bias", "ban", "min_tokens", "reasoning_budget", "penalties", "dry", "temperature",
         "top_n_sigma", "top_k", "top_p", "typical_p", "min_p", "xtc",
     )  # fmt: skip
     assert set(FILTER_STAGES) - {"constraint"} <= set(chain.names)  # the constraint: tests/constraints
     greedy = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING.with_overrides(temperature=0))
-    assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "penalties", "dry", "greedy")
+    assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "reasoning_budget", "penalties", "dry", "greedy")
     # off stages are not in the chain: the default chain is as it was
     assert sampler_chain(LOGITS, NO_HISTORY, SamplingConfig()).names == (
         "raw", "penalties", "temperature", "top_k", "top_p", "min_p",
