@@ -3,7 +3,9 @@ apart from ``content``, and ``tool_calls`` (each call's id and name once, then i
 ``function.arguments`` in pieces), as OpenAI streams them. The text so far is read whole at
 each token (:func:`llmsample.sampling.tools.split_tool_calls` and ``split_reasoning`` with
 ``final=False``: what may still become a tag or a call is held back), and only what grew since
-the last token goes out, so the deltas add up to the whole answer's fields."""
+the last token goes out, so the deltas add up to the whole answer's fields. The Responses and
+Messages APIs read the same deltas as :class:`Blocks` (reasoning, text, each call), their output
+items and content blocks."""
 
 from __future__ import annotations
 
