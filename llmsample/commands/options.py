@@ -340,6 +340,12 @@ sampling_options = option_group(
         metavar="A,B,...",
         help="The order of the stages after the history ones (top_k,min_p,temperature,...); only these run.",
     ),
+    click.option(
+        "--reasoning-budget",
+        type=int,
+        metavar="N",
+        help="After N tokens in a <think> block, close it (its closing tokens forced, source 'forced').",
+    ),
     panel="Sampling",
 )
 

@@ -106,6 +106,8 @@ class Emitter:
                 text, self.reason = text + self.stream.flush(), "length"
             elif self.context and position >= self.context - 1:  # the last position the model has
                 text, self.reason = text + self.stream.flush(), "context"
+        if figures.removed.get("reasoning_budget"):
+            source = "forced"  # the budget left this token alone
         event = make_event(
             figures, index, text, self.lm.token_text, source=source, eos=is_eos, watch_names=self.watch_names
         )

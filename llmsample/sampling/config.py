@@ -308,6 +308,7 @@ _CHECKS = {
     "top_a": _check_non_negative("top_a", "0 turns it off"),
     "p_less": _check_flag("p_less"),
     "samplers": _check_samplers,
+    "reasoning_budget": _check_count("reasoning_budget", 0, "0 turns it off"),
 }
 
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -352,6 +353,7 @@ class SamplingConfig:
     top_a: float = 0.0
     p_less: bool = False
     samplers: tuple[str, ...] = field(default=())  # the order of SAMPLER_ORDER's stages; () the default
+    reasoning_budget: int = 0  # thinking tokens before the block is closed by force (llmsample.sampling.budget)
     # A compiled :class:`llmsample.sampling.constraint.Constraint` (--json-schema, --regex, ...):
     # set by the commands, never by a preset, so it is not one of ``keys()``.
     constraint: Any = None

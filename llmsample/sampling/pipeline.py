@@ -2,7 +2,7 @@
 table's order, over ``[batch, vocab]`` logits, then one token per row.
 
 Order (fixed; the stages in brackets appear only when their setting is on):
-[logit bias] -> [ban] -> [min-tokens] -> [no-repeat-ngram] -> penalties -> [DRY] -> [constraint]
+[logit bias] -> [ban] -> [min-tokens] -> [no-repeat-ngram] -> [reasoning budget] -> penalties -> [DRY] -> [constraint]
 -> temperature, dynamic when on (or greedy argmax) -> [smoothing] -> [top-n-sigma] -> top-k -> top-p
 -> [typical-p] -> [epsilon] -> [eta] -> [top-h] -> [top-a] -> [p-less] -> min-p -> [XTC] -> softmax -> draw.
 Everything that edits logits from the context (biases, bans, penalties) comes before the
@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from llmsample.sampling import cutoffs, filters
+from llmsample.sampling.budget import force_block_close
 from llmsample.sampling.config import SAMPLER_ORDER, SamplingConfig
 from llmsample.sampling.filters import (
     apply_penalties,
@@ -60,6 +61,7 @@ APPLY: dict[str, StageFunction] = {
     "ban": mask_banned,
     "min_tokens": mask_early_end,
     "no_repeat_ngram": mask_repeated_ngrams,
+    "reasoning_budget": force_block_close,
     "penalties": apply_penalties,
     "dry": apply_dry,
     "constraint": apply_constraint,

@@ -58,6 +58,10 @@ STAGES: tuple[StageInfo, ...] = (
         "no_repeat_ngram", "n-gram", lambda cfg: cfg.no_repeat_ngram_size > 0, removes=True, letter="r",
         legend="--no-repeat-ngram-size", needs_sequences=True,
     ),
+    StageInfo(
+        "reasoning_budget", "think", lambda cfg: cfg.reasoning_budget > 0, removes=True, letter="f",
+        legend="--reasoning-budget, closing the thinking block", needs_sequences=True, needs_vocabulary=True,
+    ),
     StageInfo("penalties", "penal.", _always),
     StageInfo("dry", "DRY", lambda cfg: cfg.has_dry, needs_sequences=True, needs_vocabulary=True),
     StageInfo(

@@ -14,6 +14,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llmsample.batch.requests import CHAT_URL
+from llmsample.batch.tools import ChatShape
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.access import TOKENS
 from llmsample.serve.compat import log_ignored
@@ -69,15 +70,6 @@ def add_tool_call(messages: list[dict[str, Any]], call: dict[str, Any]) -> None:
     messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
 
 
-def refuse_tool_calls(chat: dict[str, Any], endpoint: str) -> None:
-    """Tools the model may call: chat completions answers them (its grammar and ``tool_calls``);
-    this API's answer shapes for a call (function_call items, tool_use blocks) are not built yet,
-    so the request is refused rather than answered with a call's raw text. A history of calls is fine."""
-    if chat.get("tools") and chat.get("tool_choice") != "none":
-        message = f"tools: {endpoint} does not answer tool calls yet; send them to /v1/chat/completions"
-        raise ApiError(400, message, "tools")
-
-
 def chat_request(
     chat: dict[str, Any], presets: Collection[str], strict: bool, warnings: list[str], names: dict[str, str]
 ) -> ServeRequest:
@@ -118,10 +110,9 @@ class ConvertedApi:
     """An API answered as chat completions (Responses, Messages): its body read as chat's, and
     its answer built, whole or streamed, from the one row the request runs."""
 
-    endpoint: str
     names: dict[str, str]  # chat's keys by the API's own names, for errors
     chat_body: Callable[[Any, bool], tuple[dict[str, Any], list[str]]]
-    answer: Callable[[ServeState, ServeRequest, Any], Any]  # the API's answer object for a request and its body
+    answer: Callable[[ServeState, ServeRequest, Any, ChatShape], Any]  # the API's answer object: request, body, shape
     whole: Callable[[Any, Summary, list[TokenEvent]], dict[str, Any]]
     stream: Callable[[ServeState, HttpRequest, Any, dict[Any, int], Mailbox], AsyncIterator[str]]
 
@@ -130,11 +121,10 @@ async def answer_converted(state: ServeState, request: HttpRequest, api: Convert
     """One request of ``api``: read, checked and decoded as chat completions are, answered in the API's shape."""
     body = await read_json(request, state.max_body, state.read_timeout)
     chat, warnings = api.chat_body(body, state.strict_api)
-    refuse_tool_calls(chat, api.endpoint)
     serve = chat_request(chat, state.presets, state.strict_api, warnings, api.names)
     log_ignored(list(serve.warnings))
-    serve, keys, queue, _ = await submit(state, serve, True)
-    answer = api.answer(state, serve, body)
+    serve, keys, queue, shape = await submit(state, serve, True)
+    answer = api.answer(state, serve, body, shape)
     if serve.stream:
         stream = api.stream(state, request, answer, keys, queue)
         return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

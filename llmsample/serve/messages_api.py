@@ -15,7 +15,9 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
 from llmsample.batch.responses import dumps
+from llmsample.batch.tools import ChatShape, tool_prompt
 from llmsample.engine.rows import RowFailed
+from llmsample.errors import UserError
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve import convert
 from llmsample.serve.access import TOKENS
@@ -25,13 +27,14 @@ from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.responses import extension, token_records
 from llmsample.serve.state import ServeState
+from llmsample.serve.tools import Block, Blocks, Step, whole_blocks
 
 OWN = ("messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "metadata", "thinking",
        "service_tier", "top_k", "stream")  # fmt: skip
 HINTS = {
     "metadata": "this server keeps no per-user records",
     "service_tier": "this server has one tier",
-    "thinking": "the model reasons as its chat template has it",
+    "thinking": "the model reasons as its chat template has it (enabled with budget_tokens: the budget)",
 }
 NAMES = {"stop": "stop_sequences"}
 ERROR_TYPES = {
@@ -62,11 +65,9 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
         if key not in given:
             raise ApiError(400, f"{key}: Field required", key)
     warnings: list[str] = []
+    budget = _thinking_budget(given.get("thinking"))
     for key, reason in HINTS.items():
-        value = given.get(key)
-        if value is not None and not (
-            key == "thinking" and isinstance(value, dict) and value.get("type") == "disabled"
-        ):
+        if given.get(key) is not None and not (key == "thinking" and budget is not None):
             convert.hint(key, reason, strict, warnings)
     stops = given.get("stop_sequences", [])
     if not isinstance(stops, list) or not all(isinstance(stop, str) for stop in stops):
@@ -78,11 +79,23 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
             chat[ours] = given[theirs]
     if "stream" in given and not counting:
         chat["stream"] = given["stream"]
+    if budget:
+        chat["reasoning_budget"] = budget
     if "tools" in given:
         chat["tools"] = _tools(given["tools"])
     if "tool_choice" in given:
         chat["tool_choice"] = _tool_choice(given["tool_choice"])
     return chat, warnings
+
+
+def _thinking_budget(value: Any) -> int | None:
+    """``thinking``: disabled is 0 (the template's own way), enabled with ``budget_tokens`` is the
+    reasoning budget (the block closed by force after that many tokens); None: neither."""
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "disabled":
+        return 0
+    budget = value.get("budget_tokens") if kind == "enabled" else None
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
 
 
 def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
@@ -156,14 +169,19 @@ def _tool_choice(value: Any) -> Any:
 
 class Answer:
     """One message being built: its id, the request's stop sequences, the tokens' bytes (to tell
-    which stop sequence ended it)."""
+    which stop sequence ended it), and a stream's blocks (thinking, text, tool uses)."""
 
-    def __init__(self, serve: ServeRequest, model: str, token_bytes: Callable[[int], bytes | None]) -> None:
+    def __init__(
+        self, serve: ServeRequest, model: str, token_bytes: Callable[[int], bytes | None], shape: ChatShape
+    ) -> None:
         self.serve = serve
         self.model = model
         self.token_bytes = token_bytes
+        self.shape = shape
         self.id = "msg_" + secrets.token_hex(12)
         self.events: list[TokenEvent] = []
+        self.blocks = Blocks(shape, eager=shape.plain)
+        self.pending: list[TokenEvent] = []  # tokens whose records no event carried yet
 
     def message(self, summary: Summary | None, events: list[TokenEvent]) -> dict[str, Any]:
         """The message: whole (``summary``) or as ``message_start`` opens it."""
@@ -171,8 +189,9 @@ class Answer:
         if summary is None:
             usage = {"input_tokens": 0, "output_tokens": 0}
             return {**body, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage}
-        body["content"] = [{"type": "text", "text": summary.text}]
-        body.update(self.stopped(summary, events))
+        blocks, called = whole_blocks(summary.text, self.shape)
+        body["content"] = [_content_block(block, final=True) for block in blocks]
+        body.update(self.stopped(summary, events, called))
         body["usage"] = {"input_tokens": summary.prompt_tokens, "output_tokens": summary.tokens}
         if self.serve.tokens != "none":
             body["llmsample"] = {**extension(summary), "tokens": token_records(events, self.serve.tokens)}
@@ -181,9 +200,9 @@ class Answer:
     def warnings(self) -> dict[str, Any]:
         return {"warnings": list(self.serve.warnings)} if self.serve.warnings else {}
 
-    def stopped(self, summary: Summary, events: list[TokenEvent]) -> dict[str, Any]:
+    def stopped(self, summary: Summary, events: list[TokenEvent], called: bool) -> dict[str, Any]:
         """``stop_reason`` and ``stop_sequence``: the one the raw text goes on with after the answer."""
-        reason = STOP_REASONS.get(summary.stop_reason, "max_tokens")
+        reason = "tool_use" if called else STOP_REASONS.get(summary.stop_reason, "max_tokens")
         if reason != "stop_sequence":
             return {"stop_reason": reason, "stop_sequence": None}
         raw = b"".join(self.token_bytes(event.token_id) or b"" for event in events).decode("utf-8", "replace")
@@ -194,6 +213,44 @@ class Answer:
             found = [(rest.find(stop), stop) for stop in stops if stop in rest]
             matched = min(found)[1] if found else None
         return {"stop_reason": reason, "stop_sequence": matched}
+
+    def steps(self, steps: list[Step]) -> str:
+        """The events of the blocks' steps: a block's start, its deltas (the first carrying the
+        records of the tokens so far, where asked), its stop."""
+        out = []
+        for kind, index, piece in steps:
+            block = self.blocks.blocks[index]
+            if kind == "open":
+                out.append(_sse("content_block_start", {"index": index, "content_block": _content_block(block)}))
+            elif kind == "close":
+                out.append(_sse("content_block_stop", {"index": index}))
+            else:
+                data: dict[str, Any] = {"index": index, "delta": _delta_of(block, piece)}
+                if self.pending:
+                    data["llmsample"] = {"tokens": token_records(self.pending, self.serve.tokens)}
+                    self.pending = []
+                out.append(_sse("content_block_delta", data))
+        return "".join(out)
+
+
+def _content_block(block: Block, final: bool = False) -> dict[str, Any]:
+    """A block as Anthropic's content block: whole (``final``) or as its start event has it."""
+    if block.kind == "call":
+        arguments = json.loads(block.text) if final else {}
+        return {"type": "tool_use", "id": "toolu_" + block.ident.removeprefix("call_"), "name": block.name,
+                "input": arguments}  # fmt: skip
+    text = block.text if final else ""
+    if block.kind == "reasoning":
+        return {"type": "thinking", "thinking": text, "signature": ""}
+    return {"type": "text", "text": text}
+
+
+def _delta_of(block: Block, piece: str) -> dict[str, Any]:
+    if block.kind == "call":
+        return {"type": "input_json_delta", "partial_json": piece}
+    if block.kind == "reasoning":
+        return {"type": "thinking_delta", "thinking": piece}
+    return {"type": "text_delta", "text": piece}
 
 
 def _sse(kind: str, data: dict[str, Any]) -> str:
@@ -227,45 +284,52 @@ async def _stream(
 
 def _opening(answer: Answer) -> str:
     """``message_start`` (its usage is the last event's: the prompt's tokens come with the
-    answer's end), the text block, a ping."""
+    answer's end), a plain answer's text block, a ping."""
     message = {**answer.message(None, []), **answer.warnings()}
-    block = {"index": 0, "content_block": {"type": "text", "text": ""}}
-    return _sse("message_start", {"message": message}) + _sse("content_block_start", block) + _sse("ping", {})
+    return _sse("message_start", {"message": message}) + answer.steps(answer.blocks.start()) + _sse("ping", {})
 
 
 def _delta(answer: Answer, event: TokenEvent) -> str:
-    if not event.text and answer.serve.tokens == "none":
-        return ""
-    data: dict[str, Any] = {"index": 0, "delta": {"type": "text_delta", "text": event.text}}
+    """A token's events; its records (where asked) on its first delta, or an empty delta of the
+    open block when it grows none."""
     if answer.serve.tokens != "none":
-        data["llmsample"] = {"tokens": token_records([event], answer.serve.tokens)}
-    return _sse("content_block_delta", data)
+        answer.pending.append(event)
+    steps = answer.blocks.feed(event.text)
+    if answer.pending and answer.blocks.blocks and not any(kind == "grow" for kind, _, _ in steps):
+        steps.append(("grow", len(answer.blocks.blocks) - 1, ""))
+    return answer.steps(steps)
 
 
 def _closing(answer: Answer, summary: Summary) -> str:
-    delta = answer.stopped(summary, answer.events)
+    steps = answer.steps(answer.blocks.feed("", final=True))
+    delta = answer.stopped(summary, answer.events, answer.blocks.called)
     usage = {"input_tokens": summary.prompt_tokens, "output_tokens": summary.tokens}
     tail: dict[str, Any] = {"delta": delta, "usage": usage}
     if answer.serve.tokens != "none":
         tail["llmsample"] = extension(summary)
-    return "".join((
-        _sse("content_block_stop", {"index": 0}), _sse("message_delta", tail), _sse("message_stop", {}),
-    ))  # fmt: skip
+    return steps + _sse("message_delta", tail) + _sse("message_stop", {})
 
 
 async def count_tokens(state: ServeState, request: HttpRequest) -> Response:
-    """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` would send them."""
-    from llmsample.serve.tokens import tokenize_body
-
+    """``POST /v1/messages/count_tokens``: the prompt's tokens as ``/v1/messages`` would send them
+    (the tools rendered as that request renders them)."""
     body = await read_json(request, state.max_body, state.read_timeout)
     chat, _ = chat_body(body, strict=False, counting=True)
-    if "tools" in chat:
-        raise ApiError(400, "tools: tool calls are not supported", "tools")
-    counted = await off_loop(tokenize_body, state.lm, {"messages": chat["messages"]})
-    return JSONResponse({"input_tokens": counted["count"]})
+    serve = convert.chat_request(chat, state.presets, False, [], NAMES)
+    return JSONResponse({"input_tokens": await off_loop(_prompt_tokens, state, serve)})
+
+
+def _prompt_tokens(state: ServeState, serve: ServeRequest) -> int:
+    from llmsample.engine.prompt import encode_messages
+
+    messages, tools = tool_prompt(state.lm.tokenizer, serve.request)
+    try:
+        return int(encode_messages(state.lm, messages, tools=tools).shape[-1])
+    except UserError as exc:
+        raise ApiError(400, str(exc), "messages") from None
 
 
 MESSAGES_API = convert.ConvertedApi(
-    "/v1/messages", NAMES, chat_body, lambda state, serve, body: Answer(serve, state.lm.name, state.lm.token_bytes),
+    NAMES, chat_body, lambda state, serve, body, shape: Answer(serve, state.lm.name, state.lm.token_bytes, shape),
     lambda answer, summary, events: answer.message(summary, events), _stream,
 )

@@ -70,6 +70,7 @@ CONTROLS: tuple[Control, ...] = (
     Control("xtc_threshold", "threshold", "XTC", 0.01, 0.5, 0.01),
     Control("min_tokens", "min tokens", "Length", 0, 4096, 1, integer=True),
     Control("max_tokens", "max tokens", "Length", 1, 4096, 1, integer=True),
+    Control("reasoning_budget", "thinking budget (0: none)", "Length", 0, 8192, 1, integer=True),
 )  # fmt: skip
 """Every numeric and on/off key of :class:`SamplingConfig` (a test holds the table to that), grouped.
 Lists and tables (``stop``, ``logit_bias``, ``ban``, DRY's breakers) go in the page's JSON box."""

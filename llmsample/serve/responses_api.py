@@ -15,6 +15,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import Response
 
 from llmsample.batch.responses import dumps
+from llmsample.batch.tools import ChatShape
 from llmsample.engine.rows import RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve import convert
@@ -25,6 +26,7 @@ from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.responses import extension, token_records
 from llmsample.serve.state import ServeState
+from llmsample.serve.tools import Block, Blocks, Step, whole_blocks
 
 OWN = (
     "input", "instructions", "text", "reasoning", "max_output_tokens", "tools", "tool_choice", "store",
@@ -45,7 +47,7 @@ HINTS = {
     "safety_identifier": "this server keeps no per-user records",
     "top_logprobs": "log probabilities are not reported on /v1/responses",
     "stream_options": "the stream's events are sent as they are",
-    "max_tool_calls": "no tools are called",
+    "max_tool_calls": "the calls are as many as the model makes",
     "reasoning": "the model reasons as its chat template has it",
 }
 NAMES = {
@@ -157,14 +159,18 @@ def _tool_choice(value: Any) -> Any:
 
 
 class Answer:
-    """One response being built: its ids, what the request asked (echoed), its events' numbers."""
+    """One response being built: its ids, what the request asked (echoed), its events' numbers,
+    and a stream's blocks (reasoning, text, calls: each an output item)."""
 
-    def __init__(self, serve: ServeRequest, model: str, body: dict[str, Any]) -> None:
+    def __init__(self, serve: ServeRequest, model: str, body: dict[str, Any], shape: ChatShape) -> None:
         self.serve = serve
+        self.shape = shape
         self.id = "resp_" + secrets.token_hex(12)
-        self.item_id = "msg_" + secrets.token_hex(12)
         self.created_at = int(time.time())
         self.sequence = 0
+        self.blocks = Blocks(shape, eager=shape.plain)
+        self.item_ids: list[str] = []
+        self.pending: list[TokenEvent] = []  # tokens whose records no event carried yet
         self.head = {
             "id": self.id, "object": "response", "created_at": self.created_at, "model": model,
             "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
@@ -178,25 +184,38 @@ class Answer:
             "user": body.get("user"), "error": None,
         }  # fmt: skip
 
-    def message(self, status: str, text: str) -> dict[str, Any]:
-        content = [] if status == "in_progress" else [_text_part(text)]
-        return {"type": "message", "id": self.item_id, "status": status, "role": "assistant", "content": content}
+    def item(self, index: int, block: Block, status: str) -> dict[str, Any]:
+        """The output item of block ``index``: a reasoning item, the message or a function call."""
+        while len(self.item_ids) <= index:
+            self.item_ids.append(secrets.token_hex(12))
+        ident = self.item_ids[index]
+        if block.kind == "call":
+            return {"type": "function_call", "id": "fc_" + ident, "call_id": block.ident, "name": block.name,
+                    "arguments": block.text, "status": status}  # fmt: skip
+        if block.kind == "reasoning":
+            content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": block.text}]
+            return {"type": "reasoning", "id": "rs_" + ident, "summary": [], "content": content, "status": status}
+        content = [] if status == "in_progress" else [_text_part(block.text)]
+        return {"type": "message", "id": "msg_" + ident, "status": status, "role": "assistant", "content": content}
 
     def response(self, summary: Summary | None = None, events: list[TokenEvent] | None = None) -> dict[str, Any]:
-        """The response object: in progress (no summary yet) or finished."""
+        """The response object: in progress (no summary yet) or finished (its blocks a stream's,
+        else its text's)."""
         if summary is None:
             body = {**self.head, "status": "in_progress", "incomplete_details": None, "output": [], "usage": None}
             return {**body, **self._warnings()}
-        complete = summary.stop_reason in ("eos", "stop")
-        status = "completed" if complete else "incomplete"
+        blocks, called = (self.blocks.blocks, self.blocks.called) if events is None else whole_blocks(
+            summary.text, self.shape)  # fmt: skip
+        status = "completed" if called or summary.stop_reason in ("eos", "stop") else "incomplete"
         body = {
-            **self.head, "status": status, "output": [self.message(status, summary.text)],
-            "incomplete_details": None if complete else {"reason": "max_output_tokens"},
+            **self.head, "status": status, "output": [self.item(i, b, status) for i, b in enumerate(blocks)],
+            "incomplete_details": None if status == "completed" else {"reason": "max_output_tokens"},
             "usage": _usage(summary.prompt_tokens, summary.tokens), "completed_at": int(time.time()),
         }  # fmt: skip
         if self.serve.tokens != "none":
-            body["llmsample"] = {**extension(summary), **({"tokens": token_records(events, self.serve.tokens)}
-                                                          if events is not None else {})}  # fmt: skip
+            tokens = events if events is not None else (self.pending or None)
+            body["llmsample"] = {**extension(summary), **({"tokens": token_records(tokens, self.serve.tokens)}
+                                                          if tokens is not None else {})}  # fmt: skip
         return {**body, **self._warnings()}
 
     def _warnings(self) -> dict[str, Any]:
@@ -209,31 +228,58 @@ class Answer:
         return f"event: {kind}\ndata: {dumps(record)}\n\n"
 
     def opening(self) -> str:
-        where = {"output_index": 0, "item_id": self.item_id}
-        return "".join((
-            self.event("response.created", response=self.response()),
-            self.event("response.in_progress", response=self.response()),
-            self.event("response.output_item.added", output_index=0, item=self.message("in_progress", "")),
-            self.event("response.content_part.added", **where, content_index=0, part=_text_part("")),
-        ))  # fmt: skip
+        created = self.event("response.created", response=self.response())
+        return created + self.event("response.in_progress", response=self.response()) + self._steps(
+            self.blocks.start(), "in_progress")  # fmt: skip
 
     def delta(self, event: TokenEvent) -> str:
-        extra = (
-            {"llmsample": {"tokens": token_records([event], self.serve.tokens)}} if self.serve.tokens != "none" else {}
-        )
-        where = {"output_index": 0, "item_id": self.item_id, "content_index": 0}
-        return self.event("response.output_text.delta", **where, delta=event.text, logprobs=[], **extra)
+        """A token's events: the blocks it opens, grows and closes; its records on the first
+        delta (an empty one on the open block when it grows none)."""
+        if self.serve.tokens != "none":
+            self.pending.append(event)
+        steps = self.blocks.feed(event.text)
+        if self.pending and self.blocks.blocks and not any(kind == "grow" for kind, _, _ in steps):
+            steps.append(("grow", len(self.blocks.blocks) - 1, ""))
+        return self._steps(steps, "completed")
 
     def closing(self, summary: Summary) -> str:
+        steps = self.blocks.feed("", final=True)
         finished = self.response(summary)
-        item = finished["output"][0]
-        where = {"output_index": 0, "item_id": self.item_id}
-        return "".join((
-            self.event("response.output_text.done", **where, content_index=0, text=summary.text, logprobs=[]),
-            self.event("response.content_part.done", **where, content_index=0, part=item["content"][0]),
-            self.event("response.output_item.done", output_index=0, item=item),
-            self.event(f"response.{finished['status']}", response=finished),
-        ))  # fmt: skip
+        return self._steps(steps, finished["status"]) + self.event(f"response.{finished['status']}", response=finished)
+
+    def _steps(self, steps: list[Step], status: str) -> str:
+        return "".join(self._step(kind, index, piece, status) for kind, index, piece in steps)
+
+    def _step(self, kind: str, index: int, piece: str, status: str) -> str:
+        block = self.blocks.blocks[index]
+        item = self.item(index, block, "in_progress" if kind != "close" else status)
+        where = {"output_index": index, "item_id": item["id"]}
+        if kind == "open":
+            added = self.event("response.output_item.added", output_index=index, item=item)
+            if block.kind != "content":
+                return added
+            return added + self.event("response.content_part.added", **where, content_index=0, part=_text_part(""))
+        if kind == "grow":
+            extra = {}
+            if self.pending:
+                extra = {"llmsample": {"tokens": token_records(self.pending, self.serve.tokens)}}
+                self.pending = []
+            if block.kind == "call":
+                return self.event("response.function_call_arguments.delta", **where, delta=piece, **extra)
+            if block.kind == "reasoning":
+                return self.event("response.reasoning_text.delta", **where, content_index=0, delta=piece, **extra)
+            return self.event("response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[],
+                              **extra)  # fmt: skip
+        if block.kind == "call":
+            ended = [self.event("response.function_call_arguments.done", **where, name=block.name, arguments=block.text)]
+        elif block.kind == "reasoning":
+            ended = [self.event("response.reasoning_text.done", **where, content_index=0, text=block.text)]
+        else:
+            ended = [
+                self.event("response.output_text.done", **where, content_index=0, text=block.text, logprobs=[]),
+                self.event("response.content_part.done", **where, content_index=0, part=item["content"][0]),
+            ]
+        return "".join(ended) + self.event("response.output_item.done", output_index=index, item=item)
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -262,7 +308,7 @@ async def _stream(
         out = []
         for _, record in batch:
             if isinstance(record, TokenEvent):
-                out.append(answer.delta(record) if record.text or answer.serve.tokens != "none" else "")
+                out.append(answer.delta(record))
             elif isinstance(record, RowFailed):
                 if record.message != "cancelled":
                     out.append(_error_event(answer, failure(record)))
@@ -277,6 +323,6 @@ def _error_event(answer: Answer, error: ApiError) -> str:
 
 
 RESPONSES_API = convert.ConvertedApi(
-    "/v1/responses", NAMES, chat_body, lambda state, serve, body: Answer(serve, state.lm.name, body),
+    NAMES, chat_body, lambda state, serve, body, shape: Answer(serve, state.lm.name, body, shape),
     lambda answer, summary, events: answer.response(summary, events), _stream,
 )

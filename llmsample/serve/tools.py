@@ -3,7 +3,9 @@ apart from ``content``, and ``tool_calls`` (each call's id and name once, then i
 ``function.arguments`` in pieces), as OpenAI streams them. The text so far is read whole at
 each token (:func:`llmsample.sampling.tools.split_tool_calls` and ``split_reasoning`` with
 ``final=False``: what may still become a tag or a call is held back), and only what grew since
-the last token goes out, so the deltas add up to the whole answer's fields."""
+the last token goes out, so the deltas add up to the whole answer's fields. The Responses and
+Messages APIs read the same deltas as :class:`Blocks` (reasoning, text, each call), their output
+items and content blocks."""
 
 from __future__ import annotations
 
@@ -55,3 +57,85 @@ class StreamSplit:
                 deltas.append({"tool_calls": [{"index": index, "function": {"arguments": piece}}]})
                 self.calls[index] = (ident, len(call.arguments))
         return deltas
+
+
+@dataclass
+class Block:
+    """One part of an answer as the Responses and Messages APIs give it: ``kind`` reasoning,
+    content or call (``ident`` and ``name`` a call's), ``text`` so far (a call's arguments)."""
+
+    kind: str
+    ident: str = ""
+    name: str = ""
+    text: str = ""
+
+
+Step = tuple[str, int, str]  # ("open" | "grow" | "close", the block's index, a grown piece)
+
+
+@dataclass
+class Blocks:
+    """A chat answer's text as blocks in order (its reasoning, its content, each call), each
+    opened, grown and closed as the text comes (a :class:`StreamSplit`'s deltas), so a stream's
+    items and a whole answer's are the same. Content that is only whitespace is held back until
+    more comes: before calls it is dropped, as a whole chat message drops it."""
+
+    shape: ChatShape
+    eager: bool = False  # the content block is open from the start (a plain answer's one block)
+    blocks: list[Block] = field(default_factory=list)
+    split: StreamSplit = field(init=False)
+    held: str = ""  # whitespace content not yet given to a block
+
+    def __post_init__(self) -> None:
+        self.split = StreamSplit(self.shape)
+
+    def start(self) -> list[Step]:
+        return self._open(Block("content")) if self.eager else []
+
+    def feed(self, text: str, final: bool = False) -> list[Step]:
+        """The steps ``text`` (a token's, appended) releases; ``final``: the answer has ended,
+        its last block is closed."""
+        steps: list[Step] = []
+        for delta in self.split.feed(text, final):
+            if "reasoning_content" in delta:
+                steps += self._grow("reasoning", delta["reasoning_content"])
+            elif "content" in delta:
+                self.held += delta["content"]
+                if self.held.strip() or (self.blocks and self.blocks[-1].kind == "content"):
+                    steps += self._grow("content", self.held)
+                    self.held = ""
+            else:
+                [call] = delta["tool_calls"]
+                if "id" in call:
+                    self.held = ""
+                    steps += self._open(Block("call", call["id"], call["function"]["name"]))
+                steps += self._grow("call", call["function"]["arguments"])
+        if final:
+            if self.held:
+                steps += self._grow("content", self.held)
+            if self.blocks:
+                steps.append(("close", len(self.blocks) - 1, ""))
+        return steps
+
+    def _open(self, block: Block) -> list[Step]:
+        steps: list[Step] = [("close", len(self.blocks) - 1, "")] if self.blocks else []
+        self.blocks.append(block)
+        return [*steps, ("open", len(self.blocks) - 1, "")]
+
+    def _grow(self, kind: str, piece: str) -> list[Step]:
+        steps = [] if self.blocks and self.blocks[-1].kind == kind else self._open(Block(kind))
+        if not piece:
+            return steps
+        self.blocks[-1].text += piece
+        return [*steps, ("grow", len(self.blocks) - 1, piece)]
+
+    @property
+    def called(self) -> bool:
+        return self.split.called
+
+
+def whole_blocks(text: str, shape: ChatShape) -> tuple[list[Block], bool]:
+    """A whole answer's blocks (one empty content block when it has none) and whether it called tools."""
+    blocks = Blocks(shape)
+    blocks.feed(text, final=True)
+    return blocks.blocks or [Block("content")], blocks.called

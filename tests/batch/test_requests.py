@@ -89,6 +89,7 @@ def test_our_json_line_with_every_field() -> None:
             "top_a": 0.1,
             "p_less": True,
             "samplers": "top_k;typ_p;top_p;min_p;epsilon_cutoff;eta;top_h;top_a;p_less;smoothing;temperature;top_n_sigma;xtc",
+            "reasoning_budget": 16,
         }
     )
     request = one(line)

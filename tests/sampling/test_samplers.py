@@ -253,6 +253,7 @@ EVERYTHING = SamplingConfig(
     logit_bias={"x": 1.0},
     ban=("Hello",),
     min_tokens=2,
+    reasoning_budget=4,
     presence_penalty=0.5,
     no_repeat_ngram_size=3,
     dynatemp_range=0.3,
@@ -269,12 +270,12 @@ def test_the_chain_runs_in_the_documented_order() -> None:
     history = history_of([1, 2, 7, 1], [2], EVERYTHING)
     chain = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING)
     assert chain.names == (
-        "raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "penalties", "dry", "temperature", "smoothing",
+        "raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "reasoning_budget", "penalties", "dry", "temperature", "smoothing",
         "top_n_sigma", "top_k", "top_p", "typical_p", "epsilon", "eta", "top_h", "top_a", "p_less", "min_p", "xtc",
     )  # fmt: skip
     assert set(FILTER_STAGES) - {"constraint"} <= set(chain.names)  # the constraint: tests/constraints
     greedy = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING.with_overrides(temperature=0))
-    assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "penalties", "dry", "greedy")
+    assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "reasoning_budget", "penalties", "dry", "greedy")
     # off stages are not in the chain: the default chain is as it was
     assert sampler_chain(LOGITS, NO_HISTORY, SamplingConfig()).names == (
         "raw", "penalties", "temperature", "top_k", "top_p", "min_p",

@@ -21,6 +21,7 @@ EXAMPLES: dict[str, dict[str, Any]] = {  # settings that switch an optional stag
     "logit_bias": {"logit_bias": (("0", -5.0), ("1", 2.0))},
     "ban": {"ban": ("As an AI", "delve")},
     "min_tokens": {"min_tokens": 10_000, "stop": ("\n\n",)},
+    "reasoning_budget": {"reasoning_budget": 4},
     "dry": {"dry_multiplier": 0.8},
     "top_n_sigma": {"top_n_sigma": 1.0},
     "typical_p": {"typical_p": 0.9},

@@ -18,6 +18,25 @@ import pytest
 from tests.conftest import TEST_HOME, make_tiny_model, with_chat_template
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+HERMES = """{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+{% endif %}Tools: {% for tool in tools %}{{ tool.function.name }} {% endfor %}<|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
+{% for c in m.tool_calls %}<tool_call>
+{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif not (m.role == 'system' and tools) %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}<|im_start|>assistant
+"""
+"""A Hermes/Qwen chat template that renders tools (``<tool_call>`` calls, ``<tool_response>`` results)."""
 NO_EOS = {"1": -100}  # logit_bias: the tiny model's <eos> never comes (long answers on demand)
 
 
@@ -109,3 +128,11 @@ def start_byte_chat_server(
 
     path = with_chat_template(make_byte_model(tmp_path_factory.mktemp(f"byte-{name}")), template)
     return start_server(path, tmp_path_factory.mktemp(name) / "stderr", *args)
+
+
+@pytest.fixture(scope="session")
+def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The byte model with the Hermes template, 64 rows: every API's tool tests share it."""
+    running = start_byte_chat_server(tmp_path_factory, "tools", "--batch-size", "64", template=HERMES)
+    yield running
+    running.stop()

@@ -112,7 +112,7 @@ def test_our_records_where_asked(byte_server: Server) -> None:
         ({"messages": [{"role": "user", "content": [{"type": "image"}]}]}, 400, "invalid_request_error", "messages"),
         ({"stop_sequences": "x"}, 400, "invalid_request_error", "stop_sequences"),
         ({"extra_body": {"temperature": -1}}, 400, "invalid_request_error", "temperature"),
-        ({"tools": [{"name": "f", "input_schema": {"type": "object"}}]}, 400, "invalid_request_error", "tools"),
+        ({"tools": [{"name": "a b", "input_schema": {"type": "object"}}]}, 400, "invalid_request_error", "tools"),
         ({"model": "other"}, 404, "not_found_error", "model"),
     ],
 )

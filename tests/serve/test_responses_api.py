@@ -127,7 +127,7 @@ def test_a_schema_with_keywords_left_out_says_so(byte_server: Server) -> None:
         ({"previous_response_id": "resp_1"}, "previous_response_id"),
         ({"extra_body": {"messages": [{"role": "user", "content": "x"}]}}, "messages"),
         ({"input": [{"type": "image_generation_call", "id": "x"}]}, "input"),
-        ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}, "tools"),
+        ({"tools": [{"type": "function", "name": "", "parameters": {"type": "object"}}]}, "tools"),
         ({"tools": [{"type": "web_search"}]}, "tools"),
         ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}}}, "text.format.schema"),
     ],

@@ -14,24 +14,6 @@ import pytest
 
 from tests.serve.conftest import Server, start_byte_chat_server
 
-HERMES = """{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-{% endif %}Tools: {% for tool in tools %}{{ tool.function.name }} {% endfor %}<|im_end|>
-{% endif %}
-{%- for m in messages %}
-{%- if m.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ m.content }}
-</tool_response><|im_end|>
-{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant
-{% for c in m.tool_calls %}<tool_call>
-{"name": "{{ c.function.name }}", "arguments": {{ c.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif not (m.role == 'system' and tools) %}<|im_start|>{{ m.role }}
-{{ m.content }}<|im_end|>
-{% endif %}
-{%- endfor %}<|im_start|>assistant
-"""
 THINKING = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}assistant: <think>\n"
 
 WEATHER = {
@@ -51,13 +33,6 @@ TOOLS = [{"type": "function", "function": {"name": name, "parameters": schema}} 
 MESSAGES = [{"role": "user", "content": "weather?"}]
 UNTRUNCATED = {"top_k": 0, "min_p": 0.0, "typical_p": 1.0}  # with top_p 1: every truncation off
 WILD = {"temperature": 1.5, "top_p": 1.0, "extra_body": UNTRUNCATED}
-
-
-@pytest.fixture(scope="module")
-def tools_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    running = start_byte_chat_server(tmp_path_factory, "tools", "--batch-size", "64", template=HERMES)
-    yield running
-    running.stop()
 
 
 def create(server: Server, **kwargs: Any) -> Any:
@@ -215,3 +190,52 @@ def test_reasoning_apart_from_content_whole_and_streamed(thinking_server: Server
         for key in parts:
             parts[key] += ((delta.model_extra or {}).get(key) if key != "content" else delta.content) or "" if delta else ""
     assert parts == {"reasoning_content": reasoning, "content": message.content}
+
+
+def test_the_reasoning_budget_closes_the_block_by_force_whole_and_streamed(thinking_server: Server) -> None:
+    """A random model never closes the block: at 4 tokens the budget writes ``</think>``, each of
+    its tokens forced in the records; the stream adds up to the whole answer."""
+    extra = {"reasoning_budget": 4, "logit_bias": {"1": -100}, "llmsample": {"tokens": "full"}}
+    kwargs = {"tools": openai.NOT_GIVEN, "parallel_tool_calls": openai.NOT_GIVEN, "max_tokens": 20, "seed": 4,
+              "extra_body": extra}  # fmt: skip
+    choice = create(thinking_server, **kwargs).choices[0]
+    records = choice.model_extra["llmsample"]["tokens"]
+    assert [r["source"] for r in records[4:12]] == ["forced"] * 8
+    assert all(r["source"] != "forced" for r in records[:4] + records[12:])
+    reasoning = choice.message.model_extra["reasoning_content"]
+    assert "".join(r["text"] for r in records[:12]) == reasoning + "</think>"  # a split character's text comes late
+    assert "</think>" not in choice.message.content
+    parts = {"reasoning_content": "", "content": ""}
+    for chunk in create(thinking_server, stream=True, **kwargs):
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta is not None:
+            parts["reasoning_content"] += (delta.model_extra or {}).get("reasoning_content") or ""
+            parts["content"] += delta.content or ""
+    assert parts == {"reasoning_content": reasoning, "content": choice.message.content}
+
+
+def test_reasoning_on_responses_and_messages_whole_and_streamed(thinking_server: Server) -> None:
+    """A reasoning item / a thinking block (Anthropic's ``budget_tokens`` is the budget) before
+    the answer's text, the same streamed (Anthropic's accumulator reads the events)."""
+    import anthropic
+
+    client = thinking_server.client()
+    model = client.models.list().data[0].id
+    extra = {"seed": 6, "logit_bias": {"1": -100}, "reasoning_budget": 3}
+    whole = client.responses.create(model=model, input="hi", max_output_tokens=16, extra_body=extra)
+    reasoning, message = whole.output
+    assert reasoning.type == "reasoning" and message.type == "message" and len(reasoning.content[0].text) <= 3
+    events = list(client.responses.create(model=model, input="hi", max_output_tokens=16, extra_body=extra, stream=True))
+    final = events[-1].response  # response.incomplete: the accumulator wants a completed one
+    assert "response.reasoning_text.delta" in {event.type for event in events}
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output[0].content[0].text == reasoning.content[0].text and final.output_text == whole.output_text
+    talk = anthropic.Anthropic(base_url=thinking_server.url, api_key="none", max_retries=0, timeout=60)
+    body = {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": 3}, "extra_body": {"seed": 6, "logit_bias": {"1": -100}}}  # fmt: skip
+    answer = talk.messages.create(**body)
+    assert [block.type for block in answer.content] == ["thinking", "text"]
+    assert answer.content[0].thinking == reasoning.content[0].text and answer.content[1].text == whole.output_text
+    with talk.messages.stream(**body) as stream:
+        streamed = stream.get_final_message()
+    assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in answer.content]
