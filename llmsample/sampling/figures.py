@@ -115,13 +115,18 @@ def kept_counts(chain: Chain, low: Tensor) -> Tensor:
     """Per row, the tokens each stage keeps ``[batch, stages]`` (int32); ``low``: the raw row's
     minimum. Only a filter removes tokens: the other stages keep -inf where it was and clamp what
     they change to finite values (``keep_finite``), so they keep what came in; so does a filter
-    that was off (top-k 0, top-p 1, min-p 0 hand on their input). Logits are finite until a
-    filter sets -inf, so that is all there is to count. The stages on the chain's candidates are
-    counted together, in one pass over their stacked values."""
+    that was off (top-k 0, top-p 1, min-p 0 hand on their input) on the support its count was
+    taken on (after a temperature computed on top-k's candidates, top-k hands on the same values,
+    and they are counted). Logits are finite until a filter sets -inf, so that is all there is to
+    count. The stages on the chain's candidates are counted together, in one pass over their
+    stacked values."""
     stages = chain.stages
     source: list[int] = []  # per stage, the stage whose count it has
     for position, stage in enumerate(stages):
-        same = position > 0 and (stage.name not in FILTER_STAGES or stage.values is stages[position - 1].values)
+        same = position > 0 and (
+            stage.name not in FILTER_STAGES
+            or (stage.values is stages[position - 1].values and stage.ids is stages[source[-1]].ids)
+        )
         source.append(source[-1] if same else position)
     counted = sorted(set(source))
     narrow = [p for p in counted if stages[p].ids is not None]

@@ -26,7 +26,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from llmsample.sampling import filters
+from llmsample.sampling import blocks, filters
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.filters import (
     apply_penalties,
@@ -111,16 +111,20 @@ class Stage:
     values: Tensor
     ids: Tensor | None = None
     vocab: int = 0
+    whole: Callable[[], Tensor] | None = None  # the whole row, where the stage keeps more than its ids
 
     @cached_property
     def logits(self) -> Tensor:
+        if self.whole is not None:
+            return self.whole()
         if self.ids is None:
             return self.values
         rows = self.values.shape[0]
         return self.values.new_full((rows, self.vocab), -math.inf).scatter_(-1, self.ids, self.values)
 
     def rows(self, index: slice) -> Stage:
-        return Stage(self.name, self.values[index], None if self.ids is None else self.ids[index], self.vocab)
+        whole = None if self.whole is None else lambda: self.logits[index]
+        return Stage(self.name, self.values[index], None if self.ids is None else self.ids[index], self.vocab, whole)
 
 
 @dataclass(frozen=True)
@@ -209,7 +213,18 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     vocab = logits.shape[-1]
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
-    for info in chain_of(cfg)[1:]:
+    names = [info.name for info in chain_of(cfg)]
+    for at, info in enumerate(chain_of(cfg)[1:], 1):
+        scaled = (
+            _scaled_top_k(logits, history, cfg, values)
+            if ids is None and names[at : at + 2] == ["temperature", "top_k"] and compacts(logits, cfg.top_k)
+            else None
+        )
+        if scaled is not None:  # the temperature on top-k's candidates; the row when something reads it
+            whole = functools.partial(_stage, "temperature", logits, history, cfg, values)
+            logits, ids = scaled
+            stages.append(Stage(info.name, logits, ids, vocab, whole))
+            continue
         if ids is None and info.name == "greedy" and compacts(logits, 1):
             ids = filters.first_argmax(logits)  # the one token keep_argmax keeps
             logits = logits.gather(-1, ids)
@@ -218,10 +233,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
         elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
             logits, ids = filters.top_p_kept(logits, cfg.top_p if values is None else values.top_p, vocab // 8)
         else:
-            if values is not None and info.name in PER_ROW:
-                logits = PER_ROW[info.name](logits, values)
-            else:
-                logits = APPLY[info.name](logits, history, cfg)
+            logits = _stage(info.name, logits, history, cfg, values)
             if ids is None and info.name in NARROWING and compacts(logits, 1):
                 narrowed = filters.kept_candidates(logits, logits.shape[-1] // 8)
                 if narrowed is not None:
@@ -230,6 +242,32 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     if stages[-1].name == "xtc":
         return Chain(tuple(stages), xtc_mixture(stages[-2].values, logits, cfg.xtc_probability), ids)
     return Chain(tuple(stages), logits.softmax(-1), ids)
+
+
+def _stage(name: str, logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None) -> Tensor:
+    """Stage ``name`` over ``logits``: with the rows' own values where it reads them."""
+    if values is not None and name in PER_ROW:
+        return PER_ROW[name](logits, values)
+    return APPLY[name](logits, history, cfg)
+
+
+def _scaled_top_k(
+    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None
+) -> tuple[Tensor, Tensor] | None:
+    """The temperature stage on the tokens top-k keeps after it, ``(values, ids)`` in ascending id
+    order, from one ranking of the row before it: dividing by a positive temperature keeps the
+    order, so the k + 1 largest before it are the k + 1 largest after it, and when the k-th of them
+    stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
+    first k are top-k's set, each with the value the whole row's division gives it. None
+    otherwise (then the whole row). Saves the division and range check over the vocabulary and
+    top-k's own ranking."""
+    k = cfg.top_k
+    top, order = blocks.top(logits, k + 1)
+    scaled = _stage("temperature", top, history, cfg, values)
+    if not bool((scaled[..., k - 1] > scaled[..., k]).all()) or bool(scaled.isnan().any()):
+        return None
+    ids, at = order[..., :k].sort(-1)
+    return scaled[..., :k].gather(-1, at), ids
 
 
 NARROWING = frozenset({"top_n_sigma", "top_p", "typical_p", "min_p"})
