@@ -45,7 +45,9 @@ def step_figures(
     # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
     maxima = blocks.block_maxima(raw) if blocks.blocks_pay(raw, max(top_n, 1)) else None
     shared = maxima if ranked is raw else None
-    top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]), shared)[1] if top_n > 0 else index[:, :0]
+    top_values, top_ids = (
+        blocks.top(ranked, min(top_n, ranked.shape[-1]), shared) if top_n > 0 else (None, index[:, :0])
+    )
     # The raw row's minimum for its kept count, its maximum for finiteness.
     if host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
@@ -59,7 +61,7 @@ def step_figures(
         ids.float(),
         chain.prob_of(ids),
         raw_logprobs.gather(1, ids).exp(),
-        blocks.count_above(raw, raw.gather(1, index), maxima).unsqueeze(-1).float() + 1,
+        count_above(raw, raw.gather(1, index), maxima, top_values if ranked is raw else None).unsqueeze(-1).float() + 1,
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         sampled.new_zeros(sampled.shape[0], 1) if chain.is_greedy else entropy_bits(sampled).unsqueeze(-1),
         sampled.sum(-1, keepdim=True),
@@ -109,6 +111,15 @@ def _figures_of(
         ),
         accepted=int(row[-1]) if drafted else 0,
     )
+
+
+def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor | None) -> Tensor:
+    """:func:`blocks.count_above` (the drawn token's rank minus one), read off the raw row's top
+    list ``top`` (descending) when every row's token is at least its last value: every token above
+    it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls."""
+    if top is not None and host_syncs_are_free(raw) and bool((value >= top[:, -1:]).all()):
+        return blocks.count_true(top > value)
+    return blocks.count_above(raw, value, maxima)
 
 
 def kept_counts(chain: Chain, low: Tensor) -> Tensor:
