@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from llmsample.sampling import blocks
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import count_above
-from llmsample.sampling.filters import apply_temperature
+from llmsample.sampling.filters import apply_temperature, keep_top_k
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import sampler_chain
 
@@ -55,6 +55,8 @@ def test_the_temperature_on_candidates_is_the_rows(x: torch.Tensor, temperature:
     stage = chain.stages[chain.names.index("temperature")]
     whole = apply_temperature(x, temperature)
     assert torch.equal(stage.logits.nan_to_num(), whole.nan_to_num())
+    kept = chain.stages[chain.names.index("top_k")].logits  # ties at the k-th place: the lower ids
+    assert torch.equal(kept.nan_to_num(), keep_top_k(whole, k).nan_to_num())
     if stage.ids is not None:
         assert torch.equal(stage.values, whole.gather(-1, stage.ids))
         assert torch.equal(stage.ids, chain.stages[chain.names.index("top_k")].ids)
