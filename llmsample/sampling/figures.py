@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling import blocks
+from llmsample.sampling import blocks, filters
 from llmsample.sampling.filters import host_syncs_are_free, kept_count
 from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
@@ -117,7 +117,7 @@ def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor |
     """:func:`blocks.count_above` (the drawn token's rank minus one), read off the raw row's top
     list ``top`` (descending) when every row's token is at least its last value: every token above
     it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls."""
-    if top is not None and host_syncs_are_free(raw) and bool((value >= top[:, -1:]).all()):
+    if top is not None and filters.host_syncs_are_free(raw) and bool((value >= top[:, -1:]).all()):
         return blocks.count_true(top > value)
     return blocks.count_above(raw, value, maxima)
 
