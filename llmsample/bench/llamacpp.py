@@ -3,9 +3,11 @@ in one process on one GGUF, EOS ignored, the same sampling settings on every sid
 0.8, top-k 40, top-p 0.95, min-p 0.05):
 
 - our loop on llama.cpp, single stream, every token's full record (top 5 alternatives), against
-  llama-cpp-python's own generation with its own sampler (``Llama.generate``);
-- our batch of 8 chat prompts, aggregate tokens/s, against its single stream;
+  llama-cpp-python's own generation with its own sampler (``Llama.generate``), sampled and greedy;
+- our batch of 8 chat prompts, aggregate tokens/s, against our single stream and against its;
 - our llama.cpp path against our transformers path on the same model;
+- a small Llama in the hub's format written here (:mod:`llmsample.bench.hub_llama`), on llama.cpp
+  through the GGUF our backend converts it to, against transformers' ``generate`` on the folder;
 - a fresh ``llmsample generate -n 1`` process to its first token on each backend.
 
 Medians of rotating rounds, ratios paired by round (:mod:`llmsample.bench.timing`'s reasoning: a
@@ -19,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -27,10 +30,13 @@ from typing import Any
 
 import torch
 
+from llmsample.bench.hub_llama import write_small_llama
 from llmsample.bench.prompts import batch_prompts
 from llmsample.bench.results import machine_info, write_document
-from llmsample.bench.sides import ours
+from llmsample.bench.sides import as_transformers_loads, ours
+from llmsample.bench.sides import theirs as theirs_generate
 from llmsample.bench.timing import paired_ratio, rounds, timed_tokens_per_s
+from llmsample.engine.backend import open_backend
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.prompt import encode_prompt
@@ -56,9 +62,13 @@ class LlamaCppBench:
     threads: int
     ours_tok_s: float  # our loop on llama.cpp, single stream
     llama_cpp_python_tok_s: float  # llama-cpp-python's own generation and sampler
+    ours_greedy_tok_s: float  # the same two, greedy
+    llama_cpp_python_greedy_tok_s: float
     ours_batch_tok_s: float  # our batch of BATCH, aggregate
     transformers_tok_s: float  # our loop on transformers, same model
     transformers_dtype: str
+    hub_ours_tok_s: float  # the small hub-format Llama: our loop on llama.cpp (its converted GGUF)
+    hub_transformers_tok_s: float  # transformers' generate on its folder, as transformers loads it
     model_share: float  # of our single stream's time, the share inside llama_decode
     ratios: dict[str, float]  # each the median of the rounds' own ratios
     start_llama_cpp_s: float | None  # a fresh process to its first token (and exit); None: it failed
@@ -68,18 +78,19 @@ class LlamaCppBench:
         return asdict(self)
 
 
-def settings(tokens: int, seed: int = 0) -> SamplingConfig:
-    return SamplingConfig(**SETTINGS, max_tokens=tokens, seed=seed)  # type: ignore[arg-type]
+def settings(tokens: int, seed: int = 0, greedy: bool = False) -> SamplingConfig:
+    chosen = {**SETTINGS, "temperature": 0.0} if greedy else SETTINGS
+    return SamplingConfig(**chosen, max_tokens=tokens, seed=seed)  # type: ignore[arg-type]
 
 
-def ours_timed(lm: LoadedModel, ids: torch.Tensor, tokens: int) -> tuple[int, float, float]:
+def ours_timed(lm: LoadedModel, ids: torch.Tensor, tokens: int, greedy: bool = False) -> tuple[int, float, float]:
     """Our single stream: tokens, wall seconds, and seconds inside the backend's forward passes."""
     spent = [0.0]
 
     def timed(seconds: float) -> None:
         spent[0] += seconds
 
-    cfg = settings(tokens)
+    cfg = settings(tokens, greedy=greedy)
     item = BatchItem(0, ids[0].tolist(), cfg, RunStats(lm.name, "bench", cfg.seed))
     start = time.perf_counter()
     count = sum(
@@ -96,18 +107,33 @@ def ours_batch(lm: LoadedModel, prompts: list[list[int]], tokens: int) -> int:
     return sum(1 for _, r in decode_batch(lm, items, len(items), ignore_eos=True) if not isinstance(r, Summary))
 
 
-def llama_cpp_python(path: Path, threads: int) -> Callable[[list[int], int], int]:
-    """Its own loop and sampler on the same file and settings; tokens made."""
+def decode_only(lm: LoadedModel, prompts: list[list[int]], tokens: int) -> int:
+    """llama.cpp's own ceiling for these rows: the backend's prefill and ``tokens - 1`` steps with
+    nothing of ours between them (each row fed its first prompt token again); tokens made."""
+    backend = open_backend(lm, len(prompts), max(map(len, prompts)) + tokens + 1, one_prompt=False)
+    try:
+        backend.admit(prompts)
+        fed = torch.tensor([p[0] for p in prompts])
+        for _ in range(tokens - 1):
+            backend.step(fed)
+    finally:
+        backend.close()
+    return len(prompts) * tokens
+
+
+def llama_cpp_python(path: Path, threads: int) -> Callable[..., int]:
+    """Its own loop and sampler on the same file and settings (temperature 0: its greedy
+    sampler); tokens made."""
     llm = plain_llama(path, threads)
 
-    def run(prompt: list[int], tokens: int) -> int:
+    def run(prompt: list[int], tokens: int, greedy: bool = False) -> int:
         # From an empty cache, as our side starts: left alone, ``generate`` finds the last round's
         # prompt in its cache and decodes only its last token, so its rate would leave out the
         # prefill ours counts (~13 % of a 128-token run of the benchmark's prompt).
         llm.reset()
         count = 0
         for _ in llm.generate(
-            prompt, temp=SETTINGS["temperature"], top_k=SETTINGS["top_k"], top_p=SETTINGS["top_p"],
+            prompt, temp=0.0 if greedy else SETTINGS["temperature"], top_k=SETTINGS["top_k"], top_p=SETTINGS["top_p"],
             min_p=SETTINGS["min_p"], repeat_penalty=1.0, reset=True,
         ):  # fmt: skip
             count += 1
@@ -146,37 +172,72 @@ def run_llamacpp_benchmark(
     ids = encode_prompt(lm, PROMPT)
     prompt = ids[0].tolist()
     batch = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(BATCH)]
+    with tempfile.TemporaryDirectory() as scratch:
+        log("writing a small hub-format Llama and its GGUF")
+        hub_sides = hub_llama_sides(Path(scratch) / "small-llama", tokens)
     ours_timed(lm, ids, 8)  # warm-up: first touch of the weights and buffers on every side
     theirs(prompt, 8)
     ours(hf, ids, settings(8))
     shares = []
 
-    def single() -> float:
-        count, wall, forward = ours_timed(lm, ids, tokens)
-        shares.append(forward / wall)
+    def single(greedy: bool) -> float:
+        count, wall, forward = ours_timed(lm, ids, tokens, greedy)
+        if not greedy:
+            shares.append(forward / wall)
         return count / wall
 
-    mine, peer, batched, hf_rates = rounds(
+    log(f"{runs} rotating rounds")
+    mine, peer, mine_greedy, peer_greedy, batched, hf_rates, hub_ours, hub_theirs, own_one, own_batch = rounds(
         runs,
         [
-            single,
+            lambda: single(False),
             lambda: timed_tokens_per_s(lambda: theirs(prompt, tokens)),
+            lambda: single(True),
+            lambda: timed_tokens_per_s(lambda: theirs(prompt, tokens, True)),
             lambda: timed_tokens_per_s(lambda: ours_batch(lm, batch, tokens)),
             lambda: timed_tokens_per_s(lambda: ours(hf, ids, settings(tokens))),
+            *hub_sides,
+            lambda: timed_tokens_per_s(lambda: decode_only(lm, [prompt], tokens)),
+            lambda: timed_tokens_per_s(lambda: decode_only(lm, batch, tokens)),
         ],
     )
     ratios = {
-        "ours / llama-cpp-python": paired_ratio(mine, peer),
+        "ours / llama-cpp-python, sampled (target ≥ 0.9x)": paired_ratio(mine, peer),
+        "ours / llama-cpp-python, greedy (target ≥ 0.9x)": paired_ratio(mine_greedy, peer_greedy),
+        "llama.cpp / transformers, ours (target ≥ 2.5x)": paired_ratio(mine, hf_rates),
+        f"our batch {BATCH} / our single stream (target ≥ 1.5x)": paired_ratio(batched, mine),
         f"our batch {BATCH} / llama-cpp-python": paired_ratio(batched, peer),
-        "llama.cpp / transformers (ours)": paired_ratio(mine, hf_rates),
+        f"llama.cpp's own ceiling: {BATCH} rows / one, decode only": paired_ratio(own_batch, own_one),
+        "small hub Llama: ours on llama.cpp / transformers' generate": paired_ratio(hub_ours, hub_theirs),
     }
     log("start-up of a fresh process on each backend")
     median = statistics.median
     return LlamaCppBench(
-        lm.name, lm.quantization, tokens, runs, threads, median(mine), median(peer), median(batched),
-        median(hf_rates), str(hf.dtype).removeprefix("torch."), median(shares), ratios,
+        lm.name, lm.quantization, tokens, runs, threads, median(mine), median(peer), median(mine_greedy),
+        median(peer_greedy), median(batched), median(hf_rates), str(hf.dtype).removeprefix("torch."),
+        median(hub_ours), median(hub_theirs), median(shares), ratios,
         start_up(model, "llama.cpp", gguf_type), start_up(model, "transformers"),
     )  # fmt: skip
+
+
+def hub_llama_sides(folder: Path, tokens: int) -> list[Callable[[], float]]:
+    """The small hub-format Llama's two sides, warmed up: our loop on llama.cpp (the GGUF our
+    backend writes from the folder, at the checkpoint's own precision) and transformers'
+    ``generate`` on the model as transformers loads the folder; both tokens/s, sampled. The folder
+    may go once this returns (both sides hold what they loaded)."""
+    write_small_llama(folder)
+    lm = load_model(str(folder), "cpu", "auto", backend="llama.cpp")
+    hf = as_transformers_loads(load_model(str(folder), "cpu", "auto", backend="transformers"), str(folder), None)
+    ids = encode_prompt(lm, PROMPT)
+    min_p = {"min_p": SETTINGS["min_p"]}  # the one setting ``theirs`` does not pass itself
+    ours_timed(lm, ids, 8)
+    theirs_generate(hf, ids, settings(8), **min_p)
+
+    def on_llama_cpp() -> float:
+        count, wall, _ = ours_timed(lm, ids, tokens)
+        return count / wall
+
+    return [on_llama_cpp, lambda: timed_tokens_per_s(lambda: theirs_generate(hf, ids, settings(tokens), **min_p))]
 
 
 def table(result: LlamaCppBench) -> str:
@@ -187,8 +248,12 @@ def table(result: LlamaCppBench) -> str:
     sides = [
         ("llmsample on llama.cpp, single stream (full records, top 5)", result.ours_tok_s),
         ("llama-cpp-python's own `Llama.generate`, single stream", result.llama_cpp_python_tok_s),
+        ("llmsample on llama.cpp, single stream, greedy (full records)", result.ours_greedy_tok_s),
+        ("llama-cpp-python's own `Llama.generate`, greedy", result.llama_cpp_python_greedy_tok_s),
         (f"llmsample on llama.cpp, batch {BATCH} (aggregate)", result.ours_batch_tok_s),
         (f"llmsample on transformers ({result.transformers_dtype})", result.transformers_tok_s),
+        ("small hub-format Llama: llmsample on llama.cpp (its converted GGUF)", result.hub_ours_tok_s),
+        ("small hub-format Llama: transformers' `generate`", result.hub_transformers_tok_s),
     ]
     lines += [f"| {name} | {format_number(value, 1)} |" for name, value in sides]
     lines += [f"| {name} | {value:.2f}x |" for name, value in result.ratios.items()]

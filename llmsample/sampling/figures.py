@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling import blocks
+from llmsample.sampling import blocks, filters
 from llmsample.sampling.filters import host_syncs_are_free, kept_count
 from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
@@ -45,7 +45,9 @@ def step_figures(
     # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
     maxima = blocks.block_maxima(raw) if blocks.blocks_pay(raw, max(top_n, 1)) else None
     shared = maxima if ranked is raw else None
-    top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]), shared)[1] if top_n > 0 else index[:, :0]
+    top_values, top_ids = (
+        blocks.top(ranked, min(top_n, ranked.shape[-1]), shared) if top_n > 0 else (None, index[:, :0])
+    )
     # The raw row's minimum for its kept count, its maximum for finiteness.
     if host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
@@ -59,7 +61,7 @@ def step_figures(
         ids.float(),
         chain.prob_of(ids),
         raw_logprobs.gather(1, ids).exp(),
-        blocks.count_above(raw, raw.gather(1, index), maxima).unsqueeze(-1).float() + 1,
+        count_above(raw, raw.gather(1, index), maxima, top_values if ranked is raw else None).unsqueeze(-1).float() + 1,
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         sampled.new_zeros(sampled.shape[0], 1) if chain.is_greedy else entropy_bits(sampled).unsqueeze(-1),
         sampled.sum(-1, keepdim=True),
@@ -111,17 +113,31 @@ def _figures_of(
     )
 
 
+def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor | None) -> Tensor:
+    """:func:`blocks.count_above` (the drawn token's rank minus one), read off the raw row's top
+    list ``top`` (descending) when every row's token is at least its last value: every token above
+    it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls."""
+    if top is not None and filters.host_syncs_are_free(raw) and bool((value >= top[:, -1:]).all()):
+        return blocks.count_true(top > value)
+    return blocks.count_above(raw, value, maxima)
+
+
 def kept_counts(chain: Chain, low: Tensor) -> Tensor:
     """Per row, the tokens each stage keeps ``[batch, stages]`` (int32); ``low``: the raw row's
     minimum. Only a filter removes tokens: the other stages keep -inf where it was and clamp what
     they change to finite values (``keep_finite``), so they keep what came in; so does a filter
-    that was off (top-k 0, top-p 1, min-p 0 hand on their input). Logits are finite until a
-    filter sets -inf, so that is all there is to count. The stages on the chain's candidates are
-    counted together, in one pass over their stacked values."""
+    that was off (top-k 0, top-p 1, min-p 0 hand on their input) on the support its count was
+    taken on (after a temperature computed on top-k's candidates, top-k hands on the same values,
+    and they are counted). Logits are finite until a filter sets -inf, so that is all there is to
+    count. The stages on the chain's candidates are counted together, in one pass over their
+    stacked values."""
     stages = chain.stages
     source: list[int] = []  # per stage, the stage whose count it has
     for position, stage in enumerate(stages):
-        same = position > 0 and (stage.name not in FILTER_STAGES or stage.values is stages[position - 1].values)
+        same = position > 0 and (
+            stage.name not in FILTER_STAGES
+            or (stage.values is stages[position - 1].values and stage.ids is stages[source[-1]].ids)
+        )
         source.append(source[-1] if same else position)
     counted = sorted(set(source))
     narrow = [p for p in counted if stages[p].ids is not None]

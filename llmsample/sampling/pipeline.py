@@ -28,7 +28,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from llmsample.sampling import cutoffs, filters
+from llmsample.sampling import blocks, cutoffs, filters
 from llmsample.sampling.budget import force_block_close
 from llmsample.sampling.config import SAMPLER_ORDER, SamplingConfig
 from llmsample.sampling.filters import (
@@ -69,7 +69,9 @@ APPLY: dict[str, StageFunction] = {
     "temperature": lambda logits, history, cfg: cutoffs.apply_dynamic_temperature(
         logits, cfg.temperature, cfg.dynatemp_range, cfg.dynatemp_exponent
     ),
-    "smoothing": lambda logits, history, cfg: cutoffs.apply_smoothing(logits, cfg.smoothing_factor, cfg.smoothing_curve),
+    "smoothing": lambda logits, history, cfg: cutoffs.apply_smoothing(
+        logits, cfg.smoothing_factor, cfg.smoothing_curve
+    ),
     "top_n_sigma": lambda logits, history, cfg: keep_top_n_sigma(logits, cfg.top_n_sigma),
     "top_k": lambda logits, history, cfg: keep_top_k(logits, cfg.top_k),
     "top_p": lambda logits, history, cfg: keep_top_p(logits, cfg.top_p),
@@ -131,16 +133,20 @@ class Stage:
     values: Tensor
     ids: Tensor | None = None
     vocab: int = 0
+    whole: Callable[[], Tensor] | None = None  # the whole row, where the stage keeps more than its ids
 
     @cached_property
     def logits(self) -> Tensor:
+        if self.whole is not None:
+            return self.whole()
         if self.ids is None:
             return self.values
         rows = self.values.shape[0]
         return self.values.new_full((rows, self.vocab), -math.inf).scatter_(-1, self.ids, self.values)
 
     def rows(self, index: slice) -> Stage:
-        return Stage(self.name, self.values[index], None if self.ids is None else self.ids[index], self.vocab)
+        whole = None if self.whole is None else lambda: self.logits[index]
+        return Stage(self.name, self.values[index], None if self.ids is None else self.ids[index], self.vocab, whole)
 
 
 @dataclass(frozen=True)
@@ -229,7 +235,21 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     vocab = logits.shape[-1]
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
-    for info in chain_of(cfg)[1:]:
+    names = [info.name for info in chain_of(cfg)]
+    for at, info in enumerate(chain_of(cfg)[1:], 1):
+        scaled = (
+            _scaled_top_k(logits, history, cfg, values)
+            if ids is None
+            and names[at : at + 2] == ["temperature", "top_k"]
+            and not cfg.has_dynatemp
+            and compacts(logits, cfg.top_k)
+            else None
+        )
+        if scaled is not None:  # the temperature on top-k's candidates; the row when something reads it
+            whole = functools.partial(_stage, "temperature", logits, history, cfg, values)
+            logits, ids = scaled
+            stages.append(Stage(info.name, logits, ids, vocab, whole))
+            continue
         if ids is None and info.name == "greedy" and compacts(logits, 1):
             ids = filters.first_argmax(logits)  # the one token keep_argmax keeps
             logits = logits.gather(-1, ids)
@@ -238,10 +258,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
         elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
             logits, ids = filters.top_p_kept(logits, cfg.top_p if values is None else values.top_p, vocab // 8)
         else:
-            if values is not None and info.name in PER_ROW and not (info.name == "temperature" and cfg.has_dynatemp):
-                logits = PER_ROW[info.name](logits, values)
-            else:
-                logits = APPLY[info.name](logits, history, cfg)
+            logits = _stage(info.name, logits, history, cfg, values)
             if ids is None and info.name in NARROWING and compacts(logits, 1):
                 narrowed = filters.kept_candidates(logits, logits.shape[-1] // 8)
                 if narrowed is not None:
@@ -250,6 +267,33 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     if stages[-1].name == "xtc":
         return Chain(tuple(stages), xtc_mixture(stages[-2].values, logits, cfg.xtc_probability), ids)
     return Chain(tuple(stages), logits.softmax(-1), ids)
+
+
+def _stage(name: str, logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None) -> Tensor:
+    """Stage ``name`` over ``logits``: with the rows' own values where it reads them (a dynamic
+    temperature reads each row's own config: its entropy is the row's)."""
+    if values is not None and name in PER_ROW and not (name == "temperature" and cfg.has_dynatemp):
+        return PER_ROW[name](logits, values)
+    return APPLY[name](logits, history, cfg)
+
+
+def _scaled_top_k(
+    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None
+) -> tuple[Tensor, Tensor] | None:
+    """The temperature stage on the tokens top-k keeps after it, ``(values, ids)`` in ascending id
+    order, from one ranking of the row before it: dividing by a positive temperature keeps the
+    order, so the k + 1 largest before it are the k + 1 largest after it, and when the k-th of them
+    stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
+    first k are top-k's set, each with the value the whole row's division gives it. None
+    otherwise (then the whole row). Saves the division and range check over the vocabulary and
+    top-k's own ranking."""
+    k = cfg.top_k
+    top, order = blocks.top(logits, k + 1)
+    scaled = _stage("temperature", top, history, cfg, values)
+    if not bool((scaled[..., k - 1] > scaled[..., k]).all()) or bool(scaled.isnan().any()):
+        return None
+    ids, at = order[..., :k].sort(-1)
+    return scaled[..., :k].gather(-1, at), ids
 
 
 NARROWING = frozenset({"top_n_sigma", "top_p", "typical_p", "epsilon", "eta", "top_h", "top_a", "p_less", "min_p"})

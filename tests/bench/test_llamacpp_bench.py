@@ -39,3 +39,27 @@ def test_every_round_of_llama_cpp_python_prefills_its_whole_prompt(
     fed.clear()
     assert run(prompt, 3) == 3
     assert fed == first and fed[0] == len(prompt)
+
+
+def test_llama_cpps_own_ceiling_decodes_every_row_with_nothing_between(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ceiling side prefills each row once and then steps every row together: rows x tokens
+    made, one decode per step for all of them, and the backend's cache given back."""
+    from llmsample.bench.llamacpp import decode_only
+    from llmsample.engine import llamacpp_batch
+    from llmsample.models.loading import load_model
+
+    monkeypatch.setenv("LLMSAMPLE_HOME", str(tmp_path / "home"))
+    lm = load_model(str(write_tiny_gguf(tmp_path / "tiny.gguf", gguf_path())), "cpu", "auto", backend="llama.cpp")
+    calls: list[int] = []
+    real = llamacpp_batch.LlamaCppBatch._decode
+
+    def counting(self: llamacpp_batch.LlamaCppBatch, entries: list) -> object:
+        calls.append(len(entries))
+        return real(self, entries)
+
+    monkeypatch.setattr(llamacpp_batch.LlamaCppBatch, "_decode", counting)
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    assert decode_only(lm, prompts, 4) == 12
+    assert calls == [9, 3, 3, 3]

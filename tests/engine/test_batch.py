@@ -105,8 +105,8 @@ def test_a_broken_row_fails_alone(tiny_lm, monkeypatch: pytest.MonkeyPatch, top_
         items = [dataclasses.replace(i, cfg=dataclasses.replace(i.cfg, top_k=top_k, temperature=0.8)) for i in items]
     real_forward = padded.PaddedBatch._forward
 
-    def nan_in_row_one(self, ids, mask, positions, cache, keep_last=False):
-        logits = real_forward(self, ids, mask, positions, cache, keep_last)
+    def nan_in_row_one(self, ids, mask, positions, cache, keep_last=False, **kwargs):
+        logits = real_forward(self, ids, mask, positions, cache, keep_last, **kwargs)
         if ids.shape[0] == 3 and ids.shape[1] == 1:
             logits[1] = float("nan")
         return logits

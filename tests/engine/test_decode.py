@@ -260,8 +260,8 @@ def test_a_broken_sample_of_compare_presets_ends_alone(tiny_lm, monkeypatch: pyt
 
     real_forward = padded.PaddedBatch._forward
 
-    def nan_in_row_one(self, ids, mask, positions, cache, keep_last=False):
-        logits = real_forward(self, ids, mask, positions, cache, keep_last)
+    def nan_in_row_one(self, ids, mask, positions, cache, keep_last=False, **kwargs):
+        logits = real_forward(self, ids, mask, positions, cache, keep_last, **kwargs)
         if ids.shape == (3, 1) and int(positions[0, 0]) == 6:  # the third step of three samples
             logits[1] = float("nan")
         return logits
@@ -286,10 +286,10 @@ def test_compare_presets_prefills_the_prompt_once(tiny_lm, monkeypatch: pytest.M
     prefills: list[tuple[int, ...]] = []
     real_forward = padded.PaddedBatch._forward
 
-    def watched(self, ids, mask, positions, cache, keep_last=False):
+    def watched(self, ids, mask, positions, cache, keep_last=False, **kwargs):
         if keep_last:
             prefills.append(tuple(ids.shape))
-        return real_forward(self, ids, mask, positions, cache, keep_last)
+        return real_forward(self, ids, mask, positions, cache, keep_last, **kwargs)
 
     monkeypatch.setattr(padded.PaddedBatch, "_forward", watched)
     ids = encode_prompt(tiny_lm, "w5 w9 w3 w4", raw=True)
