@@ -25,6 +25,7 @@ from llmsample.errors import first_line
 from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.mailbox import Mailbox, post
+from llmsample.serve.metrics import ServeMetrics
 
 
 class Busy(Exception):
@@ -90,7 +91,8 @@ class Engine:
         self.lm = lm
         self.batch_size = batch_size
         self.max_queue = max_queue
-        self.options = DecodeOptions(top_n=top_n)
+        self.metrics = ServeMetrics()
+        self.options = DecodeOptions(top_n=top_n, on_forward=self.metrics.forward_pass)
         self.feed = QueueFeed()
         self.lock = threading.Lock()
         self.routes: dict[Any, Mailbox] = {}
@@ -134,7 +136,10 @@ class Engine:
             with self.lock:
                 never = [(self.waiting.pop(key), self.routes.pop(key)) for key in live if key in self.waiting]
                 self.counts["cancelled"] += len(never)
-            post((box, [(item.key, _unstarted(item))]) for item, box in never)
+            ends = [(box, item.key, _unstarted(item)) for item, box in never]
+            for _, _, summary in ends:
+                self.metrics.row_ended("cancelled", summary)
+            post((box, [(key, summary)]) for box, key, summary in ends)
 
     def shutdown(self) -> None:
         """No new requests; every row in flight ends now (its stream gets a final chunk)."""
@@ -179,7 +184,11 @@ class Engine:
     def _count(self, record: Any) -> None:
         if isinstance(record, RowFailed):
             self.counts["failed"] += 1
-        elif record.stop_reason == "cancelled":
+            self.metrics.row_ended("failed", None)
+            return
+        how = "cancelled" if record.stop_reason == "cancelled" else "finished"
+        self.metrics.row_ended(how, record)
+        if how == "cancelled":
             self.counts["cancelled"] += 1
         else:
             self.counts["finished"] += 1
@@ -196,6 +205,8 @@ class Engine:
             failed = [(key, self.routes.pop(key)) for key in self.started if key in self.routes]
             self.counts["failed"] += len(failed)
             self.started.clear()
+        for _ in failed:
+            self.metrics.row_ended("failed", None)
         post((box, [(key, RowFailed(key, message))]) for key, box in failed)
 
 
