@@ -134,3 +134,15 @@ def test_a_short_shared_prefix_is_prefilled_with_the_others(tiny_lm) -> None:
     warm = CachingBackend(PaddedBatch(tiny_lm.model), PromptCache(BIG))
     warm.admit([[*SYSTEM[: MIN_REUSE - 1], 20], [*SYSTEM[: MIN_REUSE - 1], 21]])
     assert warm.reused == [0, 0]
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
+def test_the_next_turn_of_a_conversation_reuses_the_reply_too(tiny_lm, cfg: SamplingConfig) -> None:
+    cache = PromptCache(BIG)
+    prompt = [*SYSTEM, 20]
+    reply, _ = run(tiny_lm, items([prompt], cfg), 1, cache)  # a run of its own: the cache outlives it
+    turn = [*prompt, *reply[0], 21, 22]
+    warm, summaries = run(tiny_lm, items([turn], cfg), 1, cache)
+    cold, _ = run(tiny_lm, items([turn], cfg), 1, None)
+    assert summaries[0].facts.cache.reused == len(prompt) + len(reply[0]) - 1  # the last reply token was never fed
+    assert warm == cold
