@@ -16,6 +16,7 @@ from llmsample.commands.options import (
     end_rank,
     load_model_with_progress,
     model_options,
+    prompt_cache_option,
     quiet_option,
     reference_option,
     resolve_sampling,
@@ -47,6 +48,7 @@ from llmsample.errors import Interrupted, RuntimeFailure, UserError
 @click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks).")
+@prompt_cache_option
 @draft_options
 @reference_option
 @quiet_option("progress")
@@ -93,6 +95,7 @@ def batch(**options: Any) -> None:
         fmt=options["fmt"],
         batch_size=options["batch_size"],
         draft_tokens=options["draft_tokens"],
+        prompt_cache_mb=options["prompt_cache_mb"],
     )
     ranks = launched_ranks()
     if ranks.world > 1:

@@ -350,6 +350,15 @@ constraint_options = option_group(
 )
 
 
+prompt_cache_option = click.option(
+    "--prompt-cache-mb",
+    type=click.IntRange(0),
+    default=256,
+    show_default=True,
+    metavar="MB",
+    help="Memory for the prompt cache across requests: a prompt that starts as an earlier or a running one did "
+    "prefills only the rest (0: off).",
+)
 watch_option = click.option(
     "--watch",
     multiple=True,

@@ -14,6 +14,7 @@ from llmsample.commands.options import (
     draft_options,
     load_model_with_progress,
     model_options,
+    prompt_cache_option,
     quiet_option,
     resolve_sampling,
     sampling_options,
@@ -50,6 +51,7 @@ from llmsample.errors import UserError
     metavar="SECONDS",
     help="Time a client has to send a request's headers, and again its body, before the server hangs up.",
 )
+@prompt_cache_option
 @click.option("--system", metavar="TEXT", help="System message for prompts without one.")
 @click.option(
     "--strict-api",
@@ -110,7 +112,7 @@ def serve(**options: Any) -> None:
 
         drafter = build_drafter(options, lm)
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
-    engine = Engine(lm, batch_size, options["max_queue"])
+    engine = Engine(lm, batch_size, options["max_queue"], prompt_cache_mb=options["prompt_cache_mb"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
                        drafter=drafter, read_timeout=options["read_timeout"], strict_api=options["strict_api"])  # fmt: skip
     idle = Idle(state)

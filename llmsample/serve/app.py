@@ -120,6 +120,8 @@ def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
         return f"data: {dumps(failure(record).body())}\n\n"
     first = index % answer.serve.n == 0  # each prompt's tokens counted once, by its first choice
     usage[0], usage[1] = usage[0] + (record.prompt_tokens if first else 0), usage[1] + record.tokens
+    if first:
+        answer.count_cached(record)
     return answer.chunk(index, summary=record)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.feed import QueueFeed
+from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.errors import first_line
 from llmsample.events import Summary
@@ -87,12 +88,16 @@ class Engine:
     for one: a request is admitted while its rows fit in both together, and always when nothing
     is in flight (a request of more rows than that runs in waves rather than never)."""
 
-    def __init__(self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20) -> None:
+    def __init__(
+        self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20, prompt_cache_mb: int = 0
+    ) -> None:
+        """``prompt_cache_mb``: the prompt cache's budget across requests (0: none)."""
         self.lm = lm
         self.batch_size = batch_size
         self.max_queue = max_queue
         self.metrics = ServeMetrics()
-        self.options = DecodeOptions(top_n=top_n, on_forward=self.metrics.forward_pass)
+        cache = PromptCache(prompt_cache_mb * 2**20) if prompt_cache_mb else None
+        self.options = DecodeOptions(top_n=top_n, on_forward=self.metrics.forward_pass, prompt_cache=cache)
         self.feed = QueueFeed()
         self.lock = threading.Lock()
         self.routes: dict[Any, Mailbox] = {}
