@@ -413,7 +413,12 @@ reference_option = click.option(
 )
 
 draft_options = option_group(
-    click.option("--draft", metavar="ID|DIR|ngram", help="Speculative decoding with this draft model, or 'ngram'."),
+    click.option(
+        "--draft",
+        metavar="ID|DIR|ngram|suffix",
+        help="Speculative decoding with this draft model, 'ngram' (prompt lookup) or 'suffix' (what earlier and "
+        "running requests wrote, and prompt lookup).",
+    ),
     click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),
     click.option(
         "--ngram-max", type=click.IntRange(1, 64), default=4, show_default=True, help="Longest n-gram to match."

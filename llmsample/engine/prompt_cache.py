@@ -24,6 +24,9 @@ MIN_REUSE = 4
 """Shorter shared prefixes are prefilled with the other prompts (one batched pass) rather than
 copied (a pass of its own for the row)."""
 
+MAX_ENTRIES = 1024
+"""Kept rows at most, whatever their size (a lookup compares a prompt with those sharing its start)."""
+
 
 class Saved(Protocol):
     """A copy of a row's first positions, owned by the cache: its size, and how to let it go."""
@@ -54,42 +57,51 @@ class Entry:
 
 class PromptCache:
     """Rows' caches kept after they left, least recently used first out once they pass
-    ``budget_bytes``; lives as long as the server or the batch run (across its backends: an
-    entry a backend cannot outlive is released with it, see :meth:`forget`)."""
+    ``budget_bytes`` (or ``MAX_ENTRIES``); lives as long as the server or the batch run (across
+    its backends: an entry a backend cannot outlive is released with it, see :meth:`forget`).
+    Entries are found by their first ``MIN_REUSE`` tokens, so a lookup compares a prompt with
+    the entries that could serve it only."""
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes
         self.entries: OrderedDict[int, Entry] = OrderedDict()
+        self.buckets: dict[tuple[int, ...], set[int]] = {}
         self.used = 0
         self._ids = 0
 
+    def _bucket(self, tokens: list[int]) -> set[int]:
+        return self.buckets.get(tuple(tokens[:MIN_REUSE]), set()) if len(tokens) >= MIN_REUSE else set()
+
     def longest(self, prompt: list[int], touch: bool = True) -> tuple[Entry | None, int]:
-        """The entry sharing the longest prefix with ``prompt`` and that length (0: none);
-        ``touch``: the entry counts as used (the last out)."""
+        """The entry sharing the longest prefix (``MIN_REUSE`` tokens at least) with ``prompt``
+        and that length (0: none); ``touch``: the entry counts as used (the last out)."""
         best, length, best_key = None, 0, 0
-        for key, entry in self.entries.items():
-            n = shared_prefix(entry.tokens, prompt)
+        for key in self._bucket(prompt):
+            n = shared_prefix(self.entries[key].tokens, prompt)
             if n > length:
-                best, length, best_key = entry, n, key
+                best, length, best_key = self.entries[key], n, key
         if best is not None and touch:
             self.entries.move_to_end(best_key)
         return best, length
 
     def keeps(self, tokens: list[int]) -> bool:
         """Whether an entry already holds ``tokens`` (or more after them)."""
-        return any(len(e.tokens) >= len(tokens) and e.tokens[: len(tokens)] == tokens for e in self.entries.values())
+        held = (self.entries[key].tokens for key in self._bucket(tokens))
+        return any(len(t) >= len(tokens) and t[: len(tokens)] == tokens for t in held)
 
     def put(self, tokens: list[int], saved: Saved) -> None:
-        """Keep ``saved`` (holding ``tokens``); entries it extends go, then the oldest while over budget."""
-        if saved.nbytes > self.budget:
+        """Keep ``saved`` (holding ``tokens``, ``MIN_REUSE`` at least); entries it extends go, then
+        the oldest while over budget."""
+        if saved.nbytes > self.budget or len(tokens) < MIN_REUSE:
             saved.release()
             return
-        for key in [k for k, e in self.entries.items() if tokens[: len(e.tokens)] == e.tokens]:
+        for key in [k for k in self._bucket(tokens) if tokens[: len(self.entries[k].tokens)] == self.entries[k].tokens]:
             self._drop(key)
         self._ids += 1
         self.entries[self._ids] = Entry(list(tokens), saved)
+        self.buckets.setdefault(tuple(tokens[:MIN_REUSE]), set()).add(self._ids)
         self.used += saved.nbytes
-        while self.used > self.budget:
+        while self.used > self.budget or len(self.entries) > MAX_ENTRIES:
             self._drop(next(iter(self.entries)))
 
     def forget(self, owner: Any) -> None:
@@ -99,6 +111,10 @@ class PromptCache:
 
     def _drop(self, key: int) -> None:
         entry = self.entries.pop(key)
+        bucket = self.buckets[tuple(entry.tokens[:MIN_REUSE])]
+        bucket.discard(key)
+        if not bucket:
+            del self.buckets[tuple(entry.tokens[:MIN_REUSE])]
         self.used -= entry.saved.nbytes
         entry.saved.release()
 
