@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -31,13 +32,14 @@ def conversation(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
     turns = []
     for n in range(1, args.turns + 1):
         messages.append({"role": "user", "content": TURN.format(n=n)})
         sent, first, text, usage = time.perf_counter(), None, [], None
         stream = client.chat.completions.create(
-            model="served", messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
+            model=model, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )  # fmt: skip
         for chunk in stream:
@@ -50,6 +52,7 @@ def conversation(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
         details = usage.prompt_tokens_details
         turns.append({"turn": n, "ttft_s": first or 0.0, "prompt_tokens": usage.prompt_tokens,
                       "cached_tokens": details.cached_tokens if details else 0})  # fmt: skip
+        print(json.dumps(turns[-1]), file=sys.stderr, flush=True)  # progress: a slow side shows as it goes
         messages.append({"role": "assistant", "content": "".join(text)})
     return turns
 
