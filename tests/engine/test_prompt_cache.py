@@ -5,6 +5,7 @@ admission prefill it once, and a cancelled row's cache serves the next request."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -146,3 +147,24 @@ def test_the_next_turn_of_a_conversation_reuses_the_reply_too(tiny_lm, cfg: Samp
     cold, _ = run(tiny_lm, items([turn], cfg), 1, None)
     assert summaries[0].facts.cache.reused == len(prompt) + len(reply[0]) - 1  # the last reply token was never fed
     assert warm == cold
+
+
+def test_speculative_rows_keep_what_their_cache_holds_through_rollbacks(tiny_lm) -> None:
+    """Verified drafts and rolled-back ones: the next turn reuses exactly the kept tokens."""
+    from llmsample.engine.speculative import NgramDrafter
+
+    drafter = NgramDrafter(32, torch.device("cpu"), 1, 3)
+    cfg = dataclasses.replace(GREEDY, max_tokens=10)
+    prompt = [*SYSTEM, 5, 9, 3]
+
+    def spec(prompts: list[list[int]], cache: PromptCache | None) -> tuple[dict, dict]:
+        todo = [dataclasses.replace(item, drafter=lambda: drafter) for item in items(prompts, cfg)]
+        return run(tiny_lm, todo, 1, cache)
+
+    cache = PromptCache(BIG)
+    reply, ends = spec([prompt], cache)
+    assert ends[0].facts.speculation.drafted > ends[0].facts.speculation.accepted  # some drafts were rolled back
+    turn = [*prompt, *reply[0], 21]
+    warm, summaries = spec([turn], cache)
+    assert summaries[0].facts.cache.reused == len(prompt) + len(reply[0]) - 1
+    assert warm == spec([turn], None)[0]
