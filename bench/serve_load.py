@@ -59,9 +59,11 @@ def decode_rate(spans: list[tuple[float, float, int]]) -> float:
     return sum(tokens - 1 for _, _, tokens in spans) / max(end - first for first, end, _ in spans)
 
 
-def start_server(args: argparse.Namespace, log: Path) -> tuple[subprocess.Popen, str]:
+def start_server(args: argparse.Namespace, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """``llmsample serve`` on a free port with ``extra`` flags; its URL once it listens."""
     command = [sys.executable, "-m", "llmsample", "serve", "--port", "0", "--device", args.device, "--dtype",
-               args.dtype, "--batch-size", str(args.batch_size), *(["-m", args.model] if args.model else [])]  # fmt: skip
+               args.dtype, "--batch-size", str(args.batch_size), *(["-m", args.model] if args.model else []),
+               *extra]  # fmt: skip
     with open(log, "wb") as err:
         proc = subprocess.Popen(command, stderr=err, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     while True:

@@ -21,6 +21,7 @@ from llmsample.batch.responses import (
 from llmsample.batch.tools import PLAIN, ChatShape, chat_shape, tool_prompt, with_tools
 from llmsample.engine.batch import BatchItem, RowFailed, decode_batch, default_batch_size
 from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
+from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.speculative import Drafter
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
@@ -47,6 +48,7 @@ class BatchSettings:
     ignore_eos: bool = False
     batch_size: int | None = None  # None: as many rows as memory holds (``default_batch_size``)
     draft_tokens: int | None = None  # with a drafter: a fixed K (None: adaptive)
+    prompt_cache_mb: int = 0  # the prompt cache's budget (shared system prompts prefilled once; 0: off)
     tokens: TokenLevel = "full"
     fmt: Literal["jsonl", "openai"] = "jsonl"
 
@@ -155,9 +157,9 @@ def run_batch(
     outcome.batch_size = settings.batch_size or default_batch_size(lm, longest)
     events: dict[int, list[TokenEvent]] = {position: [] for position in requests}
     try:
-        decoded = decode_batch(
-            lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos, reference=reference
-        )
+        cache = PromptCache(settings.prompt_cache_mb * 2**20) if settings.prompt_cache_mb else None
+        decoded = decode_batch(lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos,
+                               reference=reference, prompt_cache=cache)  # fmt: skip
         for position, record in decoded:
             if isinstance(record, TokenEvent):
                 events[position].append(record)

@@ -18,6 +18,7 @@ from llmsample.commands.options import (
     load_model_with_progress,
     log_option,
     model_options,
+    prompt_cache_option,
     quiet_option,
     reference_option,
     resolve_sampling,
@@ -49,6 +50,7 @@ from llmsample.errors import Interrupted, RuntimeFailure, UserError
 @click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
 @click.option("--ignore-eos", is_flag=True, help="Keep going past end-of-sequence (benchmarks).")
+@prompt_cache_option
 @draft_options
 @reference_option
 @log_option
@@ -96,6 +98,7 @@ def batch(**options: Any) -> None:
         fmt=options["fmt"],
         batch_size=options["batch_size"],
         draft_tokens=options["draft_tokens"],
+        prompt_cache_mb=options["prompt_cache_mb"],
     )
     ranks = launched_ranks()
     if ranks.world > 1:

@@ -234,16 +234,21 @@ def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
 
 
 def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Drafter]:
-    """``--draft ngram`` (prompt lookup) or a model sharing the target's tokenizer, loaded once:
+    """``--draft ngram`` (prompt lookup), ``--draft suffix`` (a pool across requests) or a model sharing the target's tokenizer, loaded once:
     a maker of one drafter per row (a draft model's drafter keeps that row's draft cache)."""
     from llmsample.engine.speculative import ModelDrafter, NgramDrafter, check_same_tokenizer
     from llmsample.models.loading import load_model
 
     vocab = lm.model.config.vocab_size
-    if options["draft"] == "ngram":
+    if options["draft"] in ("ngram", "suffix"):
         if options["ngram_min"] > options["ngram_max"]:
             raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
         ngram = NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+        if options["draft"] == "suffix":  # one pool for the run (a server's: every request's)
+            from llmsample.engine.suffix import SuffixDrafter, SuffixPool
+
+            pool = SuffixPool(options["ngram_min"], max(options["ngram_max"], 6))
+            return lambda: SuffixDrafter(pool, ngram)
         return lambda: ngram  # stateless: one serves every row
     from llmsample.models.llamacpp import gguf_file
 

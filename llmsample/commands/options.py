@@ -381,6 +381,15 @@ constraint_options = option_group(
 )
 
 
+prompt_cache_option = click.option(
+    "--prompt-cache-mb",
+    type=click.IntRange(0),
+    default=256,
+    show_default=True,
+    metavar="MB",
+    help="Memory for the prompt cache across requests: a prompt that starts as an earlier or a running one did "
+    "prefills only the rest (0: off).",
+)
 watch_option = click.option(
     "--watch",
     multiple=True,
@@ -435,7 +444,12 @@ reference_option = click.option(
 )
 
 draft_options = option_group(
-    click.option("--draft", metavar="ID|DIR|ngram", help="Speculative decoding with this draft model, or 'ngram'."),
+    click.option(
+        "--draft",
+        metavar="ID|DIR|ngram|suffix",
+        help="Speculative decoding with this draft model, 'ngram' (prompt lookup) or 'suffix' (what earlier and "
+        "running requests wrote, and prompt lookup).",
+    ),
     click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),
     click.option(
         "--ngram-max", type=click.IntRange(1, 64), default=4, show_default=True, help="Longest n-gram to match."

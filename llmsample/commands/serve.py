@@ -16,6 +16,7 @@ from llmsample.commands.options import (
     load_model_with_progress,
     log_option,
     model_options,
+    prompt_cache_option,
     quiet_option,
     resolve_sampling,
     sampling_options,
@@ -52,6 +53,7 @@ from llmsample.errors import UserError
     metavar="SECONDS",
     help="Time a client has to send a request's headers, and again its body, before the server hangs up.",
 )
+@prompt_cache_option
 @click.option("--system", metavar="TEXT", help="System message for prompts without one.")
 @click.option(
     "--strict-api",
@@ -115,7 +117,7 @@ def serve(**options: Any) -> None:
 
         drafter = build_drafter(options, lm)
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
-    engine = Engine(lm, batch_size, options["max_queue"])
+    engine = Engine(lm, batch_size, options["max_queue"], prompt_cache_mb=options["prompt_cache_mb"])
     if not options["engine"] and keeps_log(options):  # a warm engine's clients log their own runs
         from llmsample.serve.journal import ServeLog
 

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from llmsample.engine.decode import DecodeOptions, decode
+from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
@@ -34,12 +35,15 @@ def decode_batch(
     watch: Sequence[tuple[str, int]] = (),
     reference: LoadedModel | None = None,
     on_forward: Callable[[float], None] | None = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[tuple[Any, TokenEvent | Summary | RowFailed]]:
     """Yields ``(key, event)`` per token, then ``(key, summary)`` or ``(key, RowFailed)`` when a
     request ends; requests end in whatever order they finish. ``watch``: as for
     :func:`llmsample.engine.loop.generate`, the same for every request; an item with a drafter
-    speculates, its drafts verified in the same pass as every other row's."""
-    yield from decode(lm, items, batch_size, DecodeOptions(top_n, ignore_eos, watch, reference, on_forward))
+    speculates, its drafts verified in the same pass as every other row's. ``prompt_cache``: rows
+    start from the prefixes earlier and running rows hold (:mod:`llmsample.engine.prompt_cache`)."""
+    options = DecodeOptions(top_n, ignore_eos, watch, reference, on_forward, prompt_cache)
+    yield from decode(lm, items, batch_size, options)
 
 
 def default_batch_size(lm: LoadedModel, positions: int) -> int:

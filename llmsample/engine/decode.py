@@ -18,10 +18,12 @@ import torch
 
 from llmsample.engine.backend import Backend, open_backend
 from llmsample.engine.feed import Feed, IterableFeed
+from llmsample.engine.prompt_cache import CachingBackend, PromptCache, can_cache
 from llmsample.engine.rows import BatchItem, Row, RowFailed, start_row
 from llmsample.engine.speculative import DraftLength
 from llmsample.engine.step import Record, StepInput, sample_step
 from llmsample.errors import RuntimeFailure
+from llmsample.events import CacheReuse
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.figures import WatchIndex
@@ -37,6 +39,7 @@ class DecodeOptions:
     watch: Sequence[tuple[str, int]] = ()
     reference: LoadedModel | None = None
     on_forward: Callable[[float], None] | None = None  # the seconds of each forward pass (benchmarks)
+    prompt_cache: PromptCache | None = None  # rows start from prefixes earlier and running rows hold
 
 
 def decode(
@@ -61,9 +64,10 @@ def decode(
     known = items if isinstance(items, Sequence) else first
     positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in known) + DraftLength.max_k + 1
     with contextlib.ExitStack() as stack:
-        backend = stack.enter_context(
-            contextlib.closing(open_backend(lm, max_rows, positions, one_prompt, options.on_forward))
-        )
+        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward)
+        if options.prompt_cache is not None and options.reference is None and can_cache(backend):
+            backend = CachingBackend(backend, options.prompt_cache)  # closing it forgets what lives in it
+        stack.enter_context(contextlib.closing(backend))
         backends = [backend]
         if options.reference is not None:
             backends.append(
@@ -75,7 +79,11 @@ def decode(
         def admit(joining: list[BatchItem]) -> list[torch.Tensor]:
             if one_prompt:
                 return [b.admit_copies(joining[0].prompt_ids, len(joining)) for b in backends]
-            return [b.admit([item.prompt_ids for item in joining]) for b in backends]
+            admitted = [b.admit([item.prompt_ids for item in joining]) for b in backends]
+            if isinstance(backend, CachingBackend):
+                for item, reused in zip(joining, backend.reused, strict=True):
+                    item.stats.note(cache=CacheReuse(reused=reused, prefilled=len(item.prompt_ids) - reused))
+            return admitted
 
         yield from run_rows(lm, backends, feed, first, max_rows, options, admit)  # type: ignore[arg-type]
 

@@ -162,6 +162,41 @@ class PaddedBatch:
         self._tails = [width - len(t) for t in tokens]  # a shorter row's padding
         return logits
 
+    @torch.inference_mode()
+    def save(self, row: int, length: int) -> SavedRow:
+        """A copy of row ``row``'s first ``length`` real positions' keys and values (the prompt cache's)."""
+        columns = self.mask[row].nonzero().view(-1)[:length]
+        layers = []
+        for layer in self._layers(self.cache):
+            keys = getattr(layer, "keys", None)
+            if keys is None:
+                layers.append(None)
+                continue
+            here = columns.to(keys.device)
+            layers.append((keys[row : row + 1].index_select(2, here), layer.values[row : row + 1].index_select(2, here)))
+        return SavedRow(layers)
+
+    @torch.inference_mode()
+    def admit_saved(self, saved: SavedRow, length: int, rest: list[int]) -> Tensor:
+        """A new last row: ``saved``'s first ``length`` positions, then ``rest`` prefilled after them."""
+        from llmsample.engine.growing_cache import growing_cache
+
+        self._crop_holes()
+        cache = growing_cache(self.model.config)
+        for layer, kept in zip(self._layers(cache), saved.layers, strict=True):
+            if kept is not None:  # the next update copies these into a buffer of the layer's own
+                layer.dtype, layer.device, layer.is_initialized = kept[0].dtype, kept[0].device, True
+                layer.keys, layer.values = kept[0][:, :, :length], kept[1][:, :, :length]
+        total = length + len(rest)
+        ids = torch.tensor([rest], device=self.device)
+        mask = torch.ones(1, total, dtype=torch.long, device=self.device)
+        positions = torch.arange(length, total, device=self.device).view(1, -1)
+        logits = self._forward(ids, mask, positions, cache, keep_last=True)[:, -1]
+        self._merge(cache, mask, torch.tensor([total], device=self.device))
+        self._lengths.append(total)
+        self._tails.append(0)
+        return logits
+
     def rollback(self, row: int, length: int) -> None:
         """Row ``row`` keeps its first ``length`` real tokens; later ones become holes."""
         kept = self.mask[row].cumsum(0) <= length
@@ -279,6 +314,19 @@ class PaddedBatch:
         if not all(type(layer) is GrowingLayer for layer in layers):  # open_backend asks supports() first
             raise ValueError(f"the padded batch cannot hold {sorted({type(layer).__name__ for layer in layers})}")
         return layers
+
+
+class SavedRow:
+    """One row's keys and values per layer (None for a layer without a cache), ``[1, heads, T, dim]``."""
+
+    owner = None  # tensors of its own: it outlives the batch it came from
+
+    def __init__(self, layers: list[tuple[Tensor, Tensor] | None]) -> None:
+        self.layers = layers
+        self.nbytes = sum(k.nbytes + v.nbytes for k, v in (pair for pair in layers if pair is not None))
+
+    def release(self) -> None:
+        self.layers = []
 
 
 def _left_pad(tensor: Tensor, width: int, dim: int = 2) -> Tensor:

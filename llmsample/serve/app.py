@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request as HttpRequest
 from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -27,6 +28,7 @@ from llmsample.serve.compat import log_ignored
 from llmsample.serve.errors import ApiError
 from llmsample.serve.flow import failure, gather, off_loop, read_json, records, submit
 from llmsample.serve.mailbox import Mailbox
+from llmsample.serve.metrics import CountStatuses
 from llmsample.serve.parsing import parse_body
 from llmsample.serve.responses import DONE, Answer
 from llmsample.serve.state import ServeState
@@ -118,6 +120,8 @@ def _chunk(answer: Answer, index: int, record: Any, usage: list[int]) -> str:
         return f"data: {dumps(failure(record).body())}\n\n"
     first = index % answer.serve.n == 0  # each prompt's tokens counted once, by its first choice
     usage[0], usage[1] = usage[0] + (record.prompt_tokens if first else 0), usage[1] + record.tokens
+    if first:
+        answer.count_cached(record)
     return answer.chunk(index, summary=record)
 
 
@@ -145,6 +149,13 @@ async def health(state: ServeState, request: HttpRequest) -> Response:
     if state.engine.closing:
         return JSONResponse({"status": "shutting down"}, status_code=503)
     return JSONResponse({"status": "ok", "model": state.lm.name, **state.engine.figures()})
+
+
+async def metrics(state: ServeState, request: HttpRequest) -> Response:
+    """Prometheus' text format (:mod:`llmsample.serve.metrics`); behind the key, as vLLM's is."""
+    figures = state.engine.figures()
+    text = state.engine.metrics.render(figures["in_flight"] - figures["queued"], figures["queued"])
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 async def home(state: ServeState, request: HttpRequest) -> Response:
@@ -194,11 +205,12 @@ def create_app(state: ServeState) -> Starlette:
         Route("/v1/models", _endpoint(state, models), methods=["GET"]),
         Route("/v1/models/{name:path}", _endpoint(state, model), methods=["GET"]),
         Route("/health", _endpoint(state, health, auth=False), methods=["GET"]),
+        Route("/metrics", _endpoint(state, metrics), methods=["GET"]),
         Route("/", _endpoint(state, home, auth=False), methods=["GET"]),
         Route("/tokenize", _endpoint(state, tokenize), methods=["POST"]),
         Route("/detokenize", _endpoint(state, detokenize), methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
+    app = Starlette(routes=routes, middleware=[Middleware(CountStatuses, metrics=state.engine.metrics)])
 
     async def not_found(request: HttpRequest, exc: Exception) -> Response:
         return ApiError(404, f"{request.method} {request.url.path}: no such endpoint", None, "not_found").response()

@@ -20,11 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.feed import QueueFeed
+from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.errors import first_line
 from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.mailbox import Mailbox, post
+from llmsample.serve.metrics import ServeMetrics
 
 if TYPE_CHECKING:
     from llmsample.serve.journal import ServeLog
@@ -89,11 +91,16 @@ class Engine:
     for one: a request is admitted while its rows fit in both together, and always when nothing
     is in flight (a request of more rows than that runs in waves rather than never)."""
 
-    def __init__(self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20) -> None:
+    def __init__(
+        self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20, prompt_cache_mb: int = 0
+    ) -> None:
+        """``prompt_cache_mb``: the prompt cache's budget across requests (0: none)."""
         self.lm = lm
         self.batch_size = batch_size
         self.max_queue = max_queue
-        self.options = DecodeOptions(top_n=top_n)
+        self.metrics = ServeMetrics()
+        cache = PromptCache(prompt_cache_mb * 2**20) if prompt_cache_mb else None
+        self.options = DecodeOptions(top_n=top_n, on_forward=self.metrics.forward_pass, prompt_cache=cache)
         self.feed = QueueFeed()
         self.lock = threading.Lock()
         self.routes: dict[Any, Mailbox] = {}
@@ -138,6 +145,8 @@ class Engine:
             with self.lock:
                 never = [(self.waiting.pop(key), self.routes.pop(key)) for key in live if key in self.waiting]
                 self.counts["cancelled"] += len(never)
+            for item, _ in never:
+                self.metrics.row_ended("cancelled", _unstarted(item))
             self._post([(box, [(item.key, _unstarted(item))]) for item, box in never])
 
     def shutdown(self) -> None:
@@ -185,7 +194,11 @@ class Engine:
     def _count(self, record: Any) -> None:
         if isinstance(record, RowFailed):
             self.counts["failed"] += 1
-        elif record.stop_reason == "cancelled":
+            self.metrics.row_ended("failed", None)
+            return
+        how = "cancelled" if record.stop_reason == "cancelled" else "finished"
+        self.metrics.row_ended(how, record)
+        if how == "cancelled":
             self.counts["cancelled"] += 1
         else:
             self.counts["finished"] += 1
@@ -202,6 +215,8 @@ class Engine:
             failed = [(key, self.routes.pop(key)) for key in self.started if key in self.routes]
             self.counts["failed"] += len(failed)
             self.started.clear()
+        for _ in failed:
+            self.metrics.row_ended("failed", None)
         self._post([(box, [(key, RowFailed(key, message))]) for key, box in failed])
 
     def _post(self, ended: list[tuple[Mailbox, list[tuple[Any, Any]]]]) -> None:

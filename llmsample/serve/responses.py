@@ -69,6 +69,7 @@ class Answer:
     warned: bool = False  # the ignored keys' warnings went out (a stream's first chunk carries them)
     shape: ChatShape = PLAIN  # chat: the answer's tools and thinking block
     splits: dict[int, StreamSplit] = field(default_factory=dict)  # a stream's per choice, when shaped
+    cached: int | None = None  # prompt tokens the prompt cache held (None: the cache is off)
 
     @property
     def plain(self) -> bool:
@@ -103,12 +104,20 @@ class Answer:
         self.offsets[index] = offset + sum(len(event.text) for event in events)
         return _completion_logprobs(events, request.top_logprobs, offset)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-        return {
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
+        if self.cached is not None:  # as OpenAI reports its own prompt caching
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached}
+        return usage
+
+    def count_cached(self, summary: Summary) -> None:
+        """A prompt's first choice's reuse of the prompt cache, into ``usage``."""
+        if summary.facts.cache is not None:
+            self.cached = (self.cached or 0) + summary.facts.cache.reused
 
     def body(self, summaries: list[Summary], events: list[list[TokenEvent]]) -> dict[str, Any]:
         """The whole answer (``stream: false``), choices in index order."""
@@ -130,6 +139,8 @@ class Answer:
             choices.append(choice)
         completion = sum(summary.tokens for summary in summaries)
         prompt = sum(summary.prompt_tokens for summary in summaries[:: self.serve.n])
+        for summary in summaries[:: self.serve.n]:
+            self.count_cached(summary)
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head(obj), "choices": choices, "usage": self.usage(prompt, completion), **self._warnings()}
 

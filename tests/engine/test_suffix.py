@@ -1,0 +1,125 @@
+"""``--draft suffix``: a pool of every request's tokens drafts for the others. Hand-made pools
+first, then the loop: greedy rows equal plain ones, sampled rows follow the target's
+distribution (χ²), and a request that repeats an earlier answer drafts it whole."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from llmsample.engine.batch import decode_batch
+from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.engine.speculative import NgramDrafter
+from llmsample.engine.suffix import SuffixDrafter, SuffixPool
+from llmsample.events import RunStats, TokenEvent
+from llmsample.models.loading import load_model
+from llmsample.sampling.config import SamplingConfig
+from tests.conftest import make_tiny_model
+from tests.engine.test_decode import SETTINGS, VOCAB, expected_pairs, tv_bound
+
+CPU = torch.device("cpu")
+
+
+def test_the_pool_proposes_what_followed_the_latest_occurrence_longest_n_first() -> None:
+    pool = SuffixPool(2, 4)
+    a, b = pool.open(), pool.open()
+    pool.extend(a, [1, 2, 3, 4, 5, 6], 6)
+    pool.extend(b, [9, 2, 3, 7, 8], 5)
+    assert pool.lookup([0, 2, 3], 3) == [7, 8]  # b is the latest "2 3"
+    assert pool.lookup([1, 2, 3], 3) == [4, 5, 6]  # "1 2 3" (n = 3) beats b's "2 3"
+    assert pool.lookup([5, 6], 2) == []  # a ends there: nothing followed it
+    assert pool.lookup([4, 4], 2) == []
+
+
+def test_the_pool_forgets_the_oldest_sequences_past_its_budget() -> None:
+    pool = SuffixPool(2, 3, max_tokens=8)
+    a, b = pool.open(), pool.open()
+    pool.extend(a, [1, 2, 3, 4, 5], 5)
+    pool.extend(b, [6, 7, 8, 9, 10], 5)
+    assert a not in pool.sequences and pool.tokens == 5
+    assert pool.lookup([1, 2], 2) == [] and pool.lookup([6, 7], 2) == [8, 9]
+
+
+def test_a_row_drafts_from_other_rows_and_from_itself_whichever_is_longer() -> None:
+    pool = SuffixPool(2, 4)
+    own = NgramDrafter(32, CPU, 2, 4)
+    earlier = SuffixDrafter(pool, own)
+    cfg = SamplingConfig(temperature=0.0)
+    for end in range(2, 9):  # an earlier row wrote 5 6 7 8 9 10 11 after 3 4
+        earlier.propose([3, 4, 5, 6, 7, 8, 9, 10, 11][:end], 4, None, cfg, None)  # type: ignore[arg-type]
+    row = SuffixDrafter(pool, own)
+    drafted, q = row.propose([20, 3, 4], 4, None, cfg, None)  # type: ignore[arg-type]
+    assert drafted.tolist() == [5, 6, 7, 8] and q.argmax(-1).tolist() == [5, 6, 7, 8]
+    # Its own earlier "20 21 22 23 24 20" repeats longer than the pool's one-token continuation.
+    drafted, _ = row.propose([20, 21, 22, 23, 24, 20, 21], 4, None, cfg, None)  # type: ignore[arg-type]
+    assert drafted.tolist() == [22, 23, 24, 20]
+
+
+def run(lm, prompts: list[list[int]], cfg: SamplingConfig, maker) -> tuple[dict[int, list[int]], dict[int, object]]:
+    items = [BatchItem(i, p, dataclasses.replace(cfg, seed=100 + i), RunStats("t", "t", 100 + i), maker)
+             for i, p in enumerate(prompts)]  # fmt: skip
+    tokens: dict[int, list[int]] = {}
+    ends: dict[int, object] = {}
+    for key, record in decode_batch(lm, items, 2, ignore_eos=True):
+        assert not isinstance(record, RowFailed)
+        if isinstance(record, TokenEvent):
+            tokens.setdefault(key, []).append(record.token_id)
+        else:
+            ends[key] = record
+    return tokens, ends
+
+
+def test_greedy_rows_drafting_from_the_pool_give_the_plain_tokens(tiny_lm) -> None:
+    """(Sampled rows draw their uniforms as their drafts go: the distribution test below.)"""
+    cfg = SamplingConfig(temperature=0.0, max_tokens=12)
+    prompts = [[0, 5, 9, 3, 17], [0, 5, 9, 3, 17], [0, 4, 9, 3, 17], [0, 5, 9, 3, 17]]
+    plain, _ = run(tiny_lm, prompts, cfg, None)
+    pool = SuffixPool(2, 6)
+    drafted, ends = run(tiny_lm, prompts, cfg, lambda: SuffixDrafter(pool, NgramDrafter(32, CPU, 2, 4)))
+    assert drafted == plain
+    assert ends[3].facts.speculation.accepted >= 8  # it repeats the first's answer: drafted from the pool
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory):
+    path = make_tiny_model(tmp_path_factory.mktemp("vocab12-suffix") / "t", vocab_size=VOCAB, seed=10, init=0.15)
+    return load_model(str(path), "cpu", "float32")
+
+
+def test_rows_drafting_from_the_pool_follow_the_target_distribution(target) -> None:
+    """Every row's two tokens, drafted from what the rows before it wrote (accepted or not),
+    against the plain chain's pair distribution."""
+    samples = 1500
+    prompt = [0, 5, 7, 5]
+    pool = SuffixPool(1, 4)
+    own = NgramDrafter(VOCAB, CPU, 1, 4)
+    names = list(SETTINGS)
+    requests = [
+        BatchItem((names[i % len(names)], i), prompt, dataclasses.replace(SETTINGS[names[i % len(names)]], seed=7 + i),
+                  RunStats("t", "t", None), lambda: SuffixDrafter(pool, own), 2)
+        for i in range(len(names) * samples)
+    ]  # fmt: skip
+    pairs: dict[str, list[tuple[int, ...]]] = {name: [] for name in names}
+    tokens: dict[tuple[str, int], list[int]] = {}
+    drafted = 0
+    for key, record in decode_batch(target, requests, 64, ignore_eos=True):
+        if isinstance(record, TokenEvent):
+            tokens.setdefault(key, []).append(record.token_id)
+        else:
+            pairs[key[0]].append(tuple(tokens.pop(key)))
+            drafted += record.facts.speculation.drafted
+    assert drafted >= len(requests)  # the pool proposed (a prompt alone never repeats its last token)
+    for name in names:
+        expected = expected_pairs(target, prompt, SETTINGS[name]).flatten().double()
+        observed = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
+        for x1, x2 in pairs[name]:
+            observed[x1 * VOCAB + x2] += 1
+        assert observed[expected == 0].sum() == 0
+        tv = 0.5 * (observed / samples - expected).abs().sum().item()
+        assert tv < tv_bound(VOCAB * VOCAB, samples), (name, tv)
+        support = expected > 1e-9
+        stat = chisquare(observed[support].numpy(), (expected[support] / expected[support].sum() * samples).numpy())
+        assert stat.pvalue > 1e-4, (name, stat)

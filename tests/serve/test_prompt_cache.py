@@ -1,0 +1,31 @@
+"""The server's prompt cache through the real ``openai`` client: a conversation that resends its
+history every turn has it counted in ``usage.prompt_tokens_details.cached_tokens``, and a
+request answered from the cache is the answer a cold one gets (same seed)."""
+
+from __future__ import annotations
+
+from tests.serve.conftest import NO_EOS, Server
+
+OPENING = [{"role": "user", "content": "w29 w28 w27 w26 w25 w24"}]
+
+
+def test_each_turn_reuses_the_conversation_so_far(server: Server, model_id: str) -> None:
+    client = server.client()
+    ask = {"model": model_id, "max_tokens": 5, "seed": 9, "temperature": 0.9, "extra_body": {"logit_bias": NO_EOS}}
+    first = client.chat.completions.create(messages=OPENING, **ask)
+    messages = [*OPENING, {"role": "assistant", "content": first.choices[0].message.content}]
+    messages.append({"role": "user", "content": "w23 w22"})
+    second = client.chat.completions.create(messages=messages, **ask)
+    # everything of the first turn but its reply's last token (never fed) and what re-tokenizing changes
+    assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+    assert second.usage.prompt_tokens_details.cached_tokens < second.usage.prompt_tokens
+
+    again = client.chat.completions.create(messages=OPENING, **ask)  # now held whole, reply and all
+    assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content
+
+    streamed = client.chat.completions.create(messages=OPENING, stream=True, stream_options={"include_usage": True},
+                                              **ask)  # fmt: skip
+    chunks = list(streamed)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first.choices[0].message.content
