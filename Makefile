@@ -25,7 +25,7 @@ $(BASE): pyproject.toml Makefile
 # LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them);
 # llamacpp: --backend llama.cpp (the default on a CPU once installed) and its tests.
 $(STAMP): $(BASE)
-	$(BIN)/python -m pip install -q -e '.[dev,quant,serve,llamacpp]'
+	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[dev,quant,serve,llamacpp]'
 	touch $(STAMP)
 
 # Without llama-cpp-python the default model runs on transformers (about a third of llama.cpp's
@@ -36,7 +36,7 @@ demo: $(BASE)
 		echo "llama.cpp is not installed, so this ran on transformers; \`make llamacpp\` builds it once (~10 CPU minutes) for ~3x the speed" >&2
 
 llamacpp: $(BASE)
-	$(BIN)/python -m pip install -q -e '.[serve,llamacpp]'
+	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[serve,llamacpp]'
 
 test: $(STAMP) browser
 	$(BIN)/ruff check llmsample tests bench

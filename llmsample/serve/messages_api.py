@@ -25,7 +25,7 @@ from llmsample.serve.errors import ApiError
 from llmsample.serve.flow import failure, off_loop, read_json, records
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
-from llmsample.serve.responses import extension, token_records
+from llmsample.serve.responses import cached_tokens, extension, token_records
 from llmsample.serve.state import ServeState
 from llmsample.serve.tools import Block, Blocks, Step, whole_blocks
 
@@ -192,7 +192,7 @@ class Answer:
         blocks, called = whole_blocks(summary.text, self.shape)
         body["content"] = [_content_block(block, final=True) for block in blocks]
         body.update(self.stopped(summary, events, called))
-        body["usage"] = {"input_tokens": summary.prompt_tokens, "output_tokens": summary.tokens}
+        body["usage"] = _usage(summary)
         if self.serve.tokens != "none":
             body["llmsample"] = {**extension(summary), "tokens": token_records(events, self.serve.tokens)}
         return {**body, **self.warnings()}
@@ -300,11 +300,20 @@ def _delta(answer: Answer, event: TokenEvent) -> str:
     return answer.steps(steps)
 
 
+def _usage(summary: Summary) -> dict[str, Any]:
+    """Anthropic's usage: ``input_tokens`` are the prompt's tokens read past the cache, and
+    ``cache_read_input_tokens`` those the prompt cache held (together the prompt)."""
+    cached = cached_tokens(summary)
+    return {
+        "input_tokens": summary.prompt_tokens - cached, "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": 0, "output_tokens": summary.tokens,
+    }  # fmt: skip
+
+
 def _closing(answer: Answer, summary: Summary) -> str:
     steps = answer.steps(answer.blocks.feed("", final=True))
     delta = answer.stopped(summary, answer.events, answer.blocks.called)
-    usage = {"input_tokens": summary.prompt_tokens, "output_tokens": summary.tokens}
-    tail: dict[str, Any] = {"delta": delta, "usage": usage}
+    tail: dict[str, Any] = {"delta": delta, "usage": _usage(summary)}
     if answer.serve.tokens != "none":
         tail["llmsample"] = extension(summary)
     return steps + _sse("message_delta", tail) + _sse("message_stop", {})

@@ -47,6 +47,11 @@ def token_records(events: list[TokenEvent], level: TokenLevel) -> list[dict[str,
     return [_full(event) for event in events]
 
 
+def cached_tokens(summary: Summary) -> int:
+    """The prompt's tokens the prompt cache held (0 without one)."""
+    return summary.facts.cache.reused if summary.facts.cache is not None else 0
+
+
 def extension(summary: Summary) -> dict[str, Any]:
     """Our figures of a finished row (the summary record less what the answer already says)."""
     skip = ("type", "text", "tokens", "prompt_tokens", "model")
@@ -117,7 +122,7 @@ class Answer:
     def count_cached(self, summary: Summary) -> None:
         """A prompt's first choice's reuse of the prompt cache, into ``usage``."""
         if summary.facts.cache is not None:
-            self.cached = (self.cached or 0) + summary.facts.cache.reused
+            self.cached = (self.cached or 0) + cached_tokens(summary)
 
     def body(self, summaries: list[Summary], events: list[list[TokenEvent]]) -> dict[str, Any]:
         """The whole answer (``stream: false``), choices in index order."""

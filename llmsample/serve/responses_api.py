@@ -24,7 +24,7 @@ from llmsample.serve.errors import ApiError
 from llmsample.serve.flow import failure, records
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
-from llmsample.serve.responses import extension, token_records
+from llmsample.serve.responses import cached_tokens, extension, token_records
 from llmsample.serve.state import ServeState
 from llmsample.serve.tools import Block, Blocks, Step, whole_blocks
 
@@ -210,7 +210,7 @@ class Answer:
         body = {
             **self.head, "status": status, "output": [self.item(i, b, status) for i, b in enumerate(blocks)],
             "incomplete_details": None if status == "completed" else {"reason": "max_output_tokens"},
-            "usage": _usage(summary.prompt_tokens, summary.tokens), "completed_at": int(time.time()),
+            "usage": _usage(summary), "completed_at": int(time.time()),
         }  # fmt: skip
         if self.serve.tokens != "none":
             tokens = events if events is not None else (self.pending or None)
@@ -286,9 +286,11 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _usage(prompt: int, completion: int) -> dict[str, Any]:
+def _usage(summary: Summary) -> dict[str, Any]:
+    """OpenAI's usage: the input's tokens found in the prompt cache among the input tokens."""
+    prompt, completion = summary.prompt_tokens, summary.tokens
     return {
-        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached_tokens(summary), "cache_write_tokens": 0},
         "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
     }  # fmt: skip

@@ -173,7 +173,7 @@ def test_a_messages_history_with_tool_results_is_the_chat_prompt(tools_server: S
     ]  # fmt: skip
     client = anthropic_client(tools_server)
     answer = client.messages.create(**message_body(tools_server, messages=history, max_tokens=20))
-    assert answer.usage.input_tokens == chat_prompt_tokens(tools_server)
+    assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == chat_prompt_tokens(tools_server)
 
 
 def _wild_calls(count: int, run: Callable[[int], list[tuple[str, dict[str, Any]]]]) -> None:
@@ -217,4 +217,5 @@ def test_count_tokens_counts_the_tools_as_the_message_renders_them(tools_server:
     body = message_body(tools_server, max_tokens=1, extra_body={"seed": 1})
     counted = client.messages.count_tokens(model=body["model"], messages=body["messages"], tools=body["tools"])
     bare = client.messages.count_tokens(model=body["model"], messages=body["messages"])
-    assert counted.input_tokens == client.messages.create(**body).usage.input_tokens > bare.input_tokens
+    usage = client.messages.create(**body).usage
+    assert counted.input_tokens == usage.input_tokens + usage.cache_read_input_tokens > bare.input_tokens

@@ -40,6 +40,11 @@ def create(server: Server, **kwargs: Any) -> Any:
     return client(server).messages.create(model=model(server), **kwargs)
 
 
+def prompt_tokens(message) -> int:
+    """The whole prompt: read past the cache and read from it."""
+    return message.usage.input_tokens + (message.usage.cache_read_input_tokens or 0)
+
+
 def test_a_message_is_the_chat_answer_in_its_shape(byte_server: Server) -> None:
     extra = {"seed": 4, "logit_bias": NO_EOS}
     answer = create(byte_server, system="be brief", extra_body=extra)
@@ -51,7 +56,7 @@ def test_a_message_is_the_chat_answer_in_its_shape(byte_server: Server) -> None:
     [block] = answer.content
     assert block.type == "text" and block.text == chat.choices[0].message.content
     assert answer.stop_reason == "max_tokens" and answer.stop_sequence is None
-    assert answer.usage.input_tokens == chat.usage.prompt_tokens and answer.usage.output_tokens == 6
+    assert prompt_tokens(answer) == chat.usage.prompt_tokens and answer.usage.output_tokens == 6
     blocks = [{"type": "text", "text": "be brief"}]
     assert create(byte_server, system=blocks, extra_body=extra).content[0].text == block.text
 
@@ -71,7 +76,7 @@ def test_the_stream_is_the_whole_message_in_events(byte_server: Server) -> None:
     assert "content_block_delta" in kinds and kinds[-1] == "message_stop"
     assert final.content[0].text == whole.content[0].text
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 7
-    assert final.usage.input_tokens == whole.usage.input_tokens
+    assert prompt_tokens(final) == prompt_tokens(whole)
 
 
 def test_stop_sequences_end_the_text_and_are_named(byte_server: Server) -> None:
@@ -92,7 +97,19 @@ def test_stop_sequences_end_the_text_and_are_named(byte_server: Server) -> None:
 def test_count_tokens_is_what_the_prompt_costs(byte_server: Server) -> None:
     counted = client(byte_server).messages.count_tokens(model=model(byte_server), messages=USER, system="be brief")
     answer = create(byte_server, system="be brief", max_tokens=1)
-    assert counted.input_tokens == answer.usage.input_tokens > 0
+    assert counted.input_tokens == prompt_tokens(answer) > 0
+
+
+def test_a_repeated_prompt_is_read_from_the_prompt_cache(byte_server: Server) -> None:
+    """Anthropic's usage: input_tokens are what was read past the cache, cache_read_input_tokens
+    what the server's prompt cache held (a repeat of a prompt finds all but its last token)."""
+    extra = {"seed": 2, "logit_bias": NO_EOS}
+    first = create(byte_server, system="a cached prefix, long enough to see", max_tokens=3, extra_body=extra)
+    again = create(byte_server, system="a cached prefix, long enough to see", max_tokens=3, extra_body=extra)
+    assert prompt_tokens(again) == prompt_tokens(first)
+    assert again.usage.cache_read_input_tokens >= prompt_tokens(again) - 1 > 0
+    assert again.usage.cache_creation_input_tokens == 0
+    assert again.content[0].text == first.content[0].text
 
 
 def test_our_records_where_asked(byte_server: Server) -> None:

@@ -53,6 +53,16 @@ def test_a_response_is_the_chat_answer_in_its_shape(byte_server: Server) -> None
     assert answer.usage.output_tokens == 6 and answer.usage.total_tokens == chat.usage.total_tokens
 
 
+def test_a_repeated_input_is_read_from_the_prompt_cache(byte_server: Server) -> None:
+    """OpenAI's usage: the cached tokens are counted among the input tokens, and said apart."""
+    extra = {"seed": 7, "logit_bias": NO_EOS}
+    first = create(byte_server, input="a cached input, long enough to see", max_output_tokens=3, extra_body=extra)
+    again = create(byte_server, input="a cached input, long enough to see", max_output_tokens=3, extra_body=extra)
+    assert again.usage.input_tokens == first.usage.input_tokens
+    assert again.usage.input_tokens_details.cached_tokens >= again.usage.input_tokens - 1 > 0
+    assert again.output_text == first.output_text
+
+
 def test_items_in_as_messages(byte_server: Server) -> None:
     items = [
         {"role": "developer", "content": "be brief"},
