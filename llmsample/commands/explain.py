@@ -100,6 +100,11 @@ def explain(**options: Any) -> None:
     check_views(options)
     if options["layers"] and options["backend"] == "auto":  # only transformers exposes the layers
         options = {**options, "backend": "transformers"}
+    if options["layers"] and options["backend"] == "llama.cpp":  # said before the model loads
+        from llmsample.engine.lens import ON_LLAMA_CPP
+        from llmsample.errors import UserError
+
+        raise UserError(ON_LLAMA_CPP)
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     watch = resolve_watch(options, lm)

@@ -12,16 +12,18 @@ from llmsample.engine.backend import LayerBackend, open_backend
 from llmsample.errors import UserError
 from llmsample.models.loading import LoadedModel
 
+ON_LLAMA_CPP = (
+    "--layers reads the model's hidden states, which the llama.cpp backend does not expose; "
+    "run it with --backend transformers"
+)
+
 
 def layer_logits(lm: LoadedModel, prompt: Sequence[int]) -> Tensor:
     """``[layers + 1, vocab]`` float32 on the sample device: row 0 the embeddings read through
     the final norm and the head, row i the residual stream after layer i, the last row the
     model's own next-token logits."""
     if lm.backend == "llama.cpp":
-        raise UserError(
-            "--layers reads the model's hidden states, which the llama.cpp backend does not expose; "
-            "run it with --backend transformers"
-        )
+        raise UserError(ON_LLAMA_CPP)
     backend = open_backend(lm, 1, len(prompt), one_prompt=True, steps=False)
     try:
         if not isinstance(backend, LayerBackend):

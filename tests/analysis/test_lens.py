@@ -179,6 +179,13 @@ def test_user_errors_are_one_line(args: list[str], fragment: str, tiny_model_dir
     assert result.stderr.count("\n") == 1 and fragment in result.stderr, result.stderr
 
 
+def test_layers_on_llama_cpp_is_refused_before_any_model_loads(tmp_path: Path) -> None:
+    missing = tmp_path / "never-read.gguf"  # no such file: the refusal comes first
+    result = cli("explain", "-m", str(missing), "--backend", "llama.cpp", "--layers", "-p", "w3", "-q")
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert result.stderr.count("\n") == 1 and "--backend transformers" in result.stderr, result.stderr
+
+
 @pytest.fixture(scope="module")
 def markup_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny model whose tokens are HTML: every one of them is among the candidates shown."""
