@@ -357,7 +357,8 @@ def test_sighup_ends_like_sigterm_with_a_summary(tiny_model_dir: Path) -> None:
 
 
 # Interrupt compare-presets with a real signal once the second preset has produced one token
-# (the greedy reference before them decodes through generate, not generate_rows).
+# (the greedy reference before them decodes through generate_rows too, as the presets' samples
+# do: its call is the first, the second preset's the third).
 INTERRUPT_SECOND_PRESET = """
 import llmsample.engine.loop as generation
 rows = generation.generate_rows
@@ -365,7 +366,7 @@ started = []
 def interrupted_rows(*args, **kwargs):
     started.append(1)
     for n, item in enumerate(rows(*args, **kwargs)):
-        if len(started) == 2 and n == 1:
+        if len(started) == 3 and n == 1:
             os.kill(os.getpid(), {sig})
             time.sleep(0.2)
         yield item
