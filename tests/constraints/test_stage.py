@@ -27,7 +27,7 @@ def test_the_constraint_comes_before_greedy_and_every_truncation_filter() -> Non
     assert all(
         names.index(info.name) > at
         for info in STAGES
-        if info.removes and info.name not in ("ban", "min_tokens", "constraint")
+        if info.removes and info.name not in ("ban", "min_tokens", "no_repeat_ngram", "reasoning_budget", "constraint")
     )
     cfg = SamplingConfig(constraint=constraints.any_json())
     assert "constraint" in [info.name for info in chain_of(cfg)]

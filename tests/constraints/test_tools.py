@@ -144,7 +144,7 @@ def test_a_batch_openai_line_calls_a_tool(tmp_path) -> None:
     from llmsample.models.loading import load_model
     from tests.conftest import with_chat_template
     from tests.constraints.conftest import make_byte_model
-    from tests.serve.test_tools import HERMES as TEMPLATE
+    from tests.serve.conftest import HERMES as TEMPLATE
 
     lm = load_model(str(with_chat_template(make_byte_model(tmp_path / "m"), TEMPLATE)), "cpu", "float32")
     tools = [{"type": "function", "function": {"name": "add", "parameters": ADD}}]

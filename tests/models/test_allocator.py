@@ -54,7 +54,9 @@ def test_freed_blocks_are_reused_unless_the_user_set_the_thresholds() -> None:
     # a few times, where glibc's own thresholds fault ~6,500 pages in every step
     assert kept == "True" and count < 5 * 1536
     kept, count = faults(MALLOC_TRIM_THRESHOLD_="131072")  # the user's choice stands
-    assert kept == "False" and count > 20 * 1536  # glibc's own: every step faults its blocks in
+    # glibc's own: every step faults its blocks in (~1,000 pages a step since the temperature and
+    # top-k run on the candidates; ~1,500 before)
+    assert kept == "False" and count > 10 * 1536
 
 
 @pytest.mark.parametrize(
