@@ -175,5 +175,8 @@ def _summary(data: dict[str, Any]) -> Summary:
 
 
 def served(summary: Summary, where: str) -> Summary:
-    """The summary as the client reports it: which engine decoded it, warm."""
-    return dataclasses.replace(summary, facts=dataclasses.replace(summary.facts, engine=where, warm=True))
+    """The summary as the client reports it: which engine decoded it, warm. The engine's prompt
+    cache is its own business (the tokens are a cold prefill's), so its reuse is left out and a
+    run prints what it prints in-process."""
+    facts = dataclasses.replace(summary.facts, engine=where, warm=True, cache=None)
+    return dataclasses.replace(summary, facts=facts)
