@@ -31,6 +31,10 @@ def _why(token: int, prob: float | None, event: TokenEvent) -> str:
     only move the draw); apart, the numbers differ (model, weights, dtype, device, settings)."""
     now = next((c.prob for c in event.top if c.token_id == token), None)
     if now is None:
+        floor = min((c.prob for c in event.top), default=None)
+        if prob is not None and floor is not None and prob <= floor:  # below the listed few: cannot tell
+            return (f"the saved token (p {prob:.3g}) is below the replay's {len(event.top)} alternatives: "
+                    "a rarer draw (the seed) or other numbers")  # fmt: skip
         return "the saved token is not among the replay's alternatives: the numbers differ (model, weights, settings)"
     if prob is None:
         return f"the saved token has p {now:.3g} in the replay"

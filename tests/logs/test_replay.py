@@ -34,8 +34,10 @@ def test_where_two_runs_part_and_why() -> None:
     )
     moved = [same[0], event(9, 0.3, {9: 0.3, 6: 0.2})]
     assert "the saved token had p 0.25 and has p 0.2: the numbers differ" in where_they_part(saved, moved, "length")
-    gone = [same[0], event(9, 0.3, {9: 0.3})]
+    gone = [same[0], event(9, 0.3, {9: 0.3, 4: 0.1})]  # p 0.25 would be listed
     assert "not among the replay's alternatives" in where_they_part(saved, gone, "length")
+    below = [same[0], event(9, 0.6, {9: 0.6, 4: 0.3})]  # the saved p 0.25 under every listed one
+    assert "below the replay's 2 alternatives: a rarer draw" in where_they_part(saved, below, "length")
     assert where_they_part(saved, same[:2], "eos") == (
         "the replay stopped at token 2 (replay: eos); the same tokens before"
     )
@@ -48,7 +50,7 @@ def generate(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_replay_reruns_a_logged_run_and_says_whether_it_matched(tiny_model_dir: Path) -> None:
-    first = run(tiny_model_dir, "-p", "w3 w4", "-t", "1.3", "-q")  # --raw, -n 5 and --ignore-eos: logged flags
+    first = run(tiny_model_dir, "-p", "w3 w4", "-t", "1.3", "--seed", "11", "-q")  # --raw, -n 5, --ignore-eos: logged
     assert first.returncode == 0, first.stderr
     (logged,) = store.recent(5)
     assert logged.flags == {"raw": True, "truncate": "error", "ignore_eos": True, "top_n": 5, "ngram_min": 2,
