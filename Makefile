@@ -40,7 +40,7 @@ llamacpp: $(BASE)
 
 test: $(STAMP) browser
 	$(BIN)/ruff check llmsample tests bench
-	LLMSAMPLE_REQUIRE_QUANT=1 $(BIN)/python -m pytest -q
+	CI=true LLMSAMPLE_REQUIRE_QUANT=1 $(BIN)/python -m pytest -q
 
 # The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
 # and apt is usable (the browser test is skipped, saying why, where it is not).

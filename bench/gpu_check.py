@@ -75,7 +75,7 @@ class Profile:
 PROFILES = {
     "cuda": Profile({"smollm2-135m": SMOLLM2_135M, "llama-1b": LLAMA_1B}, 64, 2, (1, 8, 32, 64), 64, 470),
     # A rehearsal of the steps, not of the tests: one of them (LLMSAMPLE_TEST_DEVICE=cpu runs them all).
-    "cpu": Profile({"tiny": TINY}, 8, 1, (1, 8, 32, 64), 8, 300, ("-k", "live_on_the_device")),
+    "cpu": Profile({"tiny": TINY}, 8, 1, (1, 8, 32, 64), 8, 900, ("-k", "live_on_the_device")),
 }
 
 # Absent on the GPU machine and not needed by this check (gguf: the default model's conversion only).

@@ -159,7 +159,8 @@ def isolated_user_dirs(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("XDG_RUNTIME_DIR", runtime_dir())  # no test finds the real user's warm engines
-    monkeypatch.delenv("LLMSAMPLE_HOST", raising=False)
+    for inherited in ("LLMSAMPLE_HOST", "LLMSAMPLE_LOGS", "LLMSAMPLE_NO_LOG", "COLUMNS"):
+        monkeypatch.delenv(inherited, raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
     monkeypatch.delenv("FORCE_COLOR", raising=False)
 

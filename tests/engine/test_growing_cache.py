@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsample.engine import growing_cache as growing_cache_module
@@ -36,6 +36,7 @@ EDITS = st.lists(
 
 @pytest.mark.parametrize("concat_below", [0, 200], ids=["in-place", "concatenated-while-small"])
 @given(edits=EDITS)
+@settings(deadline=None)  # a stall of the loaded host is not a failure of the layer
 def test_a_growing_layer_holds_what_concatenation_holds(concat_below: int, edits: list[tuple[str, Any]]) -> None:
     growing_cache_module.CONCAT_BELOW = concat_below  # restored by the fixture below
     layer, keys = GrowingLayer(), torch.zeros(3, 2, 0, 4)

@@ -134,7 +134,7 @@ def test_a_full_queue_is_503_with_retry_after_and_a_disconnect_frees_the_row(str
                 wait_in_flight(strict, 2)  # the second request waits in the queue
                 refused = post(strict, "/v1/completions", json=body, headers=headers)
                 error = error_of(refused, 503)
-                assert refused.headers["retry-after"] == "1" and error["code"] == "server_busy"
+                assert int(refused.headers["retry-after"]) >= 1 and error["code"] == "server_busy"
                 waiting.close()
         # both clients went away: their rows are cancelled, nothing stays in flight
         wait_in_flight(strict, 0)

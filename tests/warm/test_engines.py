@@ -51,7 +51,7 @@ def test_version_mismatch_is_one_line(engine: Engine) -> None:
 
 
 def test_keep_alive_expiry(chat_model: Path) -> None:
-    engine = start_engine(chat_model, "--keep-alive", "2s")
+    engine = start_engine(chat_model, "--keep-alive", "5s")
     pid, socket = engine.record()["pid"], Path(engine.record()["socket"])
     assert get_json(Target(f"unix:{socket}"), "/llmsample/v1/engine")["pid"] == pid
     deadline = time.monotonic() + 60
