@@ -96,3 +96,27 @@ def test_eight_callers_at_once_share_the_engines_batch(engine: Engine) -> None:
     assert len({out for out, _ in outputs}) == 8  # eight answers, each its own
     passes = forward_passes(engine) - before
     assert tokens <= passes < 2 * tokens, passes  # one after another: at least 8 x 40
+
+
+SESSION = "w3 w4\nw5\n/undo\nw6 w7 w8\n/inspect\n/set temperature 0.5\n/set\nw3\n"
+
+
+def test_a_piped_chat_prints_the_same_transcript(engine: Engine) -> None:
+    args = ("chat", *engine.load_args, "--seed", "4", "-n", "8", "--system", "w9", "--top-n", "3", "--no-log")
+    warm = engine.cli(*args, input=SESSION)
+    local = engine.cli(*args, "--local", input=SESSION)
+    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
+    assert warm.stdout == local.stdout and warm.stdout.count("\n") > 10  # the replies, the table, the settings
+    assert warm.stderr.count("engine unix:") == 4 and "engine" not in local.stderr  # each reply on the engine
+
+
+def test_what_a_chat_needs_the_model_for_is_one_line(engine: Engine) -> None:
+    warm = engine.cli("chat", *engine.load_args, "-n", "4", "--no-log", "-q", input="w3\n/explain 1\n/stats\nw4\n")
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout.count("\n") == 2  # both replies, and no table
+    assert [line for line in warm.stderr.splitlines() if "--local" in line] == [
+        "/explain needs the model in this process; start the chat with --local for it",
+        "/stats needs the model in this process; start the chat with --local for it",
+    ]
+    done = engine.cli("chat", *engine.load_args, "--replay", "-c")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--replay does not run on the warm engine" in done.stderr
