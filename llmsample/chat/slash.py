@@ -11,6 +11,7 @@ from typing import Any
 
 from llmsample.chat.conversation import Conversation, load, save, settings_of
 from llmsample.chat.talk import Chat, escape
+from llmsample.client.connection import EngineGone
 from llmsample.errors import OutputFailed, RuntimeFailure, UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
@@ -30,7 +31,7 @@ def run_command(chat: Chat, line: str) -> object | None:
         return None
     try:
         return entry[0](chat, args.strip())
-    except OutputFailed:  # the chat ends: its output has nowhere to go
+    except (OutputFailed, EngineGone):  # the chat ends: its output has nowhere to go, or its engine went away
         raise
     except (UserError, RuntimeFailure) as exc:
         chat.note(str(exc))
