@@ -134,3 +134,15 @@ def test_the_engine_killed_mid_run(chat_model: Path, tmp_path: Path) -> None:
     assert json.loads(first)["custom_id"] == "line-1"
     assert all(json.loads(line)["custom_id"] for line in rest.splitlines())  # whole records only
     assert err.strip().splitlines() == [f"Error: the engine at {where} went away mid-run"]
+
+
+def test_a_warm_batch_runs_with_the_model_stack_blocked(serial: Engine, requests_file: Path) -> None:
+    from tests.conftest import REPO
+    from tests.warm.test_client import BLOCK
+
+    args = ["batch", str(requests_file), *serial.load_args, "--seed", "3", "-n", "10", "--no-log", "-q"]
+    code = f"{BLOCK}from llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
+    blocked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=serial.env,
+                             cwd=REPO, timeout=120)  # fmt: skip
+    assert blocked.returncode == 1 and blocked.stderr == "", blocked.stderr  # the bad line's error record: exit 1
+    assert comparable(blocked.stdout) == comparable(serial.cli(*args).stdout)
