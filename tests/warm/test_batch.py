@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,3 +147,31 @@ def test_a_warm_batch_runs_with_the_model_stack_blocked(serial: Engine, requests
                              cwd=REPO, timeout=120)  # fmt: skip
     assert blocked.returncode == 1 and blocked.stderr == "", blocked.stderr  # the bad line's error record: exit 1
     assert comparable(blocked.stdout) == comparable(serial.cli(*args).stdout)
+
+
+def test_ctrl_c_cancels_the_rows_in_flight(serial: Engine, tmp_path: Path) -> None:
+    """Exit 130, and the engine ends the run's rows (decoding and queued) as cancelled."""
+    from llmsample.client.connection import Target, get_json
+
+    def health() -> dict:
+        return get_json(Target(f"unix:{serial.record()['socket']}"), "/health")
+
+    source = tmp_path / "long.jsonl"
+    source.write_text("".join(json.dumps({"prompt": "w3", "min_tokens": 900, "max_tokens": 900}) + "\n" for _ in range(3)))
+    before = health()
+    command = [sys.executable, "-m", "llmsample", "batch", str(source), *serial.load_args, "--no-log", "-q"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=serial.env)
+    deadline = time.monotonic() + 120
+    while health()["in_flight"] < 2 and time.monotonic() < deadline:  # one row decoding, one queued
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and out == "", err
+    while health()["in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    after = health()
+    assert after["in_flight"] == 0 and after["cancelled"] - before["cancelled"] == 2
+    assert after["finished"] == before["finished"]
