@@ -7,6 +7,7 @@ jobs more than the engine has rows are in flight at a time: a row that ends lets
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ WINDOW_FALLBACK = 8
 
 @dataclass
 class Outcome:
+    """What the run did, for its last line and its exit status (1 when a request failed)."""
+
     succeeded: int = 0
     failed: int = 0
     tokens: int = 0
@@ -50,8 +53,9 @@ def run_on(
     output: Path | None,
 ) -> Outcome:  # fmt: skip
     """Decode every request not in ``done`` on the engine into ``output`` (None: stdout). The
-    engine gone mid-run: every finished record is written, then one line, exit 1; Ctrl-C: the
-    same, exit 130, and the engine cancels the rows in flight."""
+    engine gone mid-run: the records written so far (in input order) stay, then one line, exit
+    1; Ctrl-C: the same, exit 130, and the engine cancels the rows in flight (a rerun with ``-o``
+    resumes after the records written)."""
     from llmsample.batch.responses import dumps
     from llmsample.batch.resume import Appender
 
@@ -60,8 +64,9 @@ def run_on(
     def write(record: Record) -> None:
         if appender is not None:
             appender.write(record)
-        else:
-            click.echo(dumps(record))
+        else:  # as the in-process run writes it
+            sys.stdout.write(dumps(record) + "\n")
+            sys.stdout.flush()
 
     try:
         return _run(target, parsed, done, settings, options, write)
