@@ -50,14 +50,19 @@ def test_compare_presets_prints_the_same(engine: Engine) -> None:
     assert len({record["text"] for record in records}) > 1  # the seeds differ, and so do the samples
 
 
-def forward_passes(engine: Engine) -> int:
-    """The engine's forward passes so far (its /metrics), each a step of its whole batch."""
+def metric(engine: Engine, name: str) -> int:
+    """A figure of the engine's /metrics."""
     connection = Target("unix:" + engine.record()["socket"]).connection(5)
     connection.request("GET", "/metrics")
     text = connection.getresponse().read().decode()
     connection.close()
-    (line,) = [line for line in text.splitlines() if line.startswith("llmsample_forward_pass_seconds_count ")]
+    (line,) = [line for line in text.splitlines() if line.startswith(f"llmsample_{name} ")]
     return int(line.split()[1])
+
+
+def forward_passes(engine: Engine) -> int:
+    """The engine's forward passes so far, each a step of its whole batch."""
+    return metric(engine, "forward_pass_seconds_count")
 
 
 def waiting(pid: int) -> bool:
@@ -103,10 +108,12 @@ SESSION = "w3 w4\nw5\n/undo\nw6 w7 w8\n/inspect\n/set temperature 0.5\n/set\nw3\
 
 def test_a_piped_chat_prints_the_same_transcript(engine: Engine) -> None:
     args = ("chat", *engine.load_args, "--seed", "4", "-n", "8", "--system", "w9", "--top-n", "3", "--no-log")
+    saved = metric(engine, "prompt_cache_tokens_saved_total")
     warm = engine.cli(*args, input=SESSION)
     local = engine.cli(*args, "--local", input=SESSION)
     assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
     assert warm.stdout == local.stdout and warm.stdout.count("\n") > 10  # the replies, the table, the settings
+    assert metric(engine, "prompt_cache_tokens_saved_total") > saved  # later turns start from the cached prefix
     assert warm.stderr.count("engine unix:") == 4 and "engine" not in local.stderr  # each reply on the engine
 
 
