@@ -3,21 +3,18 @@ records back to output records, written in input order as soon as every earlier 
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.responses import (
-    TokenLevel,
     error_record,
     openai_error_record,
     openai_result_record,
     result_record,
 )
+from llmsample.batch.settings import BatchSettings, request_config, request_recorder
 from llmsample.batch.tools import PLAIN, ChatShape, chat_shape, tool_prompt, with_tools
 from llmsample.engine.batch import BatchItem, RowFailed, decode_batch, default_batch_size
 from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
@@ -25,32 +22,11 @@ from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.speculative import Drafter
 from llmsample.errors import UserError
 from llmsample.events import RunStats, Summary, TokenEvent
-from llmsample.logs.recorder import LogRecorder
 from llmsample.models.loading import LoadedModel
-from llmsample.sampling import presets as preset_store
-from llmsample.sampling.config import ConfigError, SamplingConfig, fresh_seed
+from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import incomplete_message
 
 Record = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class BatchSettings:
-    """What the run's flags say; a request's own keys win over them."""
-
-    preset: str | None = None
-    preset_file: Path | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)  # flags given on the command line
-    system: str | None = None
-    raw: bool = False
-    truncate: str = "error"
-    top_n: int = 5
-    ignore_eos: bool = False
-    batch_size: int | None = None  # None: as many rows as memory holds (``default_batch_size``)
-    draft_tokens: int | None = None  # with a drafter: a fixed K (None: adaptive)
-    prompt_cache_mb: int = 0  # the prompt cache's budget (shared system prompts prefilled once; 0: off)
-    tokens: TokenLevel = "full"
-    fmt: Literal["jsonl", "openai"] = "jsonl"
 
 
 @dataclass
@@ -78,22 +54,6 @@ class OrderedWriter:
         """On an interrupt: what finished is written even after a gap (a resumed run fills it)."""
         for position in sorted(self.ready):
             self.write(self.ready.pop(position))
-
-
-def request_config(request: Request, settings: BatchSettings) -> tuple[str, SamplingConfig]:
-    """The request's preset (or the run's), the run's flags on top, the request's own keys on top
-    of those; a request without a seed gets a fresh one, reported in its record."""
-    if request.preset:
-        name, cfg = preset_store.load(request.preset)
-    else:
-        name, cfg = preset_store.load(settings.preset, settings.preset_file)
-    try:
-        cfg = cfg.with_overrides(**settings.overrides).with_overrides(**request.overrides)
-    except ConfigError as exc:
-        raise UserError(f"{exc.key}: {exc.reason}") from exc
-    if cfg.seed is None:
-        cfg = dataclasses.replace(cfg, seed=fresh_seed())
-    return name, cfg
 
 
 def prompt_ids(lm: LoadedModel, request: Request, settings: BatchSettings, room: int) -> list[int]:
@@ -182,24 +142,6 @@ def run_batch(
     finally:
         writer.flush_finished()
     return outcome
-
-
-def asked(request: Request, system: str | None) -> tuple[str, str | None]:
-    """What a request asked, as the run log keeps it: its prompt (its messages as JSON) and system message."""
-    if request.messages is not None:
-        return json.dumps(request.messages, ensure_ascii=False), None
-    return request.prompt or "", request.system or system
-
-
-def request_recorder(
-    command: str, request: Request, system: str | None, cfg: SamplingConfig, events: list[TokenEvent]
-) -> LogRecorder:
-    """A decoded request's events through the log's renderer: its summary keeps the run."""
-    prompt, system = asked(request, system)
-    recorder = LogRecorder(command, prompt, cfg.as_dict(), system)
-    for event in events:
-        recorder.token(event)
-    return recorder
 
 
 def _as_error(item: Request | RequestError, message: str, code: str = "invalid_request") -> RequestError:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from llmsample.chat.slash import EXIT, run_command
 from llmsample.chat.talk import Chat
+from llmsample.client.connection import EngineGone
 from llmsample.errors import OutputFailed, RuntimeFailure, UserError
 
 QUOTES = '"""'
@@ -101,7 +102,7 @@ def converse(chat: Chat, interactive: bool) -> None:
                     return
             else:
                 chat.say(message)
-        except OutputFailed:  # stdout's reader left (| head) or its disk is full: no reply can be shown
+        except (OutputFailed, EngineGone):  # stdout's reader left (| head), or the engine that answered did
             raise
         except (UserError, RuntimeFailure) as exc:
             chat.note(str(exc))

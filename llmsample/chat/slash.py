@@ -11,6 +11,7 @@ from typing import Any
 
 from llmsample.chat.conversation import Conversation, load, save, settings_of
 from llmsample.chat.talk import Chat, escape
+from llmsample.client.connection import EngineGone
 from llmsample.errors import OutputFailed, RuntimeFailure, UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
 
@@ -20,13 +21,17 @@ EXIT = object()  # what /exit returns: leave the chat
 def run_command(chat: Chat, line: str) -> object | None:
     """Do one ``/command args`` line; returns :data:`EXIT` to leave."""
     name, _, args = line[1:].strip().partition(" ")
-    entry = COMMANDS.get(ALIASES.get(name.lower(), name.lower()))
+    command = ALIASES.get(name.lower(), name.lower())
+    entry = COMMANDS.get(command)
     if entry is None:
         chat.note(f"unknown command /{name}; /help lists them")
         return None
+    if command in NEEDS_MODEL and chat.lm is None:
+        chat.note(f"/{command} needs the model in this process; start the chat with --local for it")
+        return None
     try:
         return entry[0](chat, args.strip())
-    except OutputFailed:  # the chat ends: its output has nowhere to go
+    except (OutputFailed, EngineGone):  # the chat ends: its output has nowhere to go, or its engine went away
         raise
     except (UserError, RuntimeFailure) as exc:
         chat.note(str(exc))
@@ -136,7 +141,7 @@ def _clear(chat: Chat, args: str) -> None:
 def _save(chat: Chat, args: str) -> None:
     if not args:
         raise UserError("/save: give a file name, e.g. /save chat.jsonl")
-    header = {"model": chat.lm.name, "preset": chat.preset, "settings": chat.cfg.as_dict()}
+    header = {"model": chat.model_name, "preset": chat.preset, "settings": chat.cfg.as_dict()}
     save(Path(args), chat.conversation, header)
     chat.note(f"saved {len(chat.conversation.turns)} exchange(s) to {args}")
 
@@ -265,4 +270,6 @@ COMMANDS: dict[str, tuple[Callable[[Chat, str], Any], str, str]] = {
     "stats": (_stats, "", "tokens, speed and cache use so far"),
     "exit": (_exit, "", "leave (also /bye, /quit, Ctrl-D, or exit or quit alone at a terminal)"),
 }
+NEEDS_MODEL = frozenset({"explain", "branch", "watch", "stats"})
+"""What a chat on a warm engine cannot do: each reads the model, its tokenizer or its session."""
 ALIASES = {"?": "help", "bye": "exit", "quit": "exit", "q": "exit"}  # Ollama's /bye and /?, llm's quit

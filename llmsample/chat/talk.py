@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -181,18 +181,17 @@ class Chat:
     def _seed(self) -> int:
         return self.cfg.seed if self.cfg.seed is not None else fresh_seed()
 
+    @property
+    def model_name(self) -> str:
+        return self.lm.name
+
     def _answer(self, kept: list[TokenEvent], seed: int, settings: SamplingConfig | None = None) -> Reply | None:
         """Decode the last turn's reply after the rendered conversation and ``kept`` tokens."""
         cfg = dataclasses.replace(settings or self.cfg, seed=seed)
-        limit = self.lm.context_length or 0
-        room = min(cfg.max_tokens, limit // 2) + len(kept)
-        ids, dropped = self.conversation.fit(self.lm, room)
-        if dropped:
-            self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
         prefix = [event.token_id for event in kept]
-        stats = RunStats(model=self.lm.name, preset=self.preset, seed=seed)
-        item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.settings.draft_tokens)
-        events, summary = self._stream(item, kept)
+        stats = RunStats(model=self.model_name, preset=self.preset, seed=seed)
+        ids, records = self._decode(cfg, prefix, stats)
+        events, summary = self._stream(records, stats, kept)
         if summary.stop_reason == "interrupted" and len(events) == len(kept):
             self.note("interrupted before the first token: nothing to keep")
             return None
@@ -207,11 +206,23 @@ class Chat:
             keep_reply(self.conversation, self.log_thread, reply, summary)
         return reply
 
-    def _stream(self, item: BatchItem, kept: list[TokenEvent]) -> tuple[list[TokenEvent], Summary]:
+    def _decode(self, cfg: SamplingConfig, prefix: list[int], stats: RunStats) -> tuple[list[int], Generator[Any, None, None]]:
+        """The rendered conversation's ids (the oldest exchanges dropped to leave room for the
+        reply) and the reply's ``(key, record)`` pairs, decoded by this process's session."""
+        limit = self.lm.context_length or 0
+        room = min(cfg.max_tokens, limit // 2) + len(prefix)
+        ids, dropped = self.conversation.fit(self.lm, room)
+        if dropped:
+            self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
+        item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.settings.draft_tokens)
+        return ids, self.session.turn(item)
+
+    def _stream(
+        self, records: Generator[Any, None, None], stats: RunStats, kept: list[TokenEvent]
+    ) -> tuple[list[TokenEvent], Summary]:
         """The reply live through ``generate``'s renderers; Ctrl-C stops it and keeps what was shown."""
         renderers = self._renderers()
         events: list[TokenEvent] = []
-        records = self.session.turn(item)
         summary = None
         guard = TokenGuard()
 
@@ -233,7 +244,7 @@ class Chat:
                 else:
                     show(dataclasses.replace(record, index=len(events)))
         except KeyboardInterrupt:
-            summary = item.stats.summary("interrupted")
+            summary = stats.summary("interrupted")
         finally:
             signal.signal(signal.SIGINT, previous)
             records.close()  # an interrupted turn: the session starts its cache afresh

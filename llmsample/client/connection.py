@@ -24,6 +24,10 @@ WAIT_CAP_S = 1.0
 at least this often."""
 
 
+class EngineGone(RuntimeFailure):
+    """The engine cannot be reached, or its answer broke off: it died, or was stopped."""
+
+
 class UnixConnection(http.client.HTTPConnection):
     """``http.client`` over a Unix socket."""
 
@@ -96,6 +100,12 @@ def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iter
         records.close()  # a Ctrl-C: the connection closes, and the engine cancels the row
 
 
+def job_records(target: Target, job: Job, waiting: Callable[[str], None]) -> Iterator[TokenEvent | Summary | Failed]:
+    """One job's records, its row admitted before this returns (a refusal raises here): the
+    tokens, then its summary or its :class:`Failed`; the engine gone mid-answer raises."""
+    return _records(target, *_admitted(target, job, waiting))
+
+
 def stream_rows(
     target: Target, jobs: list[Job], waiting: Callable[[str], None]
 ) -> Iterator[tuple[int, TokenEvent | Summary | Failed]]:
@@ -134,7 +144,7 @@ def _records(
     finally:
         connection.close()
     if not ended:
-        raise RuntimeFailure(f"the engine at {target.where} went away mid-answer")
+        raise EngineGone(f"the engine at {target.where} went away mid-answer")
 
 
 def _admitted(
@@ -149,7 +159,7 @@ def _admitted(
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
-            raise RuntimeFailure(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+            raise EngineGone(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
         if response.status == 200:
             return connection, response
         answer = response.read()

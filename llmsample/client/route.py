@@ -26,21 +26,24 @@ UNSERVED = {
 placement): refused in one line when an engine would run the command, never dropped."""
 
 
-def unserved(options: dict[str, Any]) -> str | None:
+def unserved(options: dict[str, Any], refused: list[str] | None = None) -> str | None:
     """The first option given that an engine cannot honour (``--draft``: a draft model; ``ngram``
-    runs there)."""
+    runs there); ``refused``: a command's own such flags, found given by the command."""
+    if refused:
+        return refused[0]
     if options.get("draft") not in (None, "ngram"):
         return "--draft MODEL"
     return next((flag for key, flag in UNSERVED.items() if options.get(key)), None)
 
 
-def choose(options: dict[str, Any]) -> Target | None:
-    """The engine to run on, or None for the in-process run."""
+def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target | None:
+    """The engine to run on, or None for the in-process run; ``refused``: flags of the command's
+    own that an engine cannot honour (refused in one line when an engine would run it)."""
     if options.get("local"):
         return None
     host = options.get("host") or os.environ.get("LLMSAMPLE_HOST")
     if host:
-        flag = unserved(options)
+        flag = unserved(options, refused)
         if flag:
             raise UserError(f"{flag} does not run on an engine (--host / LLMSAMPLE_HOST); leave it out or pass --local")
         return Target(host.rstrip("/"), os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"))
@@ -49,7 +52,7 @@ def choose(options: dict[str, Any]) -> Target | None:
     record = registry.find(registry.spec_of(options))
     if record is None:
         return None
-    flag = unserved(options)
+    flag = unserved(options, refused)
     if flag:
         raise UserError(
             f"{flag} does not run on the warm engine for {record.name}; leave it out, or pass --local to run here"

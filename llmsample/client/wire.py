@@ -36,7 +36,8 @@ class Job:
     """One prompt for the engine, as ``generate`` resolved it before loading anything: the text
     (the engine applies the chat template, as the in-process run does), the settings with their
     seed and compiled constraint, how many alternatives each record lists, and ``--draft ngram``
-    (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive)."""
+    (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive).
+    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text."""
 
     prompt: str
     cfg: SamplingConfig
@@ -48,6 +49,7 @@ class Job:
     model: str | None = None  # the model the caller expects (None: whatever the engine serves)
     ngram: tuple[int, int] | None = None
     draft_tokens: int | None = None
+    messages: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
@@ -72,7 +74,8 @@ def job_from_json(data: Any) -> Job:
     constraint = _constraint(config.get("constraint"))
     cfg = SamplingConfig(**{key: _tuples(value) for key, value in config.items() if key != "constraint"})
     cfg = dataclasses.replace(cfg, constraint=constraint)
-    return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data)})
+    return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
+                  "messages": _messages(data.get("messages"))})  # fmt: skip
 
 
 def _constraint(data: Any) -> Constraint | None:
@@ -101,6 +104,16 @@ def _draft_tokens(data: dict[str, Any]) -> int | None:
     value = data.get("draft_tokens")
     if value is not None and not (type(value) is int and value >= 1):
         raise ValueError(f"draft_tokens: expected a whole number from 1, got {value!r}")
+    return value
+
+
+def _messages(value: Any) -> list[dict[str, Any]] | None:
+    """The client read them as the in-process run does (a bad line failed there); the shape is checked here."""
+    if value is None:
+        return None
+    if not (isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                                      for m in value)):  # fmt: skip
+        raise ValueError("messages: expected a list of objects, each with a role")
     return value
 
 

@@ -25,6 +25,7 @@ from llmsample.commands.options import (
     sampling_options,
     sampling_overrides,
 )
+from llmsample.commands.warm import with_engine_options
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 
@@ -55,6 +56,7 @@ from llmsample.errors import Interrupted, RuntimeFailure, UserError
 @reference_option
 @log_option
 @quiet_option("progress")
+@with_engine_options
 def batch(**options: Any) -> None:
     """Decode many requests in one process, together, with every token's figures.
 
@@ -70,10 +72,11 @@ def batch(**options: Any) -> None:
 
     With --compile, requests decode in waves of --batch-size over one static cache (the next wave
     starts once every request of the last one is done): one compiled step for the whole run.
+    A warm engine of the same model (llmsample start) decodes the requests as rows of its batch.
     """
     from llmsample.batch.distributed import launched_ranks
     from llmsample.batch.output import claim_output
-    from llmsample.batch.run import BatchSettings
+    from llmsample.batch.settings import BatchSettings
 
     if options["compile_model"] and options["draft"]:
         raise UserError(
@@ -104,10 +107,14 @@ def batch(**options: Any) -> None:
     if ranks.world > 1:
         _run_distributed(_read_input(options), settings, options, ranks)
         return
+    from llmsample.client.route import choose
+    from llmsample.commands.batch_warm import refused_flags
+
+    target = choose(options, refused_flags(options))  # before anything imports torch
     # The output is checked and locked first: before the model loads, and before stdin is read.
     claim = claim_output(options["output"]) if options["output"] else None
     try:
-        outcome = _run_alone(_read_input(options), settings, options, claim)
+        outcome = _run_alone(_read_input(options), settings, options, claim, target)
     finally:
         if claim is not None:
             claim.release()
@@ -123,10 +130,11 @@ def _read_input(options: dict[str, Any]) -> list[Any]:
     return list(read_requests(_input_lines(options["input_path"]), known_presets=known))
 
 
-def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any) -> Any:
+def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any, target: Any) -> Any:
     """One process: what earlier runs left (the output, parts of a run over several processes)
-    merged in input order, the rest decoded and appended, and the file put back in input order
-    when this run filled gaps. A pipe or device (``-o /dev/stdout``) is only written."""
+    merged in input order, the rest decoded (here, or on ``target``'s engine) and appended, and
+    the file put back in input order when this run filled gaps. A pipe or device (``-o
+    /dev/stdout``) is only written."""
     from llmsample.batch.output import consolidate
 
     done: frozenset[str] = frozenset()
@@ -134,8 +142,13 @@ def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim:
     if claim is not None and claim.regular:
         settled = consolidate(claim.path, parsed, options["fmt"], keep_errors=False)
         done = settled.done
-    lm = load_model_with_progress(options)
-    outcome = _run(lm, parsed, done, settings, options, claim.path if claim is not None else None)
+    output = claim.path if claim is not None else None
+    if target is not None:
+        from llmsample.commands.batch_warm import run_on
+
+        outcome = run_on(target, parsed, done, settings, options, output)
+    else:
+        outcome = _run(load_model_with_progress(options), parsed, done, settings, options, output)
     if settled is not None and not settled.in_order_after(parsed):
         consolidate(claim.path, parsed, options["fmt"], keep_errors=True)
     return outcome

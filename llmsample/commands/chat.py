@@ -24,6 +24,7 @@ from llmsample.commands.options import (
     resolve_watch,
     sampling_options,
 )
+from llmsample.commands.warm import with_engine_options
 from llmsample.errors import UserError
 
 
@@ -52,6 +53,7 @@ from llmsample.errors import UserError
 @output_options
 @draft_options
 @log_option
+@with_engine_options
 def chat(**options: Any) -> None:
     """Talk with a chat model: each reply streams coloured by probability, the conversation's
     cache is kept between turns, and slash commands regenerate, undo, branch and inspect.
@@ -63,36 +65,35 @@ def chat(**options: Any) -> None:
     llmsample chat --load saved.jsonl --replay
     llmsample chat -c
 
-    Every reply is kept in the run log (`llmsample logs`) unless --no-log.
+    Every reply is kept in the run log (`llmsample logs`) unless --no-log. A warm engine of the
+    same model (llmsample start) decodes the replies.
     """
-    from llmsample.chat.logged import last_conversation, new_conversation
-    from llmsample.chat.repl import converse
-    from llmsample.chat.slash import load_into
-    from llmsample.chat.talk import Chat, ChatSettings, Views
-    from llmsample.commands.explain import chain_table
-    from llmsample.commands.generate import build_renderers
-    from llmsample.engine.prompt import has_chat_template
+    from llmsample.client.route import choose
 
     if options["replay"] and options["load_file"] is None and not options["resume"]:
         raise UserError("--replay decodes a saved conversation again; give it with --load FILE or -c")
     if options["resume"] and options["load_file"] is not None:
         raise UserError("-c continues the last logged conversation and --load a saved one; give one of them")
-    resumed = last_conversation() if options["resume"] else None  # before the model loads: none is one line
-    preset, cfg = resolve_sampling(options)
-    lm = load_model_with_progress(options)
-    if not has_chat_template(lm):
-        raise UserError(f"{lm.name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
-    drafter = None
-    if options["draft"]:
-        from llmsample.commands.generate import build_drafter
+    target = choose(options, ["--replay"] if options["replay"] else None)
+    from llmsample.chat.logged import last_conversation, new_conversation
+    from llmsample.chat.repl import converse
+    from llmsample.chat.slash import load_into
+    from llmsample.chat.talk import ChatSettings, Views
+    from llmsample.commands.explain import chain_table
+    from llmsample.commands.generate import build_renderers
 
-        drafter = build_drafter(options, lm)
+    resumed = last_conversation() if options["resume"] else None  # before the model loads: none is one line
     settings = ChatSettings(
         options["system"], options["top_n"], options["ignore_eos"], options["draft_tokens"],
         options["quiet"], options["fmt"], options["no_color"],
     )  # fmt: skip
     views = Views(lambda quiet: build_renderers({**options, "quiet": quiet}), chain_table)
-    talk = Chat(lm, preset, cfg, settings, views, resolve_watch(options, lm), drafter)
+    if target is not None:
+        from llmsample.commands.chat_warm import start_on
+
+        talk = start_on(target, options, views, settings)
+    else:
+        talk = _in_process(options, settings, views)
     talk.log_thread = new_conversation() if keeps_log(options) else None
     try:
         if options["load_file"] is not None:
@@ -109,12 +110,29 @@ def chat(**options: Any) -> None:
         talk.close()
 
 
+def _in_process(options: dict[str, Any], settings: Any, views: Any) -> Any:
+    """The chat with the model loaded here (a drafter too, with --draft)."""
+    from llmsample.chat.talk import Chat
+    from llmsample.engine.prompt import has_chat_template
+
+    preset, cfg = resolve_sampling(options)
+    lm = load_model_with_progress(options)
+    if not has_chat_template(lm):
+        raise UserError(f"{lm.name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
+    drafter = None
+    if options["draft"]:
+        from llmsample.commands.generate import build_drafter
+
+        drafter = build_drafter(options, lm)
+    return Chat(lm, preset, cfg, settings, views, resolve_watch(options, lm), drafter)
+
+
 def continue_from(talk: Any, thread: str, model: str, conversation: Any) -> None:
     """``-c``: the logged conversation's turns and system message (unless --system), the same id."""
     talk.conversation = conversation
     if talk.log_thread is not None:
         talk.log_thread = thread
-    elsewhere = "" if model == talk.lm.name else f" (its replies came from {model})"
+    elsewhere = "" if model == talk.model_name else f" (its replies came from {model})"
     talk.note(f"continuing the last conversation: {len(conversation.turns)} exchange(s){elsewhere}")
 
 

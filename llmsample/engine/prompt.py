@@ -52,7 +52,19 @@ def encode_messages(
     tools: list[dict[str, Any]] | None = None,
 ) -> Tensor:
     """A whole conversation through the chat template, ready for the assistant's turn."""
-    return _fit(lm, render_messages(lm, messages, tools), truncate, room)
+    return torch.tensor([message_id_list(lm, messages, truncate, room, tools)], device=lm.device)
+
+
+def message_id_list(
+    lm: LoadedModel,
+    messages: list[dict[str, Any]],
+    truncate: str = "error",
+    room: int = 0,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """:func:`encode_messages`'s ids as a list, with the tokenizer alone (a warm engine's
+    tokenizing thread, as :func:`prompt_id_list`)."""
+    return _fit_ids(lm, render_messages(lm, messages, tools), truncate, room)
 
 
 def render_messages(lm: LoadedModel, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
@@ -62,10 +74,6 @@ def render_messages(lm: LoadedModel, messages: list[dict[str, Any]], tools: list
         raise UserError(f"{lm.name} has no chat template for messages; send a plain prompt (raw) instead")
     text = lm.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def _fit(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> Tensor:
-    return torch.tensor([_fit_ids(lm, ids, truncate, room)], device=lm.device)
 
 
 def _fit_ids(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> list[int]:

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from llmsample import __version__
 from llmsample.client import registry
 from llmsample.client.wire import ENGINE_PATH, JOB_PATH, VERSION_HEADER, Job, encode, job_from_json
-from llmsample.engine.prompt import prompt_id_list
+from llmsample.engine.prompt import has_chat_template, message_id_list, prompt_id_list
 from llmsample.engine.rows import BatchItem
 from llmsample.errors import UserError
 from llmsample.events import RunStats
@@ -61,7 +61,9 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
         lm = state.lm
         return JSONResponse({"version": __version__, "model": lm.name, "backend": lm.backend,
                              "dtype": dtype_name(lm.dtype), "device": str(lm.device), "pid": os.getpid(),
-                             "idle_s": idle.seconds(), **state.engine.figures()})  # fmt: skip
+                             "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
+                             "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
+                             **state.engine.figures()})  # fmt: skip
 
     app.router.routes.append(Route(JOB_PATH, _endpoint(state, job), methods=["POST"]))
     app.router.routes.append(Route(ENGINE_PATH, _endpoint(state, status), methods=["GET"]))
@@ -98,7 +100,10 @@ def job_items(state: ServeState, job: Job) -> list[BatchItem]:
     """The job's row, built as ``generate`` builds its own in-process (tokenizer alone: no torch here)."""
     lm = state.lm
     try:
-        ids = prompt_id_list(lm, job.prompt, job.system, job.raw, job.truncate, job.cfg.max_tokens)
+        if job.messages is not None:
+            ids = message_id_list(lm, job.messages, job.truncate, job.cfg.max_tokens)
+        else:
+            ids = prompt_id_list(lm, job.prompt, job.system, job.raw, job.truncate, job.cfg.max_tokens)
     except UserError as exc:
         raise ApiError(400, str(exc)) from None
     stats = RunStats(model=lm.name, preset=job.preset, seed=job.cfg.seed)

@@ -76,3 +76,21 @@ def test_engine_killed_mid_answer(chat_model: Path) -> None:
         assert engine.record()["pid"] != pid and registry.alive(engine.record()["pid"])
     finally:
         engine.cli("stop", "--all")
+
+
+def test_engine_killed_mid_chat(chat_model: Path, tmp_path: Path) -> None:
+    """The chat ends there: the reply as far as it got stays printed, one line, exit 1."""
+    engine = start_engine(chat_model)
+    command = [sys.executable, "-m", "llmsample", "chat", *engine.load_args, "-n", "900", "--logit-bias", "1=-100",
+               "-q", "--no-log"]  # fmt: skip
+    (tmp_path / "session").write_text("w3 w4\nw5\n")
+    with (tmp_path / "session").open("rb") as session:
+        proc = subprocess.Popen(command, stdin=session, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=engine.env)
+    printed = first_output(proc)
+    where = f"unix:{engine.record()['socket']}"
+    os.kill(engine.record()["pid"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    engine.cli("stop", "--all")
+    assert printed and proc.returncode == 1
+    assert err.decode().splitlines() == [f"Error: the engine at {where} went away mid-answer"]
+    assert b"\n" not in (printed + out).rstrip(b"\n")  # the first reply only, as far as it got

@@ -1,0 +1,86 @@
+"""``chat`` on a warm engine: each reply a job with the whole conversation as messages (the
+engine renders them with the chat template, and its prompt cache keeps the conversation's
+prefix warm), streamed through the same renderers as in-process, so a piped session prints the
+same transcript. What reads the model itself (``/explain``, ``/branch``, ``/watch``,
+``/stats``, ``--replay``) says in one line that it needs ``--local``."""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+from llmsample.chat.conversation import Conversation
+from llmsample.chat.talk import Chat, ChatSettings, Totals, Views
+from llmsample.client.connection import Target
+from llmsample.errors import UserError
+from llmsample.events import RunStats
+from llmsample.sampling.config import SamplingConfig
+
+
+class EngineChat(Chat):
+    """A :class:`Chat` whose replies the engine at ``target`` decodes; no model here."""
+
+    def __init__(
+        self, target: Target, name: str, preset: str, cfg: SamplingConfig, settings: ChatSettings, views: Views
+    ) -> None:
+        self.target, self.name = target, name
+        self.ngram: tuple[int, int] | None = None  # --draft ngram: drafted on the engine
+        self.lm = None  # type: ignore[assignment]  # the engine's
+        self.preset, self.cfg, self.settings, self.drafter, self.views = preset, cfg, settings, None, views
+        self.conversation = Conversation(settings.system or None)
+        self.totals = Totals()
+        self.legend_shown = False
+        self.last_summary = None
+        self.log_thread = None
+
+    @property
+    def model_name(self) -> str:
+        return self.name
+
+    def _decode(
+        self, cfg: SamplingConfig, prefix: list[int], stats: RunStats
+    ) -> tuple[list[int], Generator[Any, None, None]]:
+        """The conversation's messages as a job; the prompt's ids stay the engine's (nothing here reads them)."""
+        from llmsample.client.wire import Job
+
+        if prefix:
+            raise UserError("forcing tokens into a reply needs the model in this process; start the chat with --local")
+        job = Job("", cfg, self.preset, top_n=self.settings.top_n, messages=self.conversation.messages(),
+                  model=None if self.target.where.startswith("unix:") else self.name, ngram=self.ngram,
+                  draft_tokens=self.settings.draft_tokens if self.ngram else None)  # fmt: skip
+        return [], _pairs(self.target, job)
+
+    def close(self) -> None:
+        pass  # the engine keeps its own cache
+
+
+def _pairs(target: Target, job: Any) -> Generator[Any, None, None]:
+    """The job's records as the session's ``(key, record)`` pairs; closing it closes the
+    connection, and the engine cancels the row (a Ctrl-C)."""
+    from llmsample.client.connection import say, stream_job
+
+    records = stream_job(target, job, say)
+    try:
+        for record in records:
+            yield 0, record
+    finally:
+        records.close()
+
+
+def start_on(target: Target, options: dict[str, Any], views: Views, settings: ChatSettings) -> EngineChat:
+    """The chat on ``target``: the engine's model must have a chat template, as in-process."""
+    from llmsample.client.connection import get_json
+    from llmsample.client.wire import ENGINE_PATH
+    from llmsample.commands.options import resolve_sampling
+
+    preset, cfg = resolve_sampling(options)
+    status = get_json(target, ENGINE_PATH)
+    name = status["model"]
+    if not target.where.startswith("unix:") and options["model"] and options["model"] != name:
+        raise UserError(f"model {options['model']!r} is not served at {target.where}; it runs {name!r}")
+    if status.get("chat_template") is False:
+        raise UserError(f"{name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
+    chat = EngineChat(target, name, preset, cfg, settings, views)
+    if options["draft"] == "ngram":
+        chat.ngram = (options["ngram_min"], options["ngram_max"])
+    return chat
