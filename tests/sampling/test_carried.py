@@ -180,7 +180,7 @@ def real_logits(default_lm) -> Tensor:
 def test_a_rows_positions_see_the_state_after_the_drafts_before_them(name: str) -> None:
     """Verification's one chain call over a row's positions (``prefixes``) gives each position
     what the chain gives it one draw at a time, its state advanced by the drafts before it."""
-    cfg = dataclasses_replace(PEER_CONFIGS[name], temperature=0.8)
+    cfg = PEER_CONFIGS[name].with_overrides(temperature=0.8)
     g = torch.Generator().manual_seed(3)
     logits = torch.randn(4, 50, generator=g) * 3
     drafts = [7, 3, 11]
@@ -198,10 +198,6 @@ def test_a_rows_positions_see_the_state_after_the_drafts_before_them(name: str) 
     both = TokenHistory.stack([start.prefixes(torch.tensor(drafts), drafts), start.prefixes(torch.tensor(drafts), drafts)])
     stacked = sampler_chain(torch.cat([logits, logits]), both, cfg)
     torch.testing.assert_close(stacked.probs, torch.cat([together.probs, together.probs]))
-
-
-def dataclasses_replace(cfg: SamplingConfig, **changes: object) -> SamplingConfig:
-    return cfg.with_overrides(**changes)
 
 
 # --- the settings -------------------------------------------------------------------------------
