@@ -336,6 +336,15 @@ sampling_options = option_group(
         "--p-less/--no-p-less", default=None, help="p-less: keep tokens at least as likely as two draws agree."
     ),
     click.option(
+        "--mirostat", type=click.IntRange(0, 2), help="Mirostat 1 or 2: aim at a surprise of tau bits; replaces top-k etc."
+    ),
+    click.option("--mirostat-tau", type=float, help="Mirostat: the target surprise in bits [default: 5]."),
+    click.option("--mirostat-eta", type=float, help="Mirostat: the learning rate of mu [default: 0.1]."),
+    click.option(
+        "--adaptive-target", type=float, help="Adaptive-p: favour tokens near this probability; negative is off."
+    ),
+    click.option("--adaptive-decay", type=float, help="Adaptive-p: decay of the running average [default: 0.9]."),
+    click.option(
         "--samplers",
         metavar="A,B,...",
         help="The order of the stages after the history ones (top_k,min_p,temperature,...); only these run.",

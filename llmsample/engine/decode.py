@@ -130,7 +130,7 @@ def run_rows(
                 yield row.key, row.item.stats.summary("cancelled")
         for i in [i for i, done in enumerate(result.finished) if not done]:
             try:
-                rows[i].advance(result.emitted[i], result.newest[i : i + 1])
+                rows[i].advance(result.emitted[i], result.newest[i : i + 1], result.states[i])
             except RuntimeFailure as exc:  # this row's grammar failed, not the run
                 result.finished[i] = True
                 yield rows[i].key, RowFailed(rows[i].key, str(exc))

@@ -161,18 +161,21 @@ class Row:
         drafts.ids = drafts.tokens.tolist() if drafts.count else []  # the drafter's transfer
         return drafts.ids
 
-    def advance(self, emitted: list[int], newest: Tensor) -> None:
-        """The step's tokens join the history and the sequence; ``newest``: the last, on the device.
-        The grammar first: a :class:`RuntimeFailure` there leaves the row as it was, to be failed."""
+    def advance(self, emitted: list[int], newest: Tensor, state: Tensor | None = None) -> None:
+        """The step's tokens join the history and the sequence; ``newest``: the last, on the device;
+        ``state``: the carried stage's after them (rejected drafts never reach the history, so
+        nothing rolls back). The grammar first: a :class:`RuntimeFailure` there leaves the row as
+        it was, to be failed."""
         if self.matcher is not None:
             self.matcher.advance(emitted)
         text = self.text
         if len(emitted) == 1:
-            text.history = text.history.advanced(newest, emitted)
-        else:
+            text.history = text.history.advanced(newest, emitted, state)
+        elif emitted:
             device = newest.device
-            for token in emitted:
+            for token in emitted[:-1]:
                 text.history = text.history.advanced(torch.tensor([token], device=device), [token])
+            text.history = text.history.advanced(torch.tensor(emitted[-1:], device=device), emitted[-1:], state)
         text.seq += emitted
 
     def record_pass(self, accepted: int) -> None:

@@ -18,7 +18,7 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Matcher
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import draw, sampling_probs
+from llmsample.sampling.pipeline import draw, sampler_chain
 
 
 def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -144,7 +144,8 @@ class ModelDrafter:
         for i in range(k):
             if matcher is not None:  # q under the grammar state after the drafts before it, as p
                 history = dataclasses.replace(history, allowed=matcher.masks())
-            q = sampling_probs(self._fit(logits), history, cfg)
+            chain = sampler_chain(self._fit(logits), history, cfg)
+            q = chain.probs
             token = draw(q, generator)
             tokens.append(token)
             dists.append(q)
@@ -155,7 +156,7 @@ class ModelDrafter:
                 if matcher.stopped:  # nothing but EOS can follow
                     break
             if i < k - 1:
-                history = history.advanced(token)
+                history = history.advanced(token, state=chain.state_after(token, cfg))  # mu, as the target's
                 logits = self.backend.step(token).to(device)
         if matcher is not None:
             matcher.rollback(pushed)

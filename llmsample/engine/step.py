@@ -43,12 +43,13 @@ class StepInput:
 
 @dataclass
 class StepResult:
-    """Per row: the tokens it emitted (host ids), whether it finished; and the newest token of
-    every row as a tensor, ready to be fed."""
+    """Per row: the tokens it emitted (host ids), whether it finished, its carried stage's state
+    after them (None: it has none); and the newest token of every row as a tensor, ready to be fed."""
 
     emitted: list[list[int]]
     finished: list[bool]
     newest: Tensor
+    states: list[Tensor | None]
 
 
 def sample_step(
@@ -58,6 +59,7 @@ def sample_step(
     nothing and feeds its sequence's last token next."""
     emitted: list[list[int]] = [[] for _ in rows]
     finished = [False] * len(rows)
+    states: list[Tensor | None] = [None] * len(rows)
     waiting = [row.text.seq[-1] if not row.ready else 0 for row in rows]
     newest = torch.tensor(waiting, device=step.logits.device)
     groups: dict[SamplingConfig, list[int]] = {}
@@ -68,6 +70,11 @@ def sample_step(
         chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
         figures = step_figures(chain, tokens, top_n, watched, counts)
         accepted = {i: figures[start].accepted for i, start in zip(members, starts, strict=True)}
+        # A carried stage's state after each position's token; a row keeps its last emitted one's.
+        after = chain.state_after(tokens, rows[members[0]].item.cfg)
+        if after is not None:
+            for i, start in zip(members, starts, strict=True):
+                states[i] = after[start + accepted[i] : start + accepted[i] + 1]
         scored = None
         if step.reference is not None:
             scored = reference_figures(chain.raw, step.reference[_positions(rows, members, step)], tokens)
@@ -84,7 +91,7 @@ def sample_step(
             newest = last
         else:
             newest[torch.tensor(members, device=newest.device)] = last
-    return StepResult(emitted, finished, newest)
+    return StepResult(emitted, finished, newest, states)
 
 
 def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor | slice:

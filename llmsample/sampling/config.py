@@ -267,6 +267,20 @@ def _check_samplers(value: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _check_mirostat(value: Any) -> int:
+    v = _integer("mirostat", value)
+    if v not in (0, 1, 2):
+        raise ConfigError("mirostat", f"must be 0 (off), 1 or 2 (the version), got {value!r}")
+    return v
+
+
+def _check_adaptive_target(value: Any) -> float:
+    v = _number("adaptive_target", value)
+    if v > 1:
+        raise ConfigError("adaptive_target", f"must be in [0, 1], or negative to turn it off, got {value!r}")
+    return v
+
+
 def _check_description(value: Any) -> str:
     if not isinstance(value, str):
         raise ConfigError("description", f"expected a string, got {value!r}")
@@ -309,6 +323,11 @@ _CHECKS = {
     "p_less": _check_flag("p_less"),
     "samplers": _check_samplers,
     "reasoning_budget": _check_count("reasoning_budget", 0, "0 turns it off"),
+    "mirostat": _check_mirostat,
+    "mirostat_tau": _check_non_negative("mirostat_tau", "the target surprise in bits"),
+    "mirostat_eta": _check_unit("mirostat_eta", 0.0, 1.0, "the learning rate of mu"),
+    "adaptive_target": _check_adaptive_target,
+    "adaptive_decay": _check_unit("adaptive_decay", 0.0, 0.99, "the weight of the running average's past"),
 }
 
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -354,6 +373,12 @@ class SamplingConfig:
     p_less: bool = False
     samplers: tuple[str, ...] = field(default=())  # the order of SAMPLER_ORDER's stages; () the default
     reasoning_budget: int = 0  # thinking tokens before the block is closed by force (llmsample.sampling.budget)
+    # The stages that carry per-row state from draw to draw (llmsample.sampling.carried), llama.cpp's names.
+    mirostat: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    adaptive_target: float = -1.0  # adaptive-p; negative: off
+    adaptive_decay: float = 0.9
     # A compiled :class:`llmsample.sampling.constraint.Constraint` (--json-schema, --regex, ...):
     # set by the commands, never by a preset, so it is not one of ``keys()``.
     constraint: Any = None
@@ -362,6 +387,18 @@ class SamplingConfig:
         for key, check in _CHECKS.items():
             object.__setattr__(self, key, check(getattr(self, key)))
         self._check_unlisted()
+        self._check_carried()
+
+    def _check_carried(self) -> None:
+        """Mirostat samples from its own truncation (it replaces the stages after the temperature,
+        as in llama.cpp) and adaptive-p reshapes what they leave: the combinations that would have
+        two stages sample are refused."""
+        if self.mirostat and self.has_adaptive_p:
+            raise ConfigError("adaptive_target", "adaptive-p and mirostat both choose the token; turn one off")
+        if self.mirostat and self.samplers:
+            raise ConfigError("samplers", "mirostat replaces the stages after the temperature; drop the list")
+        if self.has_adaptive_p and self.has_xtc:
+            raise ConfigError("adaptive_target", "adaptive-p and XTC both choose among the top tokens; turn one off")
 
     def _check_unlisted(self) -> None:
         """With ``samplers``, only the listed stages run: one that is set but not listed would be
@@ -414,6 +451,16 @@ class SamplingConfig:
     @property
     def has_xtc(self) -> bool:
         return self.xtc_probability > 0
+
+    @property
+    def has_adaptive_p(self) -> bool:
+        return self.adaptive_target >= 0
+
+    @property
+    def carries_state(self) -> bool:
+        """Whether a stage of the chain keeps per-row state from the row's draws (mirostat's mu,
+        adaptive-p's running average); a greedy chain has neither."""
+        return not self.is_greedy and (self.mirostat > 0 or self.has_adaptive_p)
 
     @property
     def has_dynatemp(self) -> bool:

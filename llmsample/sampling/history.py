@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor
 
 from llmsample.errors import UserError
+from llmsample.sampling import carried as carried_stages
 from llmsample.sampling.config import ConfigError, SamplingConfig
 from llmsample.sampling.stages import needs_sequences, needs_vocabulary
 from llmsample.sampling.vocabulary import Vocabulary, bias_vector
@@ -23,7 +25,11 @@ class TokenHistory:
     ``sequences`` (prompt + generated ids per row, on the host) and ``prompt_lengths`` are kept
     only for stages that read the order of tokens (DRY, bans, min-tokens); ``vocabulary`` only for
     stages that need the tokenizer. The loops hand the new ids over from the step's one transfer,
-    so keeping them costs no device synchronisation."""
+    so keeping them costs no device synchronisation.
+
+    ``state``: the carried stages' per-row state ``[rows, 2]`` (:mod:`llmsample.sampling.carried`),
+    replaced by the loop after each draw; ``carried``: per row, the token drawn since the row
+    before it when the row continues it (:meth:`prefixes`), -1 when its state is its own."""
 
     counts: Tensor | None
     seen: Tensor | None
@@ -31,6 +37,8 @@ class TokenHistory:
     prompt_lengths: tuple[int, ...] | None = None
     vocabulary: Vocabulary | None = None
     allowed: Tensor | None = None
+    state: Tensor | None = None
+    carried: tuple[int, ...] | None = None
 
     @classmethod
     def start(
@@ -75,52 +83,70 @@ class TokenHistory:
                 bias_vector(vocabulary, cfg.logit_bias)
             except ConfigError as exc:
                 raise UserError(f"logit_bias (--logit-bias or the preset): {exc.reason}") from exc
-        return cls.start(
+        history = cls.start(
             prompt_ids, vocab_size, cfg.has_penalties, sequences=needs_sequences(cfg), vocabulary=vocabulary
         )
+        if not cfg.carries_state:
+            return history
+        state = carried_stages.initial_state(cfg, prompt_ids.shape[0], prompt_ids.device)
+        return dataclasses.replace(history, state=state)
 
     def generated(self, row: int) -> tuple[int, ...]:
         """The ids generated so far in ``row`` (needs sequences)."""
         assert self.sequences is not None and self.prompt_lengths is not None
         return self.sequences[row][self.prompt_lengths[row] :]
 
-    def advanced(self, tokens: Tensor, ids: Sequence[int] | None = None) -> TokenHistory:
+    def advanced(self, tokens: Tensor, ids: Sequence[int] | None = None, state: Tensor | None = None) -> TokenHistory:
         """History after appending ``tokens`` (``[batch]``) to every row; a new object. ``ids``: the
         same tokens on the host, which the loops have from the step's transfer (read back here
-        only when sequences are kept and the caller has none)."""
+        only when sequences are kept and the caller has none); ``state``: the carried stages'
+        after those draws (:func:`llmsample.sampling.carried.observe`), else kept."""
+        state = self.state if state is None else state
         sequences = self.sequences
         if sequences is not None:
             ids = tokens.view(-1).tolist() if ids is None else list(ids)
             sequences = tuple((*row, int(t)) for row, t in zip(sequences, ids, strict=True))
         if self.counts is None or self.seen is None:
-            return TokenHistory(None, None, sequences, self.prompt_lengths, self.vocabulary)
+            return TokenHistory(None, None, sequences, self.prompt_lengths, self.vocabulary, state=state)
         index = tokens.view(-1, 1)
         counts = self.counts.scatter_add(1, index, torch.ones_like(index, dtype=self.counts.dtype))
-        return TokenHistory(counts, self.seen.scatter(1, index, True), sequences, self.prompt_lengths, self.vocabulary)
+        seen = self.seen.scatter(1, index, True)
+        return TokenHistory(counts, seen, sequences, self.prompt_lengths, self.vocabulary, state=state)
 
     def prefixes(self, tokens: Tensor, ids: Sequence[int] | None = None) -> TokenHistory:
         """From a one-row history, ``len(tokens) + 1`` rows: row i has ``tokens[:i]`` appended.
-        Speculative verification and teacher forcing score every position at once with these."""
+        Speculative verification and teacher forcing score every position at once with these; a
+        carried stage's state is the row's at the first and follows the tokens after it."""
+        rows = tokens.shape[0] + 1
+        state = None if self.state is None else self.state.expand(rows, -1)
+        carried = None
+        if state is not None:
+            carried = (-1, *(tokens.view(-1).tolist() if ids is None else [int(t) for t in ids]))
         sequences, lengths = self.sequences, self.prompt_lengths
         if sequences is not None and lengths is not None:
             ids = tokens.view(-1).tolist() if ids is None else [int(t) for t in ids]
             sequences = tuple((*sequences[0], *ids[:i]) for i in range(len(ids) + 1))
             lengths = (lengths[0],) * len(sequences)
         if self.counts is None or self.seen is None:
-            return TokenHistory(None, None, sequences, lengths, self.vocabulary)
+            return TokenHistory(None, None, sequences, lengths, self.vocabulary, state=state, carried=carried)
         steps = torch.nn.functional.one_hot(tokens, self.counts.shape[-1]).to(self.counts.dtype)
         # The first row is the history itself, also when nothing was drafted (``steps[:1]`` would be empty).
         cumulative = torch.cat([self.counts.new_zeros(1, self.counts.shape[-1]), steps.cumsum(0)], dim=0)
-        return TokenHistory(self.counts + cumulative, self.seen | (cumulative > 0), sequences, lengths, self.vocabulary)
+        seen = self.seen | (cumulative > 0)
+        return TokenHistory(
+            self.counts + cumulative, seen, sequences, lengths, self.vocabulary, state=state, carried=carried
+        )
 
     def rows(self, index: slice) -> TokenHistory:
         """Some rows of the history (an inert one stays inert)."""
         sequences = self.sequences[index] if self.sequences is not None else None
         lengths = self.prompt_lengths[index] if self.prompt_lengths is not None else None
         allowed = self.allowed[index] if self.allowed is not None else None
-        if self.counts is None or self.seen is None:
-            return TokenHistory(None, None, sequences, lengths, self.vocabulary, allowed)
-        return TokenHistory(self.counts[index], self.seen[index], sequences, lengths, self.vocabulary, allowed)
+        state = self.state[index] if self.state is not None else None
+        carried = None if self.carried is None else (-1, *self.carried[index][1:])  # the first row starts
+        counts = self.counts[index] if self.counts is not None else None
+        seen = self.seen[index] if self.seen is not None else None
+        return TokenHistory(counts, seen, sequences, lengths, self.vocabulary, allowed, state, carried)
 
     @classmethod
     def stack(cls, histories: Sequence[TokenHistory]) -> TokenHistory:
@@ -132,11 +158,15 @@ class TokenHistory:
             lengths = tuple(n for h in histories for n in h.prompt_lengths or ())
         if len(histories) == 1:
             return first
+        state = carried = None
+        if first.state is not None:
+            state = torch.cat([h.state for h in histories if h.state is not None])
+            carried = tuple(t for h in histories for t in h.carried or (-1,) * h.state.shape[0])  # type: ignore[union-attr]
         if first.counts is None:
-            return TokenHistory(None, None, sequences, lengths, first.vocabulary)
+            return TokenHistory(None, None, sequences, lengths, first.vocabulary, state=state, carried=carried)
         counts = torch.cat([h.counts for h in histories if h.counts is not None])
         seen = torch.cat([h.seen for h in histories if h.seen is not None])
-        return TokenHistory(counts, seen, sequences, lengths, first.vocabulary)
+        return TokenHistory(counts, seen, sequences, lengths, first.vocabulary, state=state, carried=carried)
 
 
 NO_HISTORY = TokenHistory(None, None)

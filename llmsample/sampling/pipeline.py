@@ -4,7 +4,8 @@ table's order, over ``[batch, vocab]`` logits, then one token per row.
 Order (fixed; the stages in brackets appear only when their setting is on):
 [logit bias] -> [ban] -> [min-tokens] -> [no-repeat-ngram] -> [reasoning budget] -> penalties -> [DRY] -> [constraint]
 -> temperature, dynamic when on (or greedy argmax) -> [smoothing] -> [top-n-sigma] -> top-k -> top-p
--> [typical-p] -> [epsilon] -> [eta] -> [top-h] -> [top-a] -> [p-less] -> min-p -> [XTC] -> softmax -> draw.
+-> [typical-p] -> [epsilon] -> [eta] -> [top-h] -> [top-a] -> [p-less] -> min-p -> [XTC] -> [adaptive-p]
+-> softmax -> draw; with mirostat: ... -> temperature -> mirostat -> softmax -> draw.
 Everything that edits logits from the context (biases, bans, penalties) comes before the
 temperature, as in transformers' processors and llama.cpp's default chain; the truncation
 filters follow text-generation-webui's default priority (top-n-sigma, top-k, top-p, typical-p,
@@ -28,7 +29,7 @@ from functools import cached_property
 import torch
 from torch import Tensor
 
-from llmsample.sampling import blocks, cutoffs, filters
+from llmsample.sampling import blocks, carried, cutoffs, filters
 from llmsample.sampling.budget import force_block_close
 from llmsample.sampling.config import SAMPLER_ORDER, SamplingConfig
 from llmsample.sampling.filters import (
@@ -55,6 +56,18 @@ from llmsample.sampling.text_stages import (
 )
 
 StageFunction = Callable[[Tensor, TokenHistory, SamplingConfig], Tensor]
+
+
+def _carried(
+    name: str, logits: Tensor, ids: Tensor | None, vocab: int, history: TokenHistory, cfg: SamplingConfig
+) -> tuple[Tensor, Tensor]:
+    """A carried stage with the history's state (a history made without the config, explain's or
+    a test's, has none: the state before a first draw)."""
+    state = history.state
+    if state is None:
+        state = carried.initial_state(cfg, logits.shape[0], logits.device)
+    return carried.apply_carried(name, logits, ids, vocab, state, history.carried, cfg)
+
 
 APPLY: dict[str, StageFunction] = {
     "logit_bias": apply_logit_bias,
@@ -83,6 +96,8 @@ APPLY: dict[str, StageFunction] = {
     "p_less": lambda logits, history, cfg: cutoffs.keep_p_less(logits),
     "min_p": lambda logits, history, cfg: keep_min_p(logits, cfg.min_p),
     "xtc": lambda logits, history, cfg: keep_xtc(logits, cfg.xtc_threshold),
+    "mirostat": lambda logits, history, cfg: _carried("mirostat", logits, None, logits.shape[-1], history, cfg)[0],
+    "adaptive_p": lambda logits, history, cfg: _carried("adaptive_p", logits, None, logits.shape[-1], history, cfg)[0],
 }
 """What each stage of the table after ``raw`` does to the logits before it."""
 
@@ -156,11 +171,13 @@ class Chain:
 
     ``sampled`` is that distribution over the last stage's ``support``: the candidates the chain
     narrowed to (their ids ascending), or the whole vocabulary (None). What a step reads (the draw,
-    the figures) reads it there; ``probs`` is the whole row, made when asked for (verification)."""
+    the figures) reads it there; ``probs`` is the whole row, made when asked for (verification).
+    ``states``: the carried stage's state each row was sampled with (:mod:`llmsample.sampling.carried`)."""
 
     stages: tuple[Stage, ...]
     sampled: Tensor
     support: Tensor | None = None
+    states: Tensor | None = None
 
     @cached_property
     def probs(self) -> Tensor:
@@ -216,7 +233,15 @@ class Chain:
         """Some rows of every stage (an int keeps a batch of one)."""
         index = slice(index, index + 1) if isinstance(index, int) else index
         support = None if self.support is None else self.support[index]
-        return Chain(tuple(s.rows(index) for s in self.stages), self.sampled[index], support)
+        states = None if self.states is None else self.states[index]
+        return Chain(tuple(s.rows(index) for s in self.stages), self.sampled[index], support, states)
+
+    def state_after(self, tokens: Tensor, cfg: SamplingConfig) -> Tensor | None:
+        """Each row's carried state after drawing ``tokens`` ``[rows]`` there (None: no carried stage)."""
+        if self.states is None:
+            return None
+        before, last = self.stages[-2], self.stages[-1]
+        return carried.observe(last.name, self.states, before.values, last.values, last.ids, tokens, cfg)
 
 
 def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None = None) -> Chain:
@@ -235,6 +260,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     vocab = logits.shape[-1]
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
+    states: Tensor | None = None
     names = [info.name for info in chain_of(cfg)]
     for at, info in enumerate(chain_of(cfg)[1:], 1):
         scaled = (
@@ -257,6 +283,8 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)
         elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
             logits, ids = filters.top_p_kept(logits, cfg.top_p if values is None else values.top_p, vocab // 8)
+        elif info.carries:
+            logits, states = _carried(info.name, logits, ids, vocab, history, cfg)
         else:
             logits = _stage(info.name, logits, history, cfg, values)
             if ids is None and info.name in NARROWING and compacts(logits, 1):
@@ -266,7 +294,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
         stages.append(Stage(info.name, logits, ids, vocab))
     if stages[-1].name == "xtc":
         return Chain(tuple(stages), xtc_mixture(stages[-2].values, logits, cfg.xtc_probability), ids)
-    return Chain(tuple(stages), logits.softmax(-1), ids)
+    return Chain(tuple(stages), logits.softmax(-1), ids, states)
 
 
 def _stage(name: str, logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None) -> Tensor:

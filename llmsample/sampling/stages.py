@@ -23,7 +23,8 @@ class StageInfo:
     ``name`` and ``--inspect`` under ``letter`` (``legend`` says what the letter stands for).
     Greedy keeps one token but is not a filter: a greedy step reports nothing removed.
     ``needs_sequences``: it reads each row's token sequence (the order, not only the penalties'
-    counts); ``needs_vocabulary``: the tokenizer's texts or EOS ids."""
+    counts); ``needs_vocabulary``: the tokenizer's texts or EOS ids; ``carries``: it keeps
+    per-row state from the row's draws (:mod:`llmsample.sampling.carried`)."""
 
     name: str
     label: str
@@ -33,6 +34,7 @@ class StageInfo:
     legend: str = ""
     needs_sequences: bool = False
     needs_vocabulary: bool = False
+    carries: bool = False
 
 
 def _always(cfg: SamplingConfig) -> bool:
@@ -101,6 +103,11 @@ STAGES: tuple[StageInfo, ...] = (
         "xtc", "XTC", lambda cfg: _sampling(cfg) and cfg.has_xtc, removes=True, letter="x",
         legend="XTC, when it fires",
     ),
+    StageInfo(
+        "mirostat", "miro.", lambda cfg: _sampling(cfg) and cfg.mirostat > 0, removes=True, letter="μ",
+        legend="mirostat (above its surprise mu)", carries=True,
+    ),
+    StageInfo("adaptive_p", "adapt-p", lambda cfg: _sampling(cfg) and cfg.has_adaptive_p, carries=True),
 )  # fmt: skip
 """Every stage in chain order; ``on`` says whether a config's chain has it (an off stage is not
 in the chain at all; top-k, top-p and min-p are, set to keep everything, when sampling)."""
@@ -119,8 +126,11 @@ def label(name: str) -> str:
 
 def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
     """The stages a config's chain runs, in order (``raw`` first): the table's, or with
-    ``samplers`` the history stages in the table's order and then the listed ones in theirs."""
+    ``samplers`` the history stages in the table's order and then the listed ones in theirs.
+    Mirostat replaces the stages after the temperature (llama.cpp's chain: temperature, mirostat)."""
     chain = tuple(info for info in STAGES if info.on(cfg))
+    if cfg.mirostat and not cfg.is_greedy:
+        return tuple(info for info in chain if info.name not in SAMPLER_ORDER or info.name == "temperature")
     if not cfg.samplers or cfg.is_greedy:
         return chain
     history = tuple(info for info in chain if info.name not in SAMPLER_ORDER)

@@ -273,7 +273,8 @@ def test_the_chain_runs_in_the_documented_order() -> None:
         "raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "reasoning_budget", "penalties", "dry", "temperature", "smoothing",
         "top_n_sigma", "top_k", "top_p", "typical_p", "epsilon", "eta", "top_h", "top_a", "p_less", "min_p", "xtc",
     )  # fmt: skip
-    assert set(FILTER_STAGES) - {"constraint"} <= set(chain.names)  # the constraint: tests/constraints
+    # the constraint: tests/constraints; mirostat replaces the truncation filters: tests/sampling/test_carried.py
+    assert set(FILTER_STAGES) - {"constraint", "mirostat"} <= set(chain.names)
     greedy = sampler_chain(torch.randn(1, len(TEXTS)), history, EVERYTHING.with_overrides(temperature=0))
     assert greedy.names == ("raw", "logit_bias", "ban", "min_tokens", "no_repeat_ngram", "reasoning_budget", "penalties", "dry", "greedy")
     # off stages are not in the chain: the default chain is as it was
