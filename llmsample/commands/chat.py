@@ -13,6 +13,7 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
+    deterministic_option,
     draft_options,
     keeps_log,
     load_model_with_progress,
@@ -51,6 +52,7 @@ from llmsample.errors import UserError
 @constraint_options
 @output_options
 @draft_options
+@deterministic_option(None, "on with --replay")
 @log_option
 def chat(**options: Any) -> None:
     """Talk with a chat model: each reply streams coloured by probability, the conversation's
@@ -79,6 +81,8 @@ def chat(**options: Any) -> None:
         raise UserError("-c continues the last logged conversation and --load a saved one; give one of them")
     resumed = last_conversation() if options["resume"] else None  # before the model loads: none is one line
     preset, cfg = resolve_sampling(options)
+    if options["deterministic"] is None:
+        options["deterministic"] = options["replay"]
     lm = load_model_with_progress(options)
     if not has_chat_template(lm):
         raise UserError(f"{lm.name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")

@@ -13,6 +13,7 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     constraint_from,
     constraint_options,
+    deterministic_option,
     format_option,
     html_option,
     load_model_with_progress,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 @html_option
 @no_color_option
 @quiet_option()
+@deterministic_option(True)
 @with_engine_options
 def compare_presets(**options: Any) -> None:
     """Run the same prompt through several presets (one model load) and compare them.
