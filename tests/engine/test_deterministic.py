@@ -1,7 +1,8 @@
 """Batch-invariant decoding (:mod:`llmsample.engine.deterministic`): a row's logits are bitwise
 the same alone, beside other rows (which join and leave), from a prompt fed as a cached prefix
 plus the rest (a chat's next turn), through a verification, and after a rollback — in bf16 and
-float32, where the plain padded batch differs in the last bits for each of these."""
+float32, where the plain padded batch differs in the last bits for each of these (llama.cpp's
+case: tests/engine/test_llamacpp.py)."""
 
 from __future__ import annotations
 
@@ -65,8 +66,14 @@ def copies(backend: Backend) -> Tensor:
 
 @pytest.mark.parametrize("way", [crowded, cached, copies])
 def test_a_rows_logits_are_bitwise_the_same_however_it_is_batched(det_lm: Any, way: Callable[[Backend], Tensor]) -> None:
+    check_invariant(det_lm, way)
+
+
+def check_invariant(lm: Any, way: Callable[[Backend], Tensor]) -> None:
+    """``way``'s logits for the row equal those of the row alone, bit for bit."""
+
     def fresh() -> Backend:
-        return open_backend(det_lm, 4, 64, one_prompt=False)
+        return open_backend(lm, 4, 64, one_prompt=False)
 
     assert isinstance(fresh(), DeterministicBackend)
     expected = alone(fresh())
