@@ -477,7 +477,7 @@ def deterministic_option(default: bool | None = False, when: str = "") -> Callab
         "--deterministic/--no-deterministic",
         default=default,
         help="Batch-invariant numbers: every row runs alone, one position per pass, so a seed gives the same "
-        f"text in every command, whatever runs beside it (slower; docs/engine.md) [default: {shown}].",
+        f"text in every command, whatever runs beside it (slower; docs/determinism.md) [default: {shown}].",
     )
 
 
