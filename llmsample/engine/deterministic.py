@@ -15,11 +15,12 @@ runs beside it. The cost is a pass per row per position (measured in docs/determ
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from llmsample.engine.backend import Backend
+Backend = Any  # an llmsample.engine.backend.Backend: that module opens this one, so it is not imported here
 
 
 class DeterministicBackend:
