@@ -159,11 +159,12 @@ class RunFacts:
     constraint: ConstraintOutcome | None = None
     engine: str | None = None  # where a warm engine decoded the run (None: in this process)
     warm: bool | None = None
+    deterministic: bool | None = None  # --deterministic: batch-invariant numbers (else left out)
 
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
         data: dict[str, Any] = {}
-        for key in ("quantization", "compile_s", "device", "dtype", "backend", "model_file"):
+        for key in ("quantization", "compile_s", "device", "dtype", "backend", "model_file", "deterministic"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.device_map is not None:

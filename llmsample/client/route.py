@@ -21,6 +21,7 @@ UNSERVED = {
     "device_map": "--device-map",
     "max_memory": "--max-memory",
     "offload_folder": "--offload-folder",
+    "deterministic": "--deterministic",
 }
 """Options an engine's rows cannot take (a model of its own, a per-run setting of the loop, a
 placement): refused in one line when an engine would run the command, never dropped."""

@@ -12,6 +12,7 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
+    deterministic_option,
     draft_options,
     end_rank,
     keeps_log,
@@ -54,6 +55,7 @@ from llmsample.errors import Interrupted, RuntimeFailure, UserError
 @prompt_cache_option
 @draft_options
 @reference_option
+@deterministic_option()
 @log_option
 @quiet_option("progress")
 @with_engine_options

@@ -13,6 +13,7 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     check_utf8_option,
     constraint_options,
+    deterministic_option,
     draft_options,
     keeps_log,
     load_model_with_progress,
@@ -52,6 +53,7 @@ from llmsample.errors import UserError
 @constraint_options
 @output_options
 @draft_options
+@deterministic_option(None, "on with --replay")
 @log_option
 @with_engine_options
 def chat(**options: Any) -> None:
@@ -74,6 +76,8 @@ def chat(**options: Any) -> None:
         raise UserError("--replay decodes a saved conversation again; give it with --load FILE or -c")
     if options["resume"] and options["load_file"] is not None:
         raise UserError("-c continues the last logged conversation and --load a saved one; give one of them")
+    if options["deterministic"] is None:
+        options["deterministic"] = options["replay"]
     target = choose(options, ["--replay"] if options["replay"] else None)
     from llmsample.chat.logged import last_conversation, new_conversation
     from llmsample.chat.repl import converse

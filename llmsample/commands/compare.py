@@ -13,6 +13,7 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
     constraint_from,
     constraint_options,
+    deterministic_option,
     format_option,
     html_option,
     load_model_with_progress,
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 @html_option
 @no_color_option
 @quiet_option()
+@deterministic_option(None, "on; off on a warm engine")
 @with_engine_options
 def compare_presets(**options: Any) -> None:
     """Run the same prompt through several presets (one model load) and compare them.
@@ -75,6 +77,8 @@ def compare_presets(**options: Any) -> None:
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
     target = choose(options)
+    if options["deterministic"] is None:  # on unless the run goes to a warm engine (its rows share passes)
+        options["deterministic"] = target is None
     if target is not None:
         rows, model = engine_rows(target, prompt, options), target.name or options["model"] or ""
     else:

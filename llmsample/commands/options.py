@@ -479,6 +479,17 @@ log_option = option_group(
 )
 
 
+def deterministic_option(default: bool | None = False, when: str = "") -> Callable[[Any], Any]:
+    """``--deterministic/--no-deterministic``; ``default`` None: the command decides (``when`` says how)."""
+    shown = when or ("on" if default else "off")
+    return click.option(
+        "--deterministic/--no-deterministic",
+        default=default,
+        help="Batch-invariant numbers: every row runs alone, one position per pass, so a seed gives the same "
+        f"text in every command, whatever runs beside it (slower; docs/determinism.md) [default: {shown}].",
+    )
+
+
 def keeps_log(options: dict[str, Any]) -> bool:
     """Whether this run goes to the run log: not with --no-log, LLMSAMPLE_NO_LOG or `llmsample logs off`."""
     from llmsample.logs.store import logging_on
@@ -567,22 +578,24 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
         "gguf_type": options.get("gguf_type"),
     }
     if options.get("quiet"):
-        return load_model(*spec, compile=compile_model, **scaling)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    console = stderr_console()
-    # Off the terminal a live display only adds blank lines; step messages still print.
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
-        task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
-        lm = load_model(*spec, progress=progress, compile=compile_model, **scaling)
-        progress.remove_task(task)
-        return lm
+        lm = load_model(*spec, compile=compile_model, **scaling)
+    else:
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        console = stderr_console()
+        # Off the terminal a live display only adds blank lines; step messages still print.
+        with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as progress:
+            task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
+            lm = load_model(*spec, progress=progress, compile=compile_model, **scaling)
+            progress.remove_task(task)
+    lm.deterministic = bool(options.get("deterministic"))
+    return lm
 
 
 def generation_options(f: Any) -> Any:
     """Everything ``generate`` and ``speculate`` share."""
     return option_group(
         prompt_options, model_options, placement_options, sampling_options, constraint_options, output_options,
-        draft_options, compare_option, log_option,
+        draft_options, compare_option, log_option, deterministic_option(),
     )(f)  # fmt: skip
 
 

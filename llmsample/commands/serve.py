@@ -11,6 +11,7 @@ import click
 
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.options import (
+    deterministic_option,
     draft_options,
     keeps_log,
     load_model_with_progress,
@@ -29,6 +30,7 @@ from llmsample.errors import UserError
 @model_options
 @sampling_options
 @draft_options
+@deterministic_option()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
 @click.option(

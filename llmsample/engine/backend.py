@@ -94,7 +94,24 @@ def open_backend(
     one prompt's rows, or one request at a time, in lockstep.
     ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks);
     ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
-    cache), which a compiled one-token step would not serve."""
+    cache), which a compiled one-token step would not serve. A model loaded ``--deterministic``
+    runs every row on a one-row backend of its own, one position per pass
+    (:mod:`llmsample.engine.deterministic`)."""
+    if lm.deterministic:
+        from llmsample.engine.deterministic import DeterministicBackend
+
+        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps))
+    return _open(lm, rows, positions, one_prompt, on_forward, steps)
+
+
+def _open(
+    lm: LoadedModel,
+    rows: int,
+    positions: int,
+    one_prompt: bool,
+    on_forward: Callable[[float], None] | None,
+    steps: bool,
+) -> Backend:
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
     from llmsample.engine.static import StaticBatch

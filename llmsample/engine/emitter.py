@@ -72,6 +72,8 @@ class Emitter:
         stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
         stats.note(device=str(lm.device), dtype=dtype_name(lm.dtype), backend=lm.backend, model_file=lm.model_file)
+        if lm.deterministic:
+            stats.note(deterministic=True)
 
     def room(self) -> int:
         """How many more tokens the row may emit before its length limit or its context."""

@@ -518,3 +518,14 @@ def test_explain_layers_is_refused_and_the_tree_runs_on_llama_cpp(gguf_file: Pat
     got, want = flat(trees["llama.cpp"]["branches"]), flat(trees["transformers"]["branches"])
     assert len(got) == 3 + 9 and [t for t, _ in got] == [t for t, _ in want]
     assert all(abs(p - q) < 1e-4 for (_, p), (_, q) in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("way", ["crowded", "cached", "copies"])
+def test_deterministic_rows_are_bitwise_the_same_however_they_are_batched(llama_lm, way: str) -> None:
+    """``--deterministic`` gives each row a context of its own: a row stepping one position at a
+    time in a context that holds other sequences still differs (3e-4 on a logit here: the cells
+    it attends over are laid out differently)."""
+    from tests.engine import test_deterministic
+
+    lm = dataclasses.replace(llama_lm, deterministic=True)
+    test_deterministic.check_invariant(lm, getattr(test_deterministic, way))
