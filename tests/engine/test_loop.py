@@ -271,8 +271,8 @@ def test_a_small_step_computes_on_one_thread_and_gives_the_count_back(tiny_lm, m
     torch.set_num_threads(2)
     try:
         cfg = SamplingConfig(max_tokens=3, seed=1)
-        consumer = [torch.get_num_threads() for _ in generate(tiny_lm, encode_prompt(tiny_lm, PROMPT, raw=True), cfg,
-                                                               RunStats("tiny", "test", 1), top_n=2, ignore_eos=True)]
+        events = generate(tiny_lm, encode_prompt(tiny_lm, PROMPT, raw=True), cfg, RunStats("tiny", "test", 1))
+        consumer = [torch.get_num_threads() for _ in events]
         assert seen == [1, 1, 1] and consumer == [2, 2, 2, 2]
         monkeypatch.setattr(step, "ONE_THREAD_ELEMENTS", 0)  # a large step keeps the caller's threads
         seen.clear()
