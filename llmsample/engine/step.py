@@ -8,6 +8,7 @@ its own generator, so in float32 it samples what it samples alone."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +29,12 @@ from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Chain, RowValues, sampler_chain
 
 Record = tuple[Any, TokenEvent | Summary | RowFailed]
+
+ONE_THREAD_ELEMENTS = 1 << 18
+"""Up to this many logits a step (five rows of a 49k vocabulary) the chain and the figures run
+on one torch thread: their ops are small, and a second OpenMP thread waits at every op's barrier
+for a core that llama.cpp's threads or the neighbours hold (on two busy cores a step took
+~10x as long on two threads as on one)."""
 
 
 @dataclass(frozen=True)
@@ -67,17 +74,18 @@ def sample_step(
         if row.ready:
             groups.setdefault(row.sampler, []).append(i)
     for members in groups.values():
-        chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
-        figures = step_figures(chain, tokens, top_n, watched, counts)
-        accepted = {i: figures[start].accepted for i, start in zip(members, starts, strict=True)}
-        # A carried stage's state after each position's token; a row keeps its last emitted one's.
-        after = chain.state_after(tokens, rows[members[0]].item.cfg)
+        with host_threads(step.logits):
+            chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
+            figures = step_figures(chain, tokens, top_n, watched, counts)
+            scored = None
+            if step.reference is not None:
+                scored = reference_figures(chain.raw, step.reference[_positions(rows, members, step)], tokens)
+            accepted = {i: figures[start].accepted for i, start in zip(members, starts, strict=True)}
+            # A carried stage's state after each position's token; a row keeps its last emitted one's.
+            after = chain.state_after(tokens, rows[members[0]].item.cfg)
         if after is not None:
             for i, start in zip(members, starts, strict=True):
                 states[i] = after[start + accepted[i] : start + accepted[i] + 1]
-        scored = None
-        if step.reference is not None:
-            scored = reference_figures(chain.raw, step.reference[_positions(rows, members, step)], tokens)
         for i, start in zip(members, starts, strict=True):
             count = accepted[i] + 1
             finished[i] = yield from _emit(rows[i], figures[start : start + count], scored, start, accepted[i])
@@ -92,6 +100,21 @@ def sample_step(
         else:
             newest[torch.tensor(members, device=newest.device)] = last
     return StepResult(emitted, finished, newest, states)
+
+
+@contextlib.contextmanager
+def host_threads(logits: Tensor) -> Iterator[None]:
+    """One torch thread while a small CPU step computes (:data:`ONE_THREAD_ELEMENTS`), the
+    caller's count again after it (set back before the step yields to its consumer)."""
+    threads = torch.get_num_threads()
+    if logits.device.type != "cpu" or threads == 1 or logits.numel() > ONE_THREAD_ELEMENTS:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor | slice:

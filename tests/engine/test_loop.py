@@ -257,3 +257,26 @@ def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
     # The prompt's ids (and the sequences' when a stage reads them), then per pass the step's one
     # transfer (figures and accepted counts together) and the drafted ids.
     assert counter.calls == ["tolist"] * (1 + needs_sequences(cfg) + passes + drafter.calls)
+
+
+def test_a_small_step_computes_on_one_thread_and_gives_the_count_back(tiny_lm, monkeypatch) -> None:
+    # A second OpenMP thread waits at every small op's barrier for a busy core (ONE_THREAD_ELEMENTS):
+    # the chain and the figures of a one-row step run on one thread, the caller's consumer on its own.
+    from llmsample.engine import step
+
+    seen: list[int] = []
+    chain = step.sampler_chain
+    monkeypatch.setattr(step, "sampler_chain", lambda *a, **k: seen.append(torch.get_num_threads()) or chain(*a, **k))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        cfg = SamplingConfig(max_tokens=3, seed=1)
+        events = generate(tiny_lm, encode_prompt(tiny_lm, PROMPT, raw=True), cfg, RunStats("tiny", "test", 1))
+        consumer = [torch.get_num_threads() for _ in events]
+        assert seen == [1, 1, 1] and consumer == [2, 2, 2, 2]
+        monkeypatch.setattr(step, "ONE_THREAD_ELEMENTS", 0)  # a large step keeps the caller's threads
+        seen.clear()
+        run(tiny_lm, cfg, ignore_eos=True)
+        assert seen == [2, 2, 2]
+    finally:
+        torch.set_num_threads(before)
