@@ -3,12 +3,14 @@ once per token) and the sampling pipeline's own seconds per step."""
 
 from __future__ import annotations
 
+import statistics
 import time
+from typing import Any
 
 import torch
 
 from llmsample.bench.prompts import PROMPTS
-from llmsample.bench.results import Bandwidth, Workload
+from llmsample.bench.results import Bandwidth, StageCost, Workload
 from llmsample.bench.timing import synchronize
 from llmsample.engine.prompt import encode_prompt
 from llmsample.models.loading import LoadedModel
@@ -55,6 +57,39 @@ def bench_bandwidth(lm: LoadedModel, rows: list[Workload]) -> Bandwidth:
         bound_tok_s=bound,
         best_greedy_tok_s=best,
         fraction_of_bound=best / bound,
+    )
+
+
+STAGE_SETTINGS: dict[str, dict[str, Any]] = {
+    "dynatemp": {"dynatemp_range": 0.5},
+    "smoothing": {"smoothing_factor": 0.3},
+    "epsilon": {"epsilon_cutoff": 3e-4},
+    "eta": {"eta_cutoff": 3e-4},
+    "top-h": {"top_h": 0.4},
+    "top-a": {"top_a": 0.2},
+    "p-less": {"p_less": True},
+    "no-repeat-ngram": {"no_repeat_ngram_size": 3},
+    "mirostat v1": {"mirostat": 1},
+    "mirostat v2": {"mirostat": 2},
+    "adaptive-p": {"adaptive_target": 0.5},
+}
+"""The stages of the sampler lab's second part, each at a typical setting (issue: each costs at
+most 5 % of a decode step on the default model)."""
+
+
+def stage_costs(lm: LoadedModel, cfg: SamplingConfig, step_s: float, rounds: int = 3) -> tuple[StageCost, ...]:
+    """Each of :data:`STAGE_SETTINGS` over ``cfg``: the pipeline's seconds per step with it
+    against ``cfg``'s alone, measured in alternation (medians of ``rounds``); ``step_s``: a
+    decode step's seconds, for the share."""
+    configs = {"": cfg, **{name: cfg.with_overrides(**settings) for name, settings in STAGE_SETTINGS.items()}}
+    seconds: dict[str, list[float]] = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, config in configs.items():
+            seconds[name].append(pipeline_cost(lm, config, steps=20, context=64))
+    base = statistics.median(seconds.pop(""))
+    return tuple(
+        StageCost(name, statistics.median(s), statistics.median(s) - base, (statistics.median(s) - base) / step_s)
+        for name, s in seconds.items()
     )
 
 

@@ -72,6 +72,18 @@ class Defaults(Workload):
 
 
 @dataclass(frozen=True)
+class StageCost:
+    """One of the newer stages turned on over the inspection's preset: the pipeline's seconds per
+    step with it, what it adds to the preset's (negative where it replaces stages, as mirostat
+    does the truncation), and that against a decode step of plain text."""
+
+    stage: str
+    s_per_step: float
+    extra_s_per_step: float
+    share_of_step: float
+
+
+@dataclass(frozen=True)
 class Inspection:
     """What the per-token numbers cost: JSON lines against plain text, and the sampling
     pipeline's own time per step (model excluded)."""
@@ -81,6 +93,7 @@ class Inspection:
     jsonl_over_text: float
     pipeline_s_per_step: float
     pipeline_share_of_step: float
+    stages: tuple[StageCost, ...] = ()  # added after, at the end
 
 
 @dataclass(frozen=True)
@@ -145,7 +158,7 @@ class BenchResults:
             "generate": [dataclasses.asdict(row) for row in self.generate],
             "compile_s": self.compile_s,
             "speculative": dataclasses.asdict(self.speculative),
-            "inspection": dataclasses.asdict(self.inspection),
+            "inspection": {**dataclasses.asdict(self.inspection), "stages": [*map(dataclasses.asdict, self.inspection.stages)]},
             "bandwidth": dataclasses.asdict(self.bandwidth),
         }
         if self.cold:

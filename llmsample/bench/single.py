@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from llmsample.bench.costs import bench_bandwidth, pipeline_cost
+from llmsample.bench.costs import bench_bandwidth, pipeline_cost, stage_costs
 from llmsample.bench.prompts import PROMPTS
 from llmsample.bench.results import BenchResults, Defaults, Generate, Inspection, Speculation, machine_info
 from llmsample.bench.sides import as_transformers_loads, ours, theirs
@@ -118,6 +118,7 @@ def bench_inspection(lm: LoadedModel, cfg: SamplingConfig, runs: int) -> Inspect
         jsonl_over_text=paired_ratio(jsonl, text),
         pipeline_s_per_step=per_step,
         pipeline_share_of_step=per_step / (1 / text_tok_s),  # of the plain text's seconds per step
+        stages=stage_costs(lm, cfg, 1 / text_tok_s),
     )
 
 

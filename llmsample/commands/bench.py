@@ -339,6 +339,10 @@ def notes(results: BenchResults) -> list[tuple[str, str]]:
             "sampling + inspection per step",
             f"{inspect.pipeline_s_per_step * 1000:.2f} ms ({inspect.pipeline_share_of_step:.1%} of a step)",
         ),
+        *(
+            (f"+ {cost.stage} per step", f"{cost.extra_s_per_step * 1000:+.2f} ms ({cost.share_of_step:+.1%} of a step)")
+            for cost in inspect.stages
+        ),
         ("memory bandwidth (copy)", f"{bw.copy_gb_s:.1f} GB/s; weights {bw.weight_mb:.0f} MB"),
         ("bandwidth bound / reached", f"{bw.bound_tok_s:.1f} tok/s / {bw.fraction_of_bound:.0%}"),
         (

@@ -13,7 +13,17 @@ import pytest
 from click.testing import CliRunner
 
 import llmsample.bench.single
-from llmsample.bench.results import Bandwidth, BenchResults, Generate, Inspection, Machine, Speculation, StartUp
+from llmsample.bench.costs import STAGE_SETTINGS
+from llmsample.bench.results import (
+    Bandwidth,
+    BenchResults,
+    Generate,
+    Inspection,
+    Machine,
+    Speculation,
+    StageCost,
+    StartUp,
+)
 from llmsample.cli import main
 from llmsample.commands.bench import results_table
 
@@ -35,6 +45,9 @@ def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
     assert all(row["loaded_reference_tok_s"] > 0 and row["loaded_ratio"] > 0 for row in figures["generate"])
     assert figures["speculative"]["speedup_over_plain"] > 0
     assert 0 < figures["inspection"]["pipeline_share_of_step"] < 1
+    stages = {cost["stage"]: cost for cost in figures["inspection"]["stages"]}  # each newer stage's cost a step
+    assert list(stages) == list(STAGE_SETTINGS) and all(cost["s_per_step"] > 0 for cost in stages.values())
+    assert "mirostat" in result.output  # a row a stage under the table
     assert 0 < figures["warm_load_s"] < figures["warm_start_s"]
     assert figures["bandwidth"]["copy_gb_s"] > 0 and figures["peak_rss_mb"] > 0
     assert "warm start:" in result.output and "ratio" in result.output  # the table, however wrapped
@@ -52,7 +65,7 @@ def made_up_results(cold: bool) -> BenchResults:
         model="tiny", device="cpu", dtype="float32", new_tokens=8, runs=3, compile=False,
         start_up=StartUp(start_s=3.0, load_s=0.5), generate=(row,), compile_s=None,
         speculative=Speculation("code-rewrite / greedy, ngram", 120.0, 60.0, 2.0, None, 3, 1.2, 0.75, 2.5),
-        inspection=Inspection(100.0, 90.0, 0.9, 0.0005, 0.05),
+        inspection=Inspection(100.0, 90.0, 0.9, 0.0005, 0.05, (StageCost("top-a", 0.0006, 0.0001, 0.01),)),
         bandwidth=Bandwidth(20.0, 10.0, 2000.0, 100.0, 0.05),
         cold=cold, cold_load_s=None, peak_rss_mb=900.0,
     )  # fmt: skip
@@ -66,7 +79,8 @@ GENERATE_KEYS = [*ROW_KEYS, "loaded_reference_tok_s", "loaded_ratio"]  # added a
 SECTION_KEYS = {
     "machine": ["platform", "processor", "cpu_capability", "threads", "python", "torch", "transformers"],
     "speculative": [*ROW_KEYS, "speedup_over_plain", "acceptance_rate", "tokens_per_pass"],
-    "inspection": ["text_tok_s", "jsonl_tok_s", "jsonl_over_text", "pipeline_s_per_step", "pipeline_share_of_step"],
+    "inspection": ["text_tok_s", "jsonl_tok_s", "jsonl_over_text", "pipeline_s_per_step", "pipeline_share_of_step",
+                   "stages"],
     "bandwidth": ["copy_gb_s", "weight_mb", "bound_tok_s", "best_greedy_tok_s", "fraction_of_bound"],
 }
 
@@ -97,6 +111,7 @@ def test_the_table_reads_the_figures() -> None:
         "0.01",
         "1.20x (acceptance 75%)",
         "3.00 s = 2.50 s + 0.50 s",
+        "+0.10 ms (+1.0% of a step)",
         "- s",
     ):
         assert figure in text
