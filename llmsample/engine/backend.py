@@ -85,6 +85,7 @@ def open_backend(
     on_forward: Callable[[float], None] | None = None,
     *,
     steps: bool = True,
+    cache_bytes: int = 0,
 ) -> Backend:
     """The backend a run decodes through. A model split over processes (``--tp``) needs rows that
     advance in lockstep over one prompt; a compiled one (``--compile``) runs one prompt's rows in
@@ -94,7 +95,8 @@ def open_backend(
     one prompt's rows, or one request at a time, in lockstep.
     ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks);
     ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
-    cache), which a compiled one-token step would not serve."""
+    cache), which a compiled one-token step would not serve; ``cache_bytes``: the prompt cache's
+    budget, for a backend whose kept prefixes need room of its own (llama.cpp's context)."""
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
     from llmsample.engine.static import StaticBatch
@@ -103,7 +105,7 @@ def open_backend(
     if lm.backend == "llama.cpp":
         from llmsample.engine.llamacpp_batch import LlamaCppBatch
 
-        return LlamaCppBatch(lm.model, rows, positions, on_forward)
+        return LlamaCppBatch(lm.model, rows, positions, on_forward, cache_bytes)
     if lm.tensor_parallel:
         if not one_prompt:
             raise UserError(
