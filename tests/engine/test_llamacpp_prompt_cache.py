@@ -6,8 +6,6 @@ rows admitted together share a prefix, and a cancelled row's cache serves the ne
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
