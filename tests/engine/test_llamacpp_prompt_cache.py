@@ -105,17 +105,24 @@ def test_prefixes_leave_oldest_first_when_ids_or_cells_run_out(lm, monkeypatch: 
     assert [summaries[k].facts.cache.reused for k in range(6)] == [0, 0, 0, 0, len(distinct(3)), 0]
 
 
-def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
+@pytest.mark.parametrize("limit", ["ids", "cells"])
+def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
+    """Room for two kept prefixes, by ids or by cells: the third makes the oldest go."""
+    if limit == "ids":
+        monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
     inner = LlamaCppBatch(lm.model, 2, 64, cache_bytes=BIG)
+    if limit == "cells":
+        inner.save_cells = 2 * len(distinct(0)) + 4
+    ids = len(inner.spare)
     warm = CachingBackend(inner, PromptCache(BIG))
     for i in range(5):
         warm.admit([distinct(i)])
         warm.keep([])
-        assert len(warm.cache.entries) == min(i + 1, 2) and len(inner.spare) == 2 - len(warm.cache.entries)
-        assert inner.saved_cells == len(distinct(0)) * len(warm.cache.entries)
+        kept = [entry.tokens for entry in warm.cache.entries.values()]
+        assert kept == [distinct(j) for j in range(max(0, i - 1), i + 1)] and len(inner.spare) == ids - len(kept)
+        assert inner.saved_cells == len(distinct(0)) * len(kept)
     for entry in list(warm.cache.entries.values()):
         entry.saved.release()
         entry.saved.release()  # idempotent
-    assert len(inner.spare) == 2 and inner.saved_cells == 0
+    assert len(inner.spare) == ids and inner.saved_cells == 0
     warm.close()
