@@ -39,7 +39,7 @@ PEOPLE = [
 ]  # fmt: skip
 
 
-def record_prompts(count: int = RECORDS) -> list[str]:
+def record_prompts(count: int) -> list[str]:
     """Requests for the same JSON shape, each about its own person (names, jobs and cities mixed)."""
     prompts = []
     for i in range(count):
@@ -108,7 +108,7 @@ def run_suffix_benchmark(
     lm: LoadedModel, runs: int = 3, tokens: int = 64, log: Callable[[str], None] = lambda step: None
 ) -> list[SuffixRow]:
     """Both workloads, each drafting side against its plain side in ``runs`` rounds."""
-    records = [encode_prompt(lm, p)[0].tolist() for p in record_prompts()]
+    records = [encode_prompt(lm, p)[0].tolist() for p in record_prompts(RECORDS)]
     chats = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(CHATS)]
     greedy = SamplingConfig(temperature=0.0, max_tokens=RECORD_CAP, seed=0)
 
