@@ -207,8 +207,8 @@ class CachingBackend:
         length, live = min(length, len(prompt) - 1), min(live, len(prompt) - 1)
         if max(length, live) < MIN_REUSE:
             return None, 0
-        if live > length:
-            saved = self._save(running, live)  # type: ignore[arg-type]
+        if live > length and running is not None:
+            saved = self._save(running, live)
             if saved is not None:
                 return (saved, True), live
             entry, length = self.cache.longest(prompt)  # what making room left
