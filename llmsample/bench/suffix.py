@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmsample.bench.prompts import batch_prompts
@@ -64,27 +65,24 @@ class SuffixRow:
 
 @dataclass
 class Side:
-    """One side of a workload: a batch run's tokens/s, and the drafts of its last run."""
+    """One side of a workload: a batch run's tokens/s; ``counts``: its last run's new tokens and
+    (drafting) drafted and accepted tokens and target passes."""
 
     lm: LoadedModel
     items: Callable[[], list[BatchItem]]
     ignore_eos: bool
-    drafted: int = 0
-    accepted: int = 0
-    passes: int = 0
-    tokens: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
 
     def __call__(self) -> float:
         start = time.perf_counter()
-        self.drafted = self.accepted = self.passes = self.tokens = 0
+        self.counts.clear()
         for _, record in decode_batch(self.lm, self.items(), ROWS, ignore_eos=self.ignore_eos):
             if isinstance(record, TokenEvent):
-                self.tokens += 1
+                self.counts["tokens"] += 1
             elif isinstance(record, Summary) and record.facts.speculation is not None:
-                self.drafted += record.facts.speculation.drafted
-                self.accepted += record.facts.speculation.accepted
-                self.passes += record.facts.speculation.target_passes
-        return self.tokens / (time.perf_counter() - start)
+                drafts = record.facts.speculation
+                self.counts.update(drafted=drafts.drafted, accepted=drafts.accepted, passes=drafts.target_passes)
+        return self.counts["tokens"] / (time.perf_counter() - start)
 
 
 def _items(lm: LoadedModel, prompts: list[list[int]], cfg: Callable[[int], SamplingConfig], suffix: bool):
@@ -125,8 +123,9 @@ def run_suffix_benchmark(
         drafting = Side(lm, _items(lm, prompts, cfg, True), ignore_eos)
         plain = Side(lm, _items(lm, prompts, cfg, False), ignore_eos)
         mine, theirs = rounds(runs, [drafting, plain])
-        rate = drafting.accepted / drafting.drafted if drafting.drafted else 0.0
-        per_pass = drafting.tokens / drafting.passes if drafting.passes else 0.0
+        last = drafting.counts
+        rate = last["accepted"] / last["drafted"] if last["drafted"] else 0.0
+        per_pass = last["tokens"] / last["passes"] if last["passes"] else 0.0
         ratio = paired_ratio(mine, theirs)
         rows.append(SuffixRow(name, statistics.median(mine), statistics.median(theirs), ratio, rate, per_pass, bar))
     return rows
