@@ -61,7 +61,7 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
     return variants
 
 
-SECTIONS = ("batch_sizes", "workloads", "quant", "startup")
+SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
 
 
 @click.command(cls=GroupedCommand)
@@ -104,6 +104,12 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup")
     help="Instead: seconds to the first token from a fresh process (cold transformers, cold llama.cpp, a warm "
     "engine, llama-cpp-python alone) and 8 callers of a warm engine at once against one after another.",
 )
+@click.option(
+    "--suffix",
+    is_flag=True,
+    help="Instead: --draft suffix against no drafting, batch 4: 32 requests of one JSON shape (greedy) and 16 "
+    "open chat prompts (sampled); on --backend llama.cpp too.",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
     from llmsample.bench.results import write_results
@@ -112,6 +118,9 @@ def bench(**options: Any) -> None:
 
     check_sections(options)
     err = stderr_console()
+    if options["suffix"]:
+        bench_suffix(options, err)
+        return
     if options["backend"] == "llama.cpp":
         bench_llamacpp(options, err)
         return
@@ -145,6 +154,8 @@ def check_sections(options: dict[str, Any]) -> None:
     if options["quant"] and (options["dtype"] != "auto" or options["compile_model"]):
         flag = "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--quant sets each variant's dtype itself and runs eager; leave out {flag}")
+    if options["backend"] == "llama.cpp" and chosen == ["--suffix"] and options["dtype"] == "auto":
+        return  # a workload through the engine, on either backend
     if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
         named = chosen[0] if chosen else "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--backend llama.cpp is a benchmark of its own (the GGUF's own weights); leave out {named}")
@@ -231,6 +242,34 @@ def bench_workloads(options: dict[str, Any], err: Any) -> None:
         table.add_column(column, justify="left" if column in ("workload", "baseline") else "right")
     for row in rows:
         table.add_row(row.workload, f"{row.tok_s:.1f}", row.baseline, f"{row.baseline_tok_s:.1f}", f"{row.ratio:.2f}")
+    stdout_console(use_color()).print(table)
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def bench_suffix(options: dict[str, Any], err: Any) -> None:
+    """``--suffix``: the cross-request drafter on its case and on open chat, ratios in one run."""
+    from rich.table import Table
+
+    from llmsample.bench.results import machine_info, write_results
+    from llmsample.bench.suffix import rows_to_dict, run_suffix_benchmark
+    from llmsample.models.loading import load_model
+    from llmsample.terminal import stdout_console, use_color
+
+    lm = load_model(options["model"], options["device"], options["dtype"], backend=options["backend"])
+    tokens = min(options["tokens"], 64)
+    rows = run_suffix_benchmark(lm, options["runs"], tokens, log=lambda step: err.print(f"[dim]bench: {step}…[/]"))
+    dtype = lm.quantization or str(lm.dtype).removeprefix("torch.")
+    document = {
+        "kind": "bench-suffix", "model": lm.name, "backend": lm.backend, "device": str(lm.device), "dtype": dtype,
+        "machine": machine_info().__dict__, "new_tokens": tokens, "runs": options["runs"], "rows": rows_to_dict(rows),
+    }  # fmt: skip
+    path = write_results(document, options["out"])
+    table = Table(title=f"--draft suffix, {lm.name} ({lm.backend}, {dtype}), medians of {options['runs']}")
+    for column in ("workload", "tok/s", "plain tok/s", "ratio", "bar", "accepted", "tokens/pass"):
+        table.add_column(column, justify="left" if column == "workload" else "right")
+    for row in rows:
+        table.add_row(row.workload, f"{row.tok_s:.1f}", f"{row.plain_tok_s:.1f}", f"{row.ratio:.2f}",
+                      f"{row.bar:.2f}", f"{row.acceptance_rate:.0%}", f"{row.tokens_per_pass:.2f}")  # fmt: skip
     stdout_console(use_color()).print(table)
     err.print(f"[dim]figures written to {path}[/]")
 

@@ -85,6 +85,7 @@ def open_backend(
     on_forward: Callable[[float], None] | None = None,
     *,
     steps: bool = True,
+    cache_bytes: int = 0,
 ) -> Backend:
     """The backend a run decodes through. A model split over processes (``--tp``) needs rows that
     advance in lockstep over one prompt; a compiled one (``--compile``) runs one prompt's rows in
@@ -94,14 +95,15 @@ def open_backend(
     one prompt's rows, or one request at a time, in lockstep.
     ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks);
     ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
-    cache), which a compiled one-token step would not serve. A model loaded ``--deterministic``
-    runs every row on a one-row backend of its own, one position per pass
-    (:mod:`llmsample.engine.deterministic`)."""
+    cache), which a compiled one-token step would not serve; ``cache_bytes``: the prompt cache's
+    budget, for a backend whose kept prefixes need room of its own (llama.cpp's context). A model
+    loaded ``--deterministic`` runs every row on a one-row backend of its own, one position per
+    pass (:mod:`llmsample.engine.deterministic`), without a prompt cache."""
     if lm.deterministic:
         from llmsample.engine.deterministic import DeterministicBackend
 
-        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps))
-    return _open(lm, rows, positions, one_prompt, on_forward, steps)
+        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps, 0))
+    return _open(lm, rows, positions, one_prompt, on_forward, steps, cache_bytes)
 
 
 def _open(
@@ -111,6 +113,7 @@ def _open(
     one_prompt: bool,
     on_forward: Callable[[float], None] | None,
     steps: bool,
+    cache_bytes: int,
 ) -> Backend:
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
@@ -120,7 +123,7 @@ def _open(
     if lm.backend == "llama.cpp":
         from llmsample.engine.llamacpp_batch import LlamaCppBatch
 
-        return LlamaCppBatch(lm.model, rows, positions, on_forward)
+        return LlamaCppBatch(lm.model, rows, positions, on_forward, cache_bytes)
     if lm.tensor_parallel:
         if not one_prompt:
             raise UserError(

@@ -64,9 +64,11 @@ def decode(
     known = items if isinstance(items, Sequence) else first
     positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in known) + DraftLength.max_k + 1
     with contextlib.ExitStack() as stack:
-        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward)
-        if options.prompt_cache is not None and options.reference is None and can_cache(backend):
-            backend = CachingBackend(backend, options.prompt_cache)  # closing it forgets what lives in it
+        cache = options.prompt_cache if options.reference is None else None
+        budget = cache.budget if cache is not None else 0
+        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward, cache_bytes=budget)
+        if cache is not None and can_cache(backend):
+            backend = CachingBackend(backend, cache)  # closing it forgets what lives in it
         stack.enter_context(contextlib.closing(backend))
         backends = [backend]
         if options.reference is not None:

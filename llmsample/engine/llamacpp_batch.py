@@ -3,7 +3,9 @@ a llama.cpp sequence of one unified KV cache, and every call is one ``llama_batc
 ``(token, position, sequence, wants logits)`` entries: ``admit`` a prompt per new sequence id
 with logits at its last token, ``step`` a token per row, ``verify`` each row's ragged tokens
 with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copies`` is
-``seq_cp`` (the copies share the prompt's cells). Logits go from llama.cpp's output buffer into
+``seq_cp`` (the copies share the prompt's cells); the prompt cache's ``save`` keeps a row's
+prefix under a spare sequence id (``seq_cp`` again) and ``admit_saved`` copies it into a new
+row's sequence. Logits go from llama.cpp's output buffer into
 the float32 tensor the chain reads in one copy (a view would be overwritten by the next decode,
 and a joining row's prefill runs before the chain has read the last step's logits)."""
 
@@ -18,9 +20,12 @@ import torch
 from torch import Tensor
 
 from llmsample.errors import RuntimeFailure
-from llmsample.models.llamacpp_model import LlamaCppModel
+from llmsample.models.llamacpp_model import MAX_SEQUENCES, LlamaCppModel
 
 BATCH = 512  # tokens per llama_decode call (a longer prefill is fed in several)
+SPARE = 32
+"""Sequence ids beside the rows' for the prompt cache's kept prefixes (one each): the most
+prefixes one backend keeps at once (the cache lets its oldest go for a new one)."""
 
 
 class LlamaCppBatch:
@@ -32,16 +37,29 @@ class LlamaCppBatch:
     compile_s = 0.0
 
     def __init__(
-        self, model: LlamaCppModel, rows: int, positions: int, on_forward: Callable[[float], None] | None = None
+        self,
+        model: LlamaCppModel,
+        rows: int,
+        positions: int,
+        on_forward: Callable[[float], None] | None = None,
+        cache_bytes: int = 0,
     ) -> None:
         """Room for ``rows`` live rows; the cache holds twice ``rows x positions`` cells (rows that
-        join later may bring longer prompts), within the model's context per row."""
+        join later may bring longer prompts), within the model's context per row. ``cache_bytes``:
+        the prompt cache's budget; its kept prefixes get cells of their own, that many bytes' worth
+        but no more than the rows have (llama.cpp's attention spans every cell in use, kept or
+        live), and ``SPARE`` sequence ids."""
         self.model, self.lib = model, model.lib
         self.sample_device = torch.device("cpu")
         self.on_forward = on_forward
         per_row = getattr(model.config, "max_position_embeddings", None) or positions
         cells = max(min(2 * positions, per_row) * rows, positions, 256)
-        self.context = model.new_context(rows, -(-cells // 256) * 256, BATCH)
+        self.cell_bytes = model.cell_bytes()
+        spare = min(SPARE, MAX_SEQUENCES - rows) if cache_bytes else 0
+        self.save_cells = min(cache_bytes // self.cell_bytes, cells) if spare > 0 else 0
+        self.saved_cells = 0  # cells the kept prefixes hold (counted as if they shared none)
+        total = cells + self.save_cells
+        self.context = model.new_context(rows + spare, -(-total // 256) * 256, BATCH)
         self.memory = self.lib.llama_get_memory(self.context)
         self.batch = self.lib.llama_batch_init(BATCH, 0, 1)
         # The batch's arrays as numpy views, made once: ``as_array`` costs ~25 µs a call, and a
@@ -52,6 +70,7 @@ class LlamaCppBatch:
         self.seqs: list[int] = []
         self.lengths: list[int] = []
         self.free = list(range(rows - 1, -1, -1))
+        self.spare = list(range(rows + spare - 1, rows - 1, -1))
 
     @property
     def rows(self) -> int:
@@ -78,6 +97,35 @@ class LlamaCppBatch:
             self.seqs.append(seq)
             self.lengths.append(len(prompt))
         return logits.expand(copies, -1)
+
+    def can_save(self, length: int) -> bool:
+        """Whether a prefix of ``length`` positions can be kept now: a spare id, and cells."""
+        return bool(self.spare) and self.saved_cells + length <= self.save_cells
+
+    def save(self, row: int, length: int) -> SavedSequence:
+        """Row ``row``'s first ``length`` positions kept under a spare id (sharing the row's cells
+        while it lives); call :meth:`can_save` first."""
+        seq = self.spare.pop()
+        self.lib.llama_memory_seq_cp(self.memory, self.seqs[row], seq, 0, length)
+        self.saved_cells += length
+        return SavedSequence(self, seq, length)
+
+    def admit_saved(self, saved: SavedSequence, length: int, rest: list[int]) -> Tensor:
+        """A new last row: ``saved``'s first ``length`` positions (``seq_cp``), then ``rest``
+        prefilled after them; logits at its last token."""
+        if not self.free:
+            raise ValueError("1 row does not fit: room for 0 more")
+        seq = self.free.pop()
+        self.lib.llama_memory_seq_cp(self.memory, saved.seq, seq, 0, length)
+        try:
+            logits = self._decode([(t, length + i, seq, i == len(rest) - 1) for i, t in enumerate(rest)])
+        except BaseException:
+            self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            self.free.append(seq)
+            raise
+        self.seqs.append(seq)
+        self.lengths.append(length + len(rest))
+        return logits
 
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row at its next position; next-token logits ``[rows, vocab]``."""
@@ -164,6 +212,25 @@ class LlamaCppBatch:
         seq_id = batch.seq_id
         for i, seq in enumerate(seqs):
             seq_id[i][0] = seq
+
+
+class SavedSequence:
+    """A kept prefix: a spare sequence id of ``owner``'s cache holding ``length`` positions; it
+    lives as long as the backend (the prompt cache lets it go when the backend closes)."""
+
+    def __init__(self, owner: LlamaCppBatch, seq: int, length: int) -> None:
+        self.owner, self.seq, self.length = owner, seq, length
+        self.nbytes = length * owner.cell_bytes
+
+    def release(self) -> None:
+        """The id and its cells back to the backend (nothing once it closed); idempotent."""
+        seq, self.seq = self.seq, -1
+        owner = self.owner
+        if seq < 0 or owner.context is None:
+            return
+        owner.lib.llama_memory_seq_rm(owner.memory, seq, -1, -1)
+        owner.spare.append(seq)
+        owner.saved_cells -= self.length
 
 
 def decode_error(code: int, tokens: int) -> str:

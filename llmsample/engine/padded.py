@@ -163,6 +163,10 @@ class PaddedBatch:
         return logits
 
     @torch.inference_mode()
+    def can_save(self, length: int) -> bool:
+        """Always: a saved row is tensors of its own, within the prompt cache's byte budget."""
+        return True
+
     def save(self, row: int, length: int) -> SavedRow:
         """A copy of row ``row``'s first ``length`` real positions' keys and values (the prompt cache's)."""
         columns = self.mask[row].nonzero().view(-1)[:length]

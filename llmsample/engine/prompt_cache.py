@@ -39,6 +39,11 @@ class Saved(Protocol):
 class Prefixes(Protocol):
     """What a backend offers the prompt cache (beside :class:`llmsample.engine.backend.Backend`)."""
 
+    def can_save(self, length: int) -> bool:
+        """Whether a copy of ``length`` positions fits now beside those this backend keeps (a
+        llama.cpp context has so many sequence ids and cells; the cache lets its oldest go)."""
+        ...
+
     def save(self, row: int, length: int) -> Saved:
         """A copy of row ``row``'s first ``length`` cached positions, that outlives the row."""
         ...
@@ -103,6 +108,14 @@ class PromptCache:
         self.used += saved.nbytes
         while self.used > self.budget or len(self.entries) > MAX_ENTRIES:
             self._drop(next(iter(self.entries)))
+
+    def drop_oldest(self, owner: Any) -> bool:
+        """Let the least recently used entry living in ``owner`` go; False when none does."""
+        key = next((k for k, e in self.entries.items() if getattr(e.saved, "owner", None) is owner), None)
+        if key is None:
+            return False
+        self._drop(key)
+        return True
 
     def forget(self, owner: Any) -> None:
         """Release the entries that live in ``owner`` (a backend that closes)."""
@@ -194,10 +207,24 @@ class CachingBackend:
         length, live = min(length, len(prompt) - 1), min(live, len(prompt) - 1)
         if max(length, live) < MIN_REUSE:
             return None, 0
-        if live > length:
-            return (self.backend.save(running, live), True), live
+        if live > length and running is not None:
+            saved = self._save(running, live)
+            if saved is not None:
+                return (saved, True), live
+            entry, length = self.cache.longest(prompt)  # what making room left
+            length = min(length, len(prompt) - 1)
+            if length < MIN_REUSE:
+                return None, 0
         assert entry is not None
         return (entry.saved, False), length
+
+    def _save(self, row: int, length: int) -> Saved | None:
+        """``backend.save``, once the oldest entries living in the backend made room (None: none
+        is left to go and it still does not fit)."""
+        while not self.backend.can_save(length):
+            if not self.cache.drop_oldest(self.backend):
+                return None
+        return self.backend.save(row, length)
 
     def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
         logits = self.backend.admit_copies(prompt, copies)
@@ -226,7 +253,9 @@ class CachingBackend:
         kept = set(rows)
         for r, held in enumerate(self.tokens):
             if r not in kept and len(held) >= MIN_REUSE and not self.cache.keeps(held):
-                self.cache.put(held, self.backend.save(r, len(held)))
+                saved = self._save(r, len(held))
+                if saved is not None:
+                    self.cache.put(held, saved)
         self.backend.keep(rows)
         self.tokens = [self.tokens[r] for r in rows]
 
@@ -240,4 +269,4 @@ class CachingBackend:
 
 def can_cache(backend: Any) -> bool:
     """Whether ``backend`` offers what :class:`CachingBackend` needs."""
-    return hasattr(backend, "save") and hasattr(backend, "admit_saved")
+    return all(hasattr(backend, name) for name in ("can_save", "save", "admit_saved"))

@@ -64,6 +64,14 @@ class LlamaCppModel:
 
         return torch.float32  # what the logits come in
 
+    def cell_bytes(self) -> int:
+        """Bytes one position of the KV cache takes (keys and values of every layer, at the
+        cache's type), as the Hugging Face config tells the shapes."""
+        config = self.config
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return 2 * config.num_hidden_layers * heads * head_dim * (4 if CACHE_TYPE == 0 else 2)
+
     def new_context(self, sequences: int, positions: int, batch: int) -> Any:
         """A context for ``sequences`` rows sharing one cache of ``positions`` cells (unified, so a
         row's copy shares cells and rows of any length fit), taking ``batch`` tokens per decode."""

