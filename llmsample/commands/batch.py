@@ -27,7 +27,7 @@ from llmsample.commands.options import (
     sampling_overrides,
 )
 from llmsample.commands.warm import with_engine_options
-from llmsample.errors import Interrupted, RuntimeFailure, UserError
+from llmsample.errors import RuntimeFailure, UserError
 
 
 @click.command(cls=GroupedCommand)
@@ -255,8 +255,7 @@ def _run(
     many requests failed)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from llmsample.batch.responses import dumps
-    from llmsample.batch.resume import Appender
+    from llmsample.batch.resume import record_writer
     from llmsample.batch.run import run_batch
     from llmsample.commands.generate import build_drafter, load_reference
     from llmsample.terminal import stderr_console
@@ -264,40 +263,24 @@ def _run(
     drafter = build_drafter(options, lm) if options["draft"] else None
     reference = load_reference(options, lm) if options["reference"] else None
     todo = sum(1 for r in parsed if getattr(r, "custom_id", None) not in done)
-    appender = Appender(output) if output is not None else None
-
-    def write(record: dict[str, Any]) -> None:
-        if appender is not None:
-            appender.write(record)
-        else:
-            sys.stdout.write(dumps(record) + "\n")
-            sys.stdout.flush()
-
     console = stderr_console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]}"), TimeRemainingColumn())  # fmt: skip
     disabled = options["quiet"] or not console.is_terminal
-    try:
-        with Progress(*columns, console=console, transient=True, disable=disabled) as progress:
-            task = progress.add_task("requests", total=todo, rate="")
-            generated = 0
+    progress_bar = Progress(*columns, console=console, transient=True, disable=disabled)
+    with record_writer(output) as write, progress_bar as progress:
+        task = progress.add_task("requests", total=todo, rate="")
+        generated = 0
 
-            def finished(tokens: int) -> None:
-                nonlocal generated
-                generated += tokens
-                elapsed = progress.tasks[task].elapsed or 0.0
-                rate = f"{generated / elapsed:.1f} tok/s" if elapsed else ""
-                progress.update(task, advance=1, rate=rate)
+        def finished(tokens: int) -> None:
+            nonlocal generated
+            generated += tokens
+            elapsed = progress.tasks[task].elapsed or 0.0
+            rate = f"{generated / elapsed:.1f} tok/s" if elapsed else ""
+            progress.update(task, advance=1, rate=rate)
 
-            outcome = run_batch(lm, parsed, done, settings, write, finished, drafter=drafter, reference=reference,
-                                log=keeps_log(options))  # fmt: skip
-    except KeyboardInterrupt as exc:
-        raise click.exceptions.Exit(130) from exc
-    except Interrupted as exc:
-        raise click.exceptions.Exit(exc.exit_code) from exc
-    finally:
-        if appender is not None:
-            appender.close()
+        outcome = run_batch(lm, parsed, done, settings, write, finished, drafter=drafter, reference=reference,
+                            log=keeps_log(options))  # fmt: skip
     if not options["quiet"]:
         console.print(
             f"[dim]{outcome.succeeded} done, {outcome.failed} failed, {outcome.tokens} tokens, "

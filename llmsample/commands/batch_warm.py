@@ -7,7 +7,6 @@ jobs more than the engine has rows are in flight at a time: a row that ends lets
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.settings import BatchSettings, request_config, request_recorder
 from llmsample.client.connection import Target
 from llmsample.client.wire import Failed, Job
-from llmsample.errors import Interrupted, RuntimeFailure, UserError
+from llmsample.errors import RuntimeFailure, UserError
 
 Record = dict[str, Any]
 WINDOW_FALLBACK = 8
@@ -56,27 +55,10 @@ def run_on(
     engine gone mid-run: the records written so far (in input order) stay, then one line, exit
     1; Ctrl-C: the same, exit 130, and the engine cancels the rows in flight (a rerun with ``-o``
     resumes after the records written)."""
-    from llmsample.batch.responses import dumps
-    from llmsample.batch.resume import Appender
+    from llmsample.batch.resume import record_writer
 
-    appender = Appender(output) if output is not None else None
-
-    def write(record: Record) -> None:
-        if appender is not None:
-            appender.write(record)
-        else:  # as the in-process run writes it
-            sys.stdout.write(dumps(record) + "\n")
-            sys.stdout.flush()
-
-    try:
+    with record_writer(output) as write:  # as the in-process run writes them
         return _run(target, parsed, done, settings, options, write)
-    except KeyboardInterrupt as exc:
-        raise click.exceptions.Exit(130) from exc
-    except Interrupted as exc:
-        raise click.exceptions.Exit(exc.exit_code) from exc
-    finally:
-        if appender is not None:
-            appender.close()
 
 
 def _run(

@@ -105,7 +105,12 @@ def test_our_json_line_with_every_field() -> None:
     assert request.overrides["temperature"] == 1.0 and isinstance(request.overrides["temperature"], float)
     assert request.overrides["stop"] == ("\n\n",)
     assert request.overrides["samplers"][:3] == ("top_k", "typical_p", "top_p")
-    assert set(request.overrides) == set(SAMPLING_KEYS)
+    carried = {"mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target", "adaptive_decay"}  # exclusive
+    assert set(request.overrides) == set(SAMPLING_KEYS) - carried
+    mirostat = one(json.dumps({"prompt": "w", "mirostat": 2, "mirostat_tau": 4, "mirostat_eta": 0.2}))
+    adaptive = one(json.dumps({"prompt": "w", "adaptive_target": 0.5, "adaptive_decay": 0.8}))
+    assert {**mirostat.overrides, **adaptive.overrides} == {"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2,
+                                                            "adaptive_target": 0.5, "adaptive_decay": 0.8}  # fmt: skip
     assert request.chat_messages() == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Write a haiku"},
