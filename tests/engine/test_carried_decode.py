@@ -1,7 +1,8 @@
 """The carried stages in the loop: a row with mirostat or adaptive-p decodes in a batch as it does
 alone (its state its own), and speculation keeps the pair of tokens it samples distributed as
 the plain chain's, whose second token is drawn with the state after the first (χ² against the
-exact joint, with both drafters; seeded, so CI does not depend on luck)."""
+exact joint, with both drafters; seeded, so CI does not depend on luck); the lab's stateless
+stages too, with prompt lookup's drafts (a draft model's are in test_speculative.py)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,17 @@ SETTINGS = {  # each sharp enough that the state after the first token moves the
     "mirostat-v2": SamplingConfig(temperature=0.6, mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0, max_tokens=2),
     "adaptive-p": SamplingConfig(temperature=0.4, adaptive_target=0.4, adaptive_decay=0.0, max_tokens=2),
 }
+LAB = {  # the lab's stateless stages, which tests/engine/test_speculative.py checks with a draft model
+    "dynatemp-smoothing": SamplingConfig(temperature=1.0, dynatemp_range=0.6, dynatemp_exponent=1.5,
+                                         smoothing_factor=0.3, max_tokens=2),
+    "epsilon-eta-top-a": SamplingConfig(temperature=1.3, epsilon_cutoff=0.02, eta_cutoff=0.01, top_a=0.1, max_tokens=2),
+    "top-h": SamplingConfig(temperature=1.5, top_h=0.8, max_tokens=2),
+    "p-less": SamplingConfig(temperature=1.5, p_less=True, max_tokens=2),
+    "no-repeat-ngram": SamplingConfig(temperature=1.2, no_repeat_ngram_size=2, max_tokens=2),  # bans the draft 11
+    "samplers-order": SamplingConfig(temperature=1.8, top_k=8, min_p=0.2, top_a=0.1,
+                                     samplers="min_p,top_k,temperature,top_a", max_tokens=2),
+}  # fmt: skip
+SETTINGS.update(LAB)
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +142,11 @@ def sampled_pairs(target, draft, kind: str, names: list[str]) -> dict[str, torch
 
 
 @pytest.mark.parametrize(
-    ("kind", "names"), [("ngram", list(SETTINGS)), ("model", ["mirostat-v2", "adaptive-p"])], ids=["ngram", "model"]
-)
+    ("kind", "names"),
+    [("ngram", ["mirostat-v1", "mirostat-v2", "adaptive-p"]), ("model", ["mirostat-v2", "adaptive-p"]),
+     ("ngram", list(LAB))],
+    ids=["ngram", "model", "ngram-lab"],
+)  # fmt: skip
 def test_speculation_with_carried_stages_samples_the_plain_joint(vocab12, kind: str, names: list[str]) -> None:
     """400 rows a setting tell a state not carried along the drafts apart (p below 1e-8 each);
     the model drafter (a draft cache per row: ~70 ms a row here) runs two of the settings, whose
