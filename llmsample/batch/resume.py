@@ -24,16 +24,14 @@ import json
 import os
 import shutil
 import stat
-import sys
 import tempfile
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 from llmsample.batch.responses import dumps
-from llmsample.errors import Interrupted, OutputFailed, UserError
+from llmsample.errors import OutputFailed, UserError
 
 OutputFormat = Literal["jsonl", "openai"]
 
@@ -178,33 +176,6 @@ def _rewrite_without(path: Path, skip: set[int], end: int) -> None:
     except BaseException:
         Path(temp).unlink(missing_ok=True)
         raise
-
-
-@contextlib.contextmanager
-def record_writer(output: Path | None) -> Iterator[Callable[[dict[str, Any]], None]]:
-    """Where a batch run's records go, in-process or on an engine alike: ``output`` through an
-    :class:`Appender`, else stdout a flushed line each. Ctrl-C exits 130 and an interruption
-    with its own code, the records written so far kept (a rerun with ``-o`` resumes after them)."""
-    import click
-
-    appender = Appender(output) if output is not None else None
-
-    def write(record: dict[str, Any]) -> None:
-        if appender is not None:
-            appender.write(record)
-        else:
-            sys.stdout.write(dumps(record) + "\n")
-            sys.stdout.flush()
-
-    try:
-        yield write
-    except KeyboardInterrupt as exc:
-        raise click.exceptions.Exit(130) from exc
-    except Interrupted as exc:
-        raise click.exceptions.Exit(exc.exit_code) from exc
-    finally:
-        if appender is not None:
-            appender.close()
 
 
 class Appender:

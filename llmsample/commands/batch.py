@@ -255,8 +255,8 @@ def _run(
     many requests failed)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from llmsample.batch.resume import record_writer
     from llmsample.batch.run import run_batch
+    from llmsample.commands.batch_warm import record_writer
     from llmsample.commands.generate import build_drafter, load_reference
     from llmsample.terminal import stderr_console
 

@@ -6,7 +6,9 @@ jobs more than the engine has rows are in flight at a time: a row that ends lets
 
 from __future__ import annotations
 
+import contextlib
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.settings import BatchSettings, request_config, request_recorder
 from llmsample.client.connection import Target
 from llmsample.client.wire import Failed, Job
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 Record = dict[str, Any]
 WINDOW_FALLBACK = 8
@@ -47,6 +49,34 @@ def refused_flags(options: dict[str, Any]) -> list[str]:
     ) if refused]  # fmt: skip
 
 
+@contextlib.contextmanager
+def record_writer(output: Path | None) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """Where a batch run's records go, in-process or on an engine alike: ``output`` through an
+    :class:`Appender`, else stdout a flushed line each. Ctrl-C exits 130 and an interruption
+    with its own code, the records written so far kept (a rerun with ``-o`` resumes after them)."""
+    from llmsample.batch.responses import dumps
+    from llmsample.batch.resume import Appender
+
+    appender = Appender(output) if output is not None else None
+
+    def write(record: dict[str, Any]) -> None:
+        if appender is not None:
+            appender.write(record)
+        else:
+            sys.stdout.write(dumps(record) + "\n")
+            sys.stdout.flush()
+
+    try:
+        yield write
+    except KeyboardInterrupt as exc:
+        raise click.exceptions.Exit(130) from exc
+    except Interrupted as exc:
+        raise click.exceptions.Exit(exc.exit_code) from exc
+    finally:
+        if appender is not None:
+            appender.close()
+
+
 def run_on(
     target: Target, parsed: list[Any], done: frozenset[str], settings: BatchSettings, options: dict[str, Any],
     output: Path | None,
@@ -55,8 +85,6 @@ def run_on(
     engine gone mid-run: the records written so far (in input order) stay, then one line, exit
     1; Ctrl-C: the same, exit 130, and the engine cancels the rows in flight (a rerun with ``-o``
     resumes after the records written)."""
-    from llmsample.batch.resume import record_writer
-
     with record_writer(output) as write:  # as the in-process run writes them
         return _run(target, parsed, done, settings, options, write)
 
