@@ -231,6 +231,7 @@ def test_a_mask_that_leaves_nothing_is_never_lifted(cfg: SamplingConfig, stages:
         backend="transformers",
         model_file=None,
         context_length=None,
+        deterministic=False,
     )
     emitter = Emitter(lm, cfg, RunStats("m", "p", None), torch.tensor([[8]]), ignore_eos=False)
     with pytest.raises(RuntimeFailure, match=f"^{stages} leave no token to generate at token 0 .position 1.:"):
