@@ -14,7 +14,7 @@ BLOCK = 64
 
 def blocks_pay(logits: Tensor, m: int) -> bool:
     """Whether m blocks are a small part of the row (else torch's own pass is as fast)."""
-    return logits.device.type == "cpu" and logits.shape[-1] % BLOCK == 0 and 0 < m * BLOCK * 8 <= logits.shape[-1]
+    return logits.is_cpu and logits.shape[-1] % BLOCK == 0 and 0 < m * BLOCK * 8 <= logits.shape[-1]
 
 
 def block_maxima(logits: Tensor) -> Tensor:

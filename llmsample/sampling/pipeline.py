@@ -261,8 +261,9 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
     states: Tensor | None = None
-    names = [info.name for info in chain_of(cfg)]
-    for at, info in enumerate(chain_of(cfg)[1:], 1):
+    infos = chain_of(cfg)
+    names = [info.name for info in infos]
+    for at, info in enumerate(infos[1:], 1):
         scaled = (
             _scaled_top_k(logits, history, cfg, values)
             if ids is None
@@ -349,7 +350,9 @@ def draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] |
     ``generator``: one for the whole batch, or one per row; row i then draws exactly what it
     draws alone from ``generator[i]``, with one cumulative sum for the batch."""
     device = probs.device
-    if isinstance(generator, Sequence):
+    if isinstance(generator, Sequence) and len(generator) == 1:  # one row's: no concatenation
+        u = torch.rand(1, 1, generator=generator[0], dtype=torch.float64, device=device)
+    elif isinstance(generator, Sequence):
         u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=device) for g in generator])
     else:
         u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=device)
