@@ -62,7 +62,14 @@ def count_above(logits: Tensor, value: Tensor, maxima: Tensor | None = None) -> 
 
 def _tokens_of(chosen: Tensor) -> Tensor:
     """The token ids of the blocks ``chosen`` ``[batch, n]``, block by block ``[batch, n * BLOCK]``."""
-    return (chosen.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=chosen.device)).flatten(-2)
+    offsets = _OFFSETS.get(chosen.device)
+    if offsets is None:
+        offsets = _OFFSETS[chosen.device] = torch.arange(BLOCK, device=chosen.device)
+    return torch.add(offsets, chosen.unsqueeze(-1), alpha=BLOCK).flatten(-2)  # one call: offsets + BLOCK x block
+
+
+_OFFSETS: dict[torch.device, Tensor] = {}
+"""``arange(BLOCK)`` per device, made once."""
 
 
 def count_true(mask: Tensor) -> Tensor:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -44,7 +45,7 @@ def step_figures(
     raw_logprobs = raw.log_softmax(-1)  # one fused pass: faster on a CPU than logsumexp alone
     index = tokens.view(-1, 1)
     # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
-    maxima = blocks.block_maxima(raw) if blocks.blocks_pay(raw, max(top_n, 1)) else None
+    maxima = chain.stages[0].maxima if blocks.blocks_pay(raw, max(top_n, 1)) else None
     shared = maxima if ranked is raw else None
     top_values, top_ids = (
         blocks.top(ranked, min(top_n, ranked.shape[-1]), shared) if top_n > 0 else (None, index[:, :0])
@@ -60,7 +61,7 @@ def step_figures(
     ids = torch.cat(asked, -1)
     host = host_syncs_are_free(raw)  # a CPU's: small numbers are read off on the host
     kept, source = kept_counts(chain, low)
-    columns: list[Tensor | float | list[list[float]]] = [
+    columns: list[Tensor | float | list[Any]] = [
         ids,
         sampled_probs(chain, ids) if host else chain.prob_of(ids),
         raw_logprobs.gather(1, ids).exp(),
@@ -68,9 +69,9 @@ def step_figures(
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         0.0 if chain.is_greedy else entropy_bits(sampled),
         sampled.sum(-1),
-        # Checked here, in the step's one transfer, rather than with a host sync of its own: the
-        # maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
-        high.isfinite(),
+        # Told by the host from the step's one transfer, rather than with a host sync of its own:
+        # the maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
+        high,
         *kept,
     ]
     if watch is not None:
@@ -95,7 +96,7 @@ def sampled_probs(chain: Chain, ids: Tensor) -> Tensor | list[list[float]]:
     return rows
 
 
-def fetch_rows(columns: Sequence[Tensor | float | list[list[float]]], batch: int) -> list[list[float]]:
+def fetch_rows(columns: Sequence[Tensor | float | list[Any]], batch: int) -> list[list[float]]:
     """Per row, its values of every column side by side on the host: a column is a ``[batch]``
     or ``[batch, n]`` tensor, a float (the same for every row) or rows already on the host (a
     CPU's only). Off the CPU in one transfer (a host sync waits on the device); on it each
@@ -143,7 +144,7 @@ def _figures_of(row: list[float], layout: Layout) -> StepFigures:
     names, n_top, watched_ids = layout.names, layout.n_top, layout.watched_ids
     m, n_counts = 1 + n_top + len(watched_ids), max(layout.source) + 1
     ids, probs, model = row[:m], row[m : 2 * m], row[2 * m : 3 * m]
-    rank, entropy, mass, finite = row[3 * m : 3 * m + 4]
+    rank, entropy, mass, finite = row[3 * m : 3 * m + 4]  # finite: the raw row's maximum
     counts = row[3 * m + 4 : 3 * m + 4 + n_counts]
     kept = [counts[j] for j in layout.source]
     watch_ranks = row[3 * m + 4 + n_counts :]
@@ -159,7 +160,7 @@ def _figures_of(row: list[float], layout: Layout) -> StepFigures:
         top_model_probs=model[1:at],
         removed={name: int(kept[i - 1] - kept[i]) for i, name in enumerate(names) if name in FILTER_STAGES},
         mass=mass,
-        finite_logits=bool(finite),
+        finite_logits=math.isfinite(finite),
         candidates=int(kept[-1]),
         watch=tuple(
             Watched(token_id=t, prob=probs[at + i], model_prob=model[at + i], model_rank=int(watch_ranks[i]) + 1)
@@ -171,11 +172,19 @@ def _figures_of(row: list[float], layout: Layout) -> StepFigures:
 
 def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor | None) -> Tensor:
     """:func:`blocks.count_above` (the drawn token's rank minus one), read off the raw row's top
-    list ``top`` (descending) when every row's token is at least its last value: every token above
-    it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls."""
-    if top is not None and filters.host_syncs_are_free(raw) and bool((value >= top[:, -1:]).all()):
-        return blocks.count_true(top > value)
-    return blocks.count_above(raw, value, maxima)
+    list ``top`` (descending) when the row's token is at least its last value: every token above
+    it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls.
+    A CPU's (where the top list is asked): per row on the host, the search for a row that needs it."""
+    if top is None or not filters.host_syncs_are_free(raw):
+        return blocks.count_above(raw, value, maxima)
+    counts = []
+    for r, (v, listed) in enumerate(zip(value.view(-1).tolist(), top.tolist(), strict=True)):
+        if listed and v >= listed[-1]:  # (a NaN token or list fails the test: the search)
+            counts.append(sum(t > v for t in listed))
+        else:
+            row = slice(r, r + 1)
+            counts.append(int(blocks.count_above(raw[row], value[row], None if maxima is None else maxima[row])))
+    return torch.tensor(counts, dtype=torch.int32)
 
 
 def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[int, ...]]:
