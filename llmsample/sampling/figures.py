@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling import blocks, filters
+from llmsample.sampling import blocks
 from llmsample.sampling.filters import host_syncs_are_free, kept_count
 from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
@@ -175,7 +175,7 @@ def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor |
     list ``top`` (descending) when the row's token is at least its last value: every token above
     it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls.
     A CPU's (where the top list is asked): per row on the host, the search for a row that needs it."""
-    if top is None or not filters.host_syncs_are_free(raw):
+    if top is None or not host_syncs_are_free(raw):
         return blocks.count_above(raw, value, maxima)
     counts = []
     for r, (v, listed) in enumerate(zip(value.view(-1).tolist(), top.tolist(), strict=True)):
