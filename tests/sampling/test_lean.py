@@ -17,6 +17,7 @@ from llmsample.sampling.figures import WatchIndex, count_above, step_figures
 from llmsample.sampling.filters import apply_temperature, keep_top_k, keep_top_p
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import sampler_chain
+from llmsample.sampling.stages import FILTER_STAGES
 
 INERT = TokenHistory(None, None)
 
@@ -99,6 +100,13 @@ def test_the_figures_read_on_the_host_are_the_one_transfers(
     with mock.patch.object(figures, "host_syncs_are_free", lambda tensor: False):
         one = step_figures(chain, tokens, top_n, watch, accepted)
     assert [repr(f) for f in host] == [repr(f) for f in one]
+    for r, figure in enumerate(host):  # a filter's count is its row's tokens left; another stage keeps its input's
+        kept: list[int] = []
+        for stage in chain.stages:
+            left = int((~stage.logits[r].isneginf()).sum())
+            kept.append(left if not kept or stage.name in FILTER_STAGES else kept[-1])
+        removed = {name: kept[i - 1] - kept[i] for i, name in enumerate(chain.names) if name in FILTER_STAGES}
+        assert (figure.candidates, figure.removed) == (kept[-1], removed)
 
 
 @settings(max_examples=200, deadline=None)
