@@ -1,4 +1,5 @@
-"""The numbers every token event reports, computed on the device and fetched in one transfer."""
+"""The numbers every token event reports, computed on the device and fetched in one transfer
+(on a CPU, where reading a value waits on nothing, column by column, the small ones read there)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class WatchIndex:
 def step_figures(
     chain: Chain, tokens: Tensor, top_n: int, watch: WatchIndex | None = None, accepted: Tensor | None = None
 ) -> list[StepFigures]:
-    """Everything a token event reports, for every row, with one host sync.
+    """Everything a token event reports, for every row, with one host sync off the CPU.
 
     The top list is ranked by the penalised logits: for kept tokens that is the order of the
     sampling distribution, and it still ranks the alternatives a greedy step discarded.
