@@ -107,7 +107,7 @@ def host_threads(logits: Tensor) -> Iterator[None]:
     """One torch thread while a small CPU step computes (:data:`ONE_THREAD_ELEMENTS`), the
     caller's count again after it (set back before the step yields to its consumer)."""
     threads = torch.get_num_threads()
-    if logits.device.type != "cpu" or threads == 1 or logits.numel() > ONE_THREAD_ELEMENTS:
+    if not logits.is_cpu or threads == 1 or logits.numel() > ONE_THREAD_ELEMENTS:
         yield
         return
     torch.set_num_threads(1)

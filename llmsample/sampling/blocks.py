@@ -14,7 +14,7 @@ BLOCK = 64
 
 def blocks_pay(logits: Tensor, m: int) -> bool:
     """Whether m blocks are a small part of the row (else torch's own pass is as fast)."""
-    return logits.device.type == "cpu" and logits.shape[-1] % BLOCK == 0 and 0 < m * BLOCK * 8 <= logits.shape[-1]
+    return logits.is_cpu and logits.shape[-1] % BLOCK == 0 and 0 < m * BLOCK * 8 <= logits.shape[-1]
 
 
 def block_maxima(logits: Tensor) -> Tensor:
@@ -62,7 +62,14 @@ def count_above(logits: Tensor, value: Tensor, maxima: Tensor | None = None) -> 
 
 def _tokens_of(chosen: Tensor) -> Tensor:
     """The token ids of the blocks ``chosen`` ``[batch, n]``, block by block ``[batch, n * BLOCK]``."""
-    return (chosen.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=chosen.device)).flatten(-2)
+    offsets = _OFFSETS.get(chosen.device)
+    if offsets is None:
+        offsets = _OFFSETS[chosen.device] = torch.arange(BLOCK, device=chosen.device)
+    return torch.add(offsets, chosen.unsqueeze(-1), alpha=BLOCK).flatten(-2)  # one call: offsets + BLOCK x block
+
+
+_OFFSETS: dict[torch.device, Tensor] = {}
+"""``arange(BLOCK)`` per device, made once."""
 
 
 def count_true(mask: Tensor) -> Tensor:

@@ -24,8 +24,9 @@ arithmetic keeps, e.g. the .3 of [.4999995, .3, .2000005] at p = .5."""
 
 def host_syncs_are_free(tensor: Tensor) -> bool:
     """On the CPU, reading a tensor's value costs nothing; on an accelerator it waits for every
-    queued kernel, so the chain there never branches on values."""
-    return tensor.device.type == "cpu"
+    queued kernel, so the chain there never branches on values. (``is_cpu`` costs a fifth of
+    ``device.type``, which builds a device object: every stage asks.)"""
+    return tensor.is_cpu
 
 
 def kept_count(logits: Tensor, minimum: Tensor | None = None) -> Tensor:
@@ -216,7 +217,8 @@ def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, T
 def _kept_prefix(top: Tensor, p: float | Tensor) -> Tensor:
     """Of probabilities in descending order, the ones top-p keeps: those whose mass before them
     has not reached p (the mass only grows: a prefix), the first always."""
-    mass_before = top.double().cumsum(-1) - top.double()
+    wide = top.double()
+    mass_before = wide.cumsum(-1) - wide
     keep = mass_before * (1 + TOP_P_ULPS) < p
     keep[..., 0] = True
     return keep
@@ -232,13 +234,14 @@ def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tenso
     vocab = probs.shape[-1]
     k = min(vocab, 256)
     while True:
+        if k == vocab:  # every token (a chain's few candidates): one stable sort ranks them
+            top, order = probs.sort(dim=-1, descending=True, stable=True)
+            return top, order, _kept_prefix(top, p)
         top, order = probs.topk(k, dim=-1)
         ids, at = order.sort(-1)
         top, at = top.gather(-1, at).sort(dim=-1, descending=True, stable=True)
         order = ids.gather(-1, at)
         keep = _kept_prefix(top, p)
-        if k == vocab:
-            return top, order, keep
         last = top.gather(-1, count_true(keep).long().unsqueeze(-1) - 1)
         reached = top.double().sum(-1, keepdim=True) * (1 + TOP_P_ULPS) >= p
         if bool((reached & ((last > top[..., -1:]) | (p <= 0))).all()):

@@ -159,6 +159,12 @@ class Stage:
         rows = self.values.shape[0]
         return self.values.new_full((rows, self.vocab), -math.inf).scatter_(-1, self.ids, self.values)
 
+    @cached_property
+    def maxima(self) -> Tensor:
+        """:func:`blocks.block_maxima` of the stage's values, made once for whoever ranks them (the
+        chain's top-k on the raw row, then the step's figures)."""
+        return blocks.block_maxima(self.values)
+
     def rows(self, index: slice) -> Stage:
         whole = None if self.whole is None else lambda: self.logits[index]
         return Stage(self.name, self.values[index], None if self.ids is None else self.ids[index], self.vocab, whole)
@@ -261,10 +267,11 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
     states: Tensor | None = None
-    names = [info.name for info in chain_of(cfg)]
-    for at, info in enumerate(chain_of(cfg)[1:], 1):
+    infos = chain_of(cfg)
+    names = [info.name for info in infos]
+    for at, info in enumerate(infos[1:], 1):
         scaled = (
-            _scaled_top_k(logits, history, cfg, values)
+            _scaled_top_k(logits, history, cfg, values, stages[0] if logits is stages[0].values else None)
             if ids is None
             and names[at : at + 2] == ["temperature", "top_k"]
             and not cfg.has_dynatemp
@@ -306,7 +313,7 @@ def _stage(name: str, logits: Tensor, history: TokenHistory, cfg: SamplingConfig
 
 
 def _scaled_top_k(
-    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None
+    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None, raw: Stage | None
 ) -> tuple[Tensor, Tensor] | None:
     """The temperature stage on the tokens top-k keeps after it, ``(values, ids)`` in ascending id
     order, from one ranking of the row before it: dividing by a positive temperature keeps the
@@ -314,11 +321,13 @@ def _scaled_top_k(
     stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
     first k are top-k's set, each with the value the whole row's division gives it. None
     otherwise (then the whole row). Saves the division and range check over the vocabulary and
-    top-k's own ranking."""
+    top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its block maxima
+    serve the step's figures too)."""
     k = cfg.top_k
-    top, order = blocks.top(logits, k + 1)
+    top, order = blocks.top(logits, k + 1, raw.maxima if raw is not None and blocks.blocks_pay(logits, k + 1) else None)
     scaled = _stage("temperature", top, history, cfg, values)
-    if not bool((scaled[..., k - 1] > scaled[..., k]).all()) or bool(scaled.isnan().any()):
+    # Read on the host (a CPU's: the chain narrows only there), one call for the checks' eight.
+    if not all(row[k - 1] > row[k] and not any(v != v for v in row) for row in scaled.tolist()):
         return None
     ids, at = order[..., :k].sort(-1)
     return scaled[..., :k].gather(-1, at), ids
@@ -349,7 +358,9 @@ def draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] |
     ``generator``: one for the whole batch, or one per row; row i then draws exactly what it
     draws alone from ``generator[i]``, with one cumulative sum for the batch."""
     device = probs.device
-    if isinstance(generator, Sequence):
+    if isinstance(generator, Sequence) and len(generator) == 1:  # one row's: no concatenation
+        u = torch.rand(1, 1, generator=generator[0], dtype=torch.float64, device=device)
+    elif isinstance(generator, Sequence):
         u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=device) for g in generator])
     else:
         u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=device)

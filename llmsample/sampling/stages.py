@@ -7,6 +7,7 @@ Plain data (no torch): the renderers read it too."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -124,10 +125,13 @@ def label(name: str) -> str:
     return BY_NAME[name].label
 
 
+@functools.lru_cache(maxsize=256)
 def chain_of(cfg: SamplingConfig) -> tuple[StageInfo, ...]:
     """The stages a config's chain runs, in order (``raw`` first): the table's, or with
     ``samplers`` the history stages in the table's order and then the listed ones in theirs.
-    Mirostat replaces the stages after the temperature (llama.cpp's chain: temperature, mirostat)."""
+    Mirostat replaces the stages after the temperature (llama.cpp's chain: temperature, mirostat).
+    Remembered per config (a frozen value): every step asks, and walking the table costs a
+    hash's four times."""
     chain = tuple(info for info in STAGES if info.on(cfg))
     if cfg.mirostat and not cfg.is_greedy:
         return tuple(info for info in chain if info.name not in SAMPLER_ORDER or info.name == "temperature")

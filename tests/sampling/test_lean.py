@@ -1,20 +1,23 @@
 """The lean step's shortcuts give the long way's answers: the drawn token's rank read off the
-raw top list, and the temperature computed on top-k's candidates."""
+raw top list, the temperature computed on top-k's candidates, the figures read on the host, and
+top-p's ranking of a few candidates."""
 
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.sampling import blocks
+from llmsample.sampling import blocks, figures
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.figures import count_above
-from llmsample.sampling.filters import apply_temperature, keep_top_k
+from llmsample.sampling.figures import WatchIndex, count_above, step_figures
+from llmsample.sampling.filters import apply_temperature, keep_top_k, keep_top_p
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import sampler_chain
+from llmsample.sampling.stages import FILTER_STAGES
 
 INERT = TokenHistory(None, None)
 
@@ -67,3 +70,50 @@ def test_a_smooth_row_takes_the_candidates() -> None:
     chain = sampler_chain(x, INERT, SamplingConfig(temperature=0.8, top_k=40))
     stage = chain.stages[chain.names.index("temperature")]
     assert stage.ids is not None and stage.values.shape == (2, 40)
+
+
+CONFIGS = [
+    SamplingConfig(temperature=0.0),
+    SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+    SamplingConfig(temperature=0.7, top_k=5, top_p=0.9),
+    SamplingConfig(temperature=1.0, top_p=0.5),
+    SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0),
+    SamplingConfig(temperature=1.3, top_k=3, min_p=0.2, repetition_penalty=1.3),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(), st.sampled_from(CONFIGS), st.sampled_from([0, 1, 5]), st.booleans(), st.booleans())
+def test_the_figures_read_on_the_host_are_the_one_transfers(
+    x: torch.Tensor, cfg: SamplingConfig, top_n: int, watched: bool, drafted: bool
+) -> None:
+    """A CPU's figures (the sampled probabilities looked up among the candidates, the rank off
+    the top list, the counts and the maximum read per column) are exactly the figures of the one
+    transfer an accelerator makes of the same columns, broken rows included."""
+    counts = torch.ones(x.shape[0], 1)
+    history = TokenHistory(counts, counts.expand_as(x) > 0) if cfg.has_penalties else INERT
+    chain = sampler_chain(x, history, cfg)
+    tokens = chain.draw([torch.Generator().manual_seed(r) for r in range(x.shape[0])])
+    watch = WatchIndex.of([0, 9, 4095], x.device) if watched else None
+    accepted = torch.arange(x.shape[0]) if drafted else None
+    host = step_figures(chain, tokens, top_n, watch, accepted)
+    with mock.patch.object(figures, "host_syncs_are_free", lambda tensor: False):
+        one = step_figures(chain, tokens, top_n, watch, accepted)
+    assert [repr(f) for f in host] == [repr(f) for f in one]
+    for r, figure in enumerate(host):  # a filter's count is its row's tokens left; another stage keeps its input's
+        kept: list[int] = []
+        for stage in chain.stages:
+            left = int((~stage.logits[r].isneginf()).sum())
+            kept.append(left if not kept or stage.name in FILTER_STAGES else kept[-1])
+        removed = {name: kept[i - 1] - kept[i] for i, name in enumerate(chain.names) if name in FILTER_STAGES}
+        assert (figure.candidates, figure.removed) == (kept[-1], removed)
+
+
+@settings(max_examples=200, deadline=None)
+@given(rows(), st.integers(1, 256), st.sampled_from([0.0, 0.3, 0.9, 0.999]))
+def test_top_p_ranks_a_few_candidates_as_it_ranks_a_wide_row(x: torch.Tensor, width: int, p: float) -> None:
+    """At most 256 candidates (a chain's, after top-k) are ranked by one stable sort; a row wider
+    than that by ``topk`` and its widening. Padded with removed tokens, the row keeps the same."""
+    few = x[:, :width] / 2
+    padded = torch.cat([few, torch.full((x.shape[0], 300), -math.inf)], -1)
+    assert torch.equal(keep_top_p(few, p).nan_to_num(), keep_top_p(padded, p)[:, :width].nan_to_num())
