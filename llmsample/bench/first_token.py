@@ -1,7 +1,8 @@
 """``llmsample bench --startup``: seconds from a fresh process to its first token, side by side in
-one run (interleaved, medians): the cold transformers path, the cold llama.cpp path, a command
-against a warm engine, and llama-cpp-python alone loading the same GGUF; then 8 callers of the
-warm engine at once against the same 8 one after another (they share its continuous batch)."""
+one run (interleaved in rotating order, medians): the cold transformers path, the cold llama.cpp
+path, a command against a warm engine, and llama-cpp-python alone loading the same GGUF, each
+asked the issue's question for one greedy token; then 8 callers of the warm engine at once
+against the same 8 one after another (they share its continuous batch)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-PROMPT = "Hi"
+PROMPT = "What is the capital of France?"
 CALLERS = 8
 
 LLAMA_CPP_ALONE = """
@@ -81,10 +82,10 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
     }
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     try:
-        for run in range(runs):
-            for name, args in sides.items():
+        for run, order in enumerate(rotations(list(sides), runs)):
+            for name in order:
                 log(f"run {run + 1}/{runs}: {name}")
-                took = first_byte_s(args, env)
+                took = first_byte_s(sides[name], env)
                 if took is not None:
                     seconds[name].append(took)
         log(f"{CALLERS} callers of the warm engine, together and in turn")
@@ -94,6 +95,12 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
         shutil.rmtree(runtime, ignore_errors=True)
     medians = {name: statistics.median(s) if s else None for name, s in seconds.items()}
     return StartupBench(runs, gguf, medians, CALLERS, written, together, in_turn)
+
+
+def rotations(names: list[str], runs: int) -> list[list[str]]:
+    """Each run's order: the sides rotated one place a run, so that no side always follows the
+    same one (the page cache and the CPU's clock a side leaves behind favour the next)."""
+    return [names[run % len(names) :] + names[: run % len(names)] for run in range(runs)]
 
 
 def many_callers(env: dict[str, str], tokens: int) -> tuple[int, float, float]:

@@ -12,9 +12,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmsample.chat.conversation import Conversation, Reply, Turn, settings_of
-from llmsample.engine.decode import DecodeOptions
-from llmsample.engine.rows import BatchItem, RowFailed
-from llmsample.engine.session import Session
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Candidate, RunStats, Summary, TokenEvent
 from llmsample.sampling.config import fresh_seed
@@ -65,7 +62,8 @@ class ChatSettings:
 
 
 class Chat:
-    """``settings``: the command's display and decoding flags."""
+    """``settings``: the command's display and decoding flags. The engine (torch) is imported
+    where a chat in this process starts: a chat on a warm engine (a subclass) imports none of it."""
 
     def __init__(
         self,
@@ -77,6 +75,9 @@ class Chat:
         watch: tuple[tuple[str, int], ...] = (),
         drafter: Callable[[], Drafter] | None = None,
     ) -> None:
+        from llmsample.engine.decode import DecodeOptions
+        from llmsample.engine.session import Session
+
         self.lm, self.preset, self.cfg, self.settings, self.drafter = lm, preset, cfg, settings, drafter
         self.views = views
         self.conversation = Conversation(settings.system or None)
@@ -209,13 +210,15 @@ class Chat:
     def _decode(self, cfg: SamplingConfig, prefix: list[int], stats: RunStats) -> tuple[list[int], Generator[Any, None, None]]:
         """The rendered conversation's ids (the oldest exchanges dropped to leave room for the
         reply) and the reply's ``(key, record)`` pairs, decoded by this process's session."""
+        from llmsample.engine.rows import BatchItem
+
         limit = self.lm.context_length or 0
         room = min(cfg.max_tokens, limit // 2) + len(prefix)
         ids, dropped = self.conversation.fit(self.lm, room)
         if dropped:
             self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
         item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.settings.draft_tokens)
-        return ids, self.session.turn(item)
+        return ids, failures_raised(self.session.turn(item))
 
     def _stream(
         self, records: Generator[Any, None, None], stats: RunStats, kept: list[TokenEvent]
@@ -237,8 +240,6 @@ class Chat:
             for event in kept:
                 show(event)
             for _, record in records:
-                if isinstance(record, RowFailed):
-                    raise RuntimeFailure(record.message)
                 if isinstance(record, Summary):
                     summary = record
                 else:
@@ -299,6 +300,20 @@ class Chat:
         if self.settings.fmt == "jsonl":
             return stderr_console()
         return stdout_console(use_color(self.settings.no_color))
+
+
+def failures_raised(records: Generator[Any, None, None]) -> Generator[Any, None, None]:
+    """The session's ``(key, record)`` pairs, a row that failed (NaN logits...) raised as the
+    one-line failure it carries; closing this closes the session's turn."""
+    from llmsample.engine.rows import RowFailed
+
+    try:
+        for key, record in records:
+            if isinstance(record, RowFailed):
+                raise RuntimeFailure(record.message)
+            yield key, record
+    finally:
+        records.close()
 
 
 class TokenGuard:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmsample.bench.first_token import StartupBench, first_byte_s, table
+from llmsample.bench.first_token import StartupBench, first_byte_s, rotations, table
 from llmsample.cli import main
 
 
@@ -19,6 +19,11 @@ def test_the_clock_stops_at_the_first_byte() -> None:
     took = first_byte_s([sys.executable, "-c", child], {})
     assert took is not None and 0.4 <= took < 1.5
     assert first_byte_s([sys.executable, "-c", "print('x'); raise SystemExit(3)"], {}) is None
+
+
+def test_every_side_leads_a_run_in_turn() -> None:
+    orders = rotations(["a", "b", "c"], 4)
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
 
 
 def test_the_table_and_the_ratio() -> None:

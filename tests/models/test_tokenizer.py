@@ -54,3 +54,32 @@ def test_anything_else_goes_through_auto_tokenizer(
     config = object()
     saved_tokenizer("someone/some-model" if kind == "hub id" else source, config)
     assert calls == [("someone/some-model" if kind == "hub id" else str(source), {"config": config})]
+
+
+def test_added_tokens_are_kept_in_the_config_once(tiny_model_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A folder saved without them (a GGUF's kept folder) has them recorded by its first load; a
+    later load reads no ``tokenizer.json`` in Python and is the tokenizer the untouched folder gives."""
+    import transformers.tokenization_utils_base as base
+    from transformers import AutoTokenizer
+
+    source = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, source)
+    saved = json.loads((source / "tokenizer_config.json").read_text())
+    del saved["added_tokens_decoder"]
+    (source / "tokenizer_config.json").write_text(json.dumps(saved))
+    theirs = AutoTokenizer.from_pretrained(str(source))  # read the untouched way: tokenizer.json's own list
+    saved_tokenizer(source, None)
+    kept = json.loads((source / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+    assert len(kept) == len(json.loads((source / "tokenizer.json").read_text())["added_tokens"]) > 0
+    parsed: list[str] = []
+    load = base.json.load
+    monkeypatch.setattr(base.json, "load", lambda f, *a, **kw: parsed.append(Path(f.name).name) or load(f, *a, **kw))
+    mine = saved_tokenizer(source, None)
+    assert "tokenizer.json" not in parsed and parsed
+    assert mine.added_tokens_decoder == theirs.added_tokens_decoder and mine.get_vocab() == theirs.get_vocab()
+    for text in TEXTS:
+        ids = theirs(text)["input_ids"]
+        assert mine(text)["input_ids"] == ids and mine.decode(ids) == theirs.decode(ids)
+    for name in ("bos_token_id", "eos_token_id", "unk_token_id", "pad_token_id", "all_special_ids"):
+        assert getattr(mine, name) == getattr(theirs, name)

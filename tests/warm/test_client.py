@@ -15,7 +15,8 @@ from tests.conftest import REPO
 from tests.warm.conftest import Engine
 
 BLOCK = "import sys\nfor name in ('torch', 'transformers', 'llama_cpp'):\n    sys.modules[name] = None\n"
-CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.warm", "llmsample.cli"]
+CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.warm", "llmsample.cli",
+          "llmsample.commands.chat_warm", "llmsample.chat.repl"]
 
 
 @pytest.mark.parametrize("module", CLIENT)
@@ -36,6 +37,16 @@ def test_a_warm_generate_runs_with_the_model_stack_blocked(engine: Engine) -> No
     local = subprocess.run([sys.executable, "-c", code.replace("main()", "sys.argv.append('--local'); main()")],
                            capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=120)  # fmt: skip
     assert local.returncode != 0
+
+
+def test_a_warm_chat_runs_with_the_model_stack_blocked(engine: Engine) -> None:
+    args = ["chat", *engine.load_args, "--seed", "4", "-n", "6", "--top-n", "2", "--no-log"]
+    code = f"{BLOCK}from llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
+    session = "w3 w4\nw5\n/undo\n/inspect\n"
+    blocked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=engine.env,
+                             cwd=REPO, timeout=120, input=session)  # fmt: skip
+    assert blocked.returncode == 0, blocked.stderr
+    assert blocked.stdout == engine.cli(*args, input=session).stdout and blocked.stdout.count("\n") > 2
 
 
 def test_records_round_trip() -> None:
