@@ -34,7 +34,7 @@ ROWS = 4
 RECORD_CAP = 96
 """Tokens a record may take: the default model's record reaches its "email" key in about 50 and
 often never ends (an email of "john-john-..."), so a cap keeps the workload's size known:
-16 x 96 + 16 x 48 tokens a side, about a minute a round on 2 quiet cores."""
+16 x 96 + 16 x 48 tokens a side, about a minute a round on 2 quiet cores (estimated)."""
 
 PEOPLE = [
     ("Maria Lopez", "nurse", "Madrid"), ("Tom Becker", "baker", "Berlin"), ("Aiko Sato", "pilot", "Osaka"),

@@ -27,9 +27,10 @@ POOL_TOKENS = 1 << 20
 
 MIN_PROB = 0.6
 """A draft goes on while the pool's estimate that the target accepts all of it so far stays at
-least this. A drafted position is not free on a CPU: on the default model (llama.cpp F16, 2
-cores) one costs about 6.5 ms beside a 36 ms pass of 4 rows (9 ms a token), so at batch 4 a
-position pays only when it is accepted ~70 % of the time (bench/NOTES.md, 2026-12-04)."""
+least this. A drafted position is not free on a CPU: the default model (llama.cpp F16, 2
+cores) is compute-bound, each position costing ~6.5 ms beside a 4-row pass of ~36 ms (9 ms a
+token), so at batch 4 a position pays only when it is accepted well over half the time
+(bench/NOTES.md, 2026-12-04)."""
 
 MAX_SPEC_FACTOR = 1.0
 """A draft is at most this times the length of the match it follows (SuffixDecoding's alpha)."""
