@@ -110,13 +110,30 @@ class LlamaCppBatch:
         self.saved_cells += length
         return SavedSequence(self, seq, length)
 
-    def admit_saved(self, saved: SavedSequence, length: int, rest: list[int]) -> Tensor:
-        """A new last row: ``saved``'s first ``length`` positions (``seq_cp``), then ``rest``
+    def detach(self, saved: SavedSequence) -> HostSequence:
+        """``saved``'s cells copied out of this context (``llama_state_seq_get_data``), for a
+        backend opened after this one closes; ``saved`` itself is released."""
+        size = self.lib.llama_state_seq_get_size(self.context, saved.seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = self.lib.llama_state_seq_get_data(self.context, buffer, size, saved.seq)
+        saved.release()
+        return HostSequence(bytes(buffer)[:written], saved.length)
+
+    def admit_saved(self, saved: SavedSequence | HostSequence, length: int, rest: list[int]) -> Tensor:
+        """A new last row: ``saved``'s first ``length`` positions (``seq_cp``, or from host
+        memory with ``llama_state_seq_set_data`` when an earlier backend kept them), then ``rest``
         prefilled after them; logits at its last token."""
         if not self.free:
             raise ValueError("1 row does not fit: room for 0 more")
         seq = self.free.pop()
-        self.lib.llama_memory_seq_cp(self.memory, saved.seq, seq, 0, length)
+        if isinstance(saved, HostSequence):
+            data = (ctypes.c_uint8 * len(saved.data)).from_buffer_copy(saved.data)
+            if not self.lib.llama_state_seq_set_data(self.context, data, len(saved.data), seq):
+                self.free.append(seq)
+                raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
+            self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
+        else:
+            self.lib.llama_memory_seq_cp(self.memory, saved.seq, seq, 0, length)
         try:
             logits = self._decode([(t, length + i, seq, i == len(rest) - 1) for i, t in enumerate(rest)])
         except BaseException:
@@ -231,6 +248,20 @@ class SavedSequence:
         owner.lib.llama_memory_seq_rm(owner.memory, seq, -1, -1)
         owner.spare.append(seq)
         owner.saved_cells -= self.length
+
+
+class HostSequence:
+    """A kept prefix that outlived its backend: the cells of its ``length`` positions as
+    llama.cpp's sequence state, in host memory; any later backend of the same model admits
+    from it (:meth:`LlamaCppBatch.admit_saved`). It lives in no context (``owner`` None)."""
+
+    owner = None
+
+    def __init__(self, data: bytes, length: int) -> None:
+        self.data, self.length, self.nbytes = data, length, len(data)
+
+    def release(self) -> None:
+        self.data = b""
 
 
 def decode_error(code: int, tokens: int) -> str:
