@@ -5,7 +5,8 @@ with logits at its last token, ``step`` a token per row, ``verify`` each row's r
 with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copies`` is
 ``seq_cp`` (the copies share the prompt's cells); the prompt cache's ``save`` keeps a row's
 prefix under a spare sequence id (``seq_cp`` again) and ``admit_saved`` copies it into a new
-row's sequence. Logits go from llama.cpp's output buffer into
+row's sequence (``detach`` copies a kept prefix to host memory when the backend closes, so the
+next one starts from it). Logits go from llama.cpp's output buffer into
 the float32 tensor the chain reads in one copy (a view would be overwritten by the next decode,
 and a joining row's prefill runs before the chain has read the last step's logits)."""
 
