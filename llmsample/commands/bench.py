@@ -107,7 +107,7 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
 @click.option(
     "--suffix",
     is_flag=True,
-    help="Instead: --draft suffix against no drafting, batch 4: 32 requests of one JSON shape (greedy) and 16 "
+    help="Instead: --draft suffix against no drafting, batch 4: 16 requests of one JSON shape (greedy) and 16 "
     "open chat prompts (sampled); on --backend llama.cpp too.",
 )
 def bench(**options: Any) -> None:
@@ -256,7 +256,7 @@ def bench_suffix(options: dict[str, Any], err: Any) -> None:
     from llmsample.terminal import stdout_console, use_color
 
     lm = load_model(options["model"], options["device"], options["dtype"], backend=options["backend"])
-    tokens = min(options["tokens"], 64)
+    tokens = min(options["tokens"], 48)
     rows = run_suffix_benchmark(lm, options["runs"], tokens, log=lambda step: err.print(f"[dim]bench: {step}…[/]"))
     dtype = lm.quantization or str(lm.dtype).removeprefix("torch.")
     document = {

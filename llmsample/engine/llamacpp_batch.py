@@ -5,7 +5,8 @@ with logits at its last token, ``step`` a token per row, ``verify`` each row's r
 with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copies`` is
 ``seq_cp`` (the copies share the prompt's cells); the prompt cache's ``save`` keeps a row's
 prefix under a spare sequence id (``seq_cp`` again) and ``admit_saved`` copies it into a new
-row's sequence. Logits go from llama.cpp's output buffer into
+row's sequence (``detach`` copies a kept prefix to host memory when the backend closes, so the
+next one starts from it). Logits go from llama.cpp's output buffer into
 the float32 tensor the chain reads in one copy (a view would be overwritten by the next decode,
 and a joining row's prefill runs before the chain has read the last step's logits)."""
 
@@ -110,13 +111,30 @@ class LlamaCppBatch:
         self.saved_cells += length
         return SavedSequence(self, seq, length)
 
-    def admit_saved(self, saved: SavedSequence, length: int, rest: list[int]) -> Tensor:
-        """A new last row: ``saved``'s first ``length`` positions (``seq_cp``), then ``rest``
+    def detach(self, saved: SavedSequence) -> HostSequence:
+        """``saved``'s cells copied out of this context (``llama_state_seq_get_data``), for a
+        backend opened after this one closes; ``saved`` itself is released."""
+        size = self.lib.llama_state_seq_get_size(self.context, saved.seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = self.lib.llama_state_seq_get_data(self.context, buffer, size, saved.seq)
+        saved.release()
+        return HostSequence(bytes(buffer)[:written], saved.length)
+
+    def admit_saved(self, saved: SavedSequence | HostSequence, length: int, rest: list[int]) -> Tensor:
+        """A new last row: ``saved``'s first ``length`` positions (``seq_cp``, or from host
+        memory with ``llama_state_seq_set_data`` when an earlier backend kept them), then ``rest``
         prefilled after them; logits at its last token."""
         if not self.free:
             raise ValueError("1 row does not fit: room for 0 more")
         seq = self.free.pop()
-        self.lib.llama_memory_seq_cp(self.memory, saved.seq, seq, 0, length)
+        if isinstance(saved, HostSequence):
+            data = (ctypes.c_uint8 * len(saved.data)).from_buffer_copy(saved.data)
+            if not self.lib.llama_state_seq_set_data(self.context, data, len(saved.data), seq):
+                self.free.append(seq)
+                raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
+            self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
+        else:
+            self.lib.llama_memory_seq_cp(self.memory, saved.seq, seq, 0, length)
         try:
             logits = self._decode([(t, length + i, seq, i == len(rest) - 1) for i, t in enumerate(rest)])
         except BaseException:
@@ -231,6 +249,20 @@ class SavedSequence:
         owner.lib.llama_memory_seq_rm(owner.memory, seq, -1, -1)
         owner.spare.append(seq)
         owner.saved_cells -= self.length
+
+
+class HostSequence:
+    """A kept prefix that outlived its backend: the cells of its ``length`` positions as
+    llama.cpp's sequence state, in host memory; any later backend of the same model admits
+    from it (:meth:`LlamaCppBatch.admit_saved`). It lives in no context (``owner`` None)."""
+
+    owner = None
+
+    def __init__(self, data: bytes, length: int) -> None:
+        self.data, self.length, self.nbytes = data, length, len(data)
+
+    def release(self) -> None:
+        self.data = b""
 
 
 def decode_error(code: int, tokens: int) -> str:

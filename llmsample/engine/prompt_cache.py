@@ -118,9 +118,20 @@ class PromptCache:
         return True
 
     def forget(self, owner: Any) -> None:
-        """Release the entries that live in ``owner`` (a backend that closes)."""
+        """The entries that live in ``owner`` (a backend that closes) move out of it where it
+        can copy them to host memory (``detach``: llama.cpp's sequence state), so the next
+        backend of the run starts from them; the others are released."""
+        detach = getattr(owner, "detach", None)
         for key in [k for k, e in self.entries.items() if getattr(e.saved, "owner", None) is owner]:
-            self._drop(key)
+            entry = self.entries[key]
+            if detach is None:
+                self._drop(key)
+                continue
+            moved = detach(entry.saved)
+            self.used += moved.nbytes - entry.saved.nbytes
+            entry.saved = moved
+        while self.used > self.budget:
+            self._drop(next(iter(self.entries)))
 
     def _drop(self, key: int) -> None:
         entry = self.entries.pop(key)

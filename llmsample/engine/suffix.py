@@ -11,7 +11,7 @@ bounded: past ``max_tokens`` stored tokens the oldest sequences go."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 
 import torch
 from torch import Tensor
@@ -25,16 +25,40 @@ POOL_TOKENS = 1 << 20
 """Tokens the pool holds by default (its index: a few entries per token; ~100 MB in Python at most)."""
 
 
-class SuffixPool:
-    """Sequences by id (oldest first) and an index from each n-gram (``ngram_min``..``ngram_max``
-    tokens) to where it last ended: ``(sequence id, position after it)``. An index entry whose
-    sequence left the pool is skipped, and the index is rebuilt once it holds far more
-    entries than the pool's n-grams."""
+MIN_PROB = 0.6
+"""A draft goes on while the pool's estimate that the target accepts all of it so far stays at
+least this. A drafted position is not free on a CPU: the default model (llama.cpp F16, 2
+cores) is compute-bound, each position costing ~6.5 ms beside a 4-row pass of ~36 ms (9 ms a
+token), so at batch 4 a position pays only when it is accepted well over half the time
+(bench/NOTES.md, 2026-12-04)."""
 
-    def __init__(self, ngram_min: int = 2, ngram_max: int = 6, max_tokens: int = POOL_TOKENS) -> None:
+MAX_SPEC_FACTOR = 1.0
+"""A draft is at most this times the length of the match it follows (SuffixDecoding's alpha)."""
+
+MATCH_MAX = 32
+"""The longest match measured (tokens compared backwards from an indexed n-gram)."""
+
+
+class SuffixPool:
+    """Sequences by id (oldest first), an index from each n-gram (``ngram_min``..``ngram_max``
+    tokens) to where it last ended, ``(sequence id, position after it)``, and how often each
+    n-gram (up to ``ngram_max + 1`` tokens) occurs in the pool. An index entry whose sequence
+    left the pool is skipped, and the index is rebuilt once it holds far more entries than the
+    pool's n-grams.
+
+    A proposal follows SuffixDecoding (arXiv 2411.04975): what followed the latest occurrence of
+    the longest match, cut where the estimated chance that all of it is accepted (the product of
+    each token's frequency after its context, :meth:`confident`) falls below ``min_prob``, and at
+    ``MAX_SPEC_FACTOR`` times the match's length."""
+
+    def __init__(
+        self, ngram_min: int = 2, ngram_max: int = 6, max_tokens: int = POOL_TOKENS, min_prob: float = MIN_PROB
+    ) -> None:
         self.ngram_min, self.ngram_max, self.max_tokens = ngram_min, ngram_max, max_tokens
+        self.min_prob = min_prob
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()
         self.index: dict[tuple[int, ...], tuple[int, int]] = {}
+        self.counts: Counter[tuple[int, ...]] = Counter()
         self.tokens = 0
         self._ids = 0
 
@@ -46,7 +70,7 @@ class SuffixPool:
 
     def extend(self, sid: int, seq: list[int], upto: int) -> None:
         """Sequence ``sid`` grows to ``seq[:upto]`` (``seq`` starts with what it holds); every n-gram
-        ending in the new part is indexed. A sequence evicted meanwhile is not taken back."""
+        ending in the new part is indexed and counted. A sequence evicted meanwhile is not taken back."""
         held = self.sequences.get(sid)
         if held is None:
             return
@@ -56,19 +80,44 @@ class SuffixPool:
         for end in range(max(start, self.ngram_min), len(held) + 1):  # an n-gram ending just before ``end``
             for n in range(self.ngram_min, min(self.ngram_max, end) + 1):
                 self.index[tuple(held[end - n : end])] = (sid, end)
+        self._count(held, start, 1)
         self._evict(keep=sid)
 
     def lookup(self, seq: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest occurrence of ``seq``'s last n tokens
-        anywhere in the pool, longest n first."""
+        anywhere in the pool (longest n first), as far as the pool is confident of them."""
         for n in range(min(self.ngram_max, len(seq)), self.ngram_min - 1, -1):
             found = self.index.get(tuple(seq[-n:]))
             if found is None:
                 continue
             held = self.sequences.get(found[0])
             if held is not None and found[1] < len(held):
-                return held[found[1] : found[1] + k]
+                match = _match_length(seq, held, found[1], n)
+                return self.confident(seq, held[found[1] : found[1] + min(k, int(MAX_SPEC_FACTOR * match))])
         return []
+
+    def confident(self, seq: list[int], continuation: list[int]) -> list[int]:
+        """The first tokens of ``continuation`` (after ``seq``) whose joint chance, as the pool's
+        counts estimate it, is at least ``min_prob``: each token's share of what followed its
+        longest context seen twice or more (a context seen once is no evidence)."""
+        counts, low = self.counts, max(self.ngram_min - 1, 1)
+        context, chance = list(seq[-self.ngram_max :]), 1.0
+        for at, token in enumerate(continuation):
+            lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
+            seen = next((key for n in lengths if counts[key := tuple(context[len(context) - n :])] >= 2), None)
+            chance *= counts[(*seen, token)] / counts[seen] if seen is not None else 0.0
+            if chance < self.min_prob:
+                return continuation[:at]
+            context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
+        return continuation
+
+    def _count(self, held: list[int], start: int, sign: int) -> None:
+        """Count (``sign`` 1) or forget (-1) the n-grams of ``held`` that end after ``start``
+        (contexts of ``ngram_min - 1`` tokens and more, and each with the token after it)."""
+        counts, low = self.counts, max(self.ngram_min - 1, 1)
+        for end in range(start + 1, len(held) + 1):
+            for n in range(low, min(self.ngram_max + 1, end) + 1):
+                counts[tuple(held[end - n : end])] += sign
 
     def _evict(self, keep: int) -> None:
         while self.tokens > self.max_tokens and len(self.sequences) > 1:
@@ -76,9 +125,20 @@ class SuffixPool:
             if sid == keep:
                 self.sequences.move_to_end(sid)
                 continue
-            self.tokens -= len(self.sequences.pop(sid))
+            gone = self.sequences.pop(sid)
+            self.tokens -= len(gone)
+            self._count(gone, 0, -1)
         if len(self.index) > 4 * (self.ngram_max - self.ngram_min + 1) * max(self.tokens, 1024):
             self.index = {key: where for key, where in self.index.items() if where[0] in self.sequences}
+            self.counts = +self.counts  # the n-grams no sequence holds any more
+
+
+def _match_length(seq: list[int], held: list[int], end: int, n: int) -> int:
+    """How many tokens before ``end`` in ``held`` equal ``seq``'s last ones (``n`` known, at most
+    :data:`MATCH_MAX`)."""
+    while n < MATCH_MAX and n < end and n < len(seq) and held[end - n - 1] == seq[-n - 1]:
+        n += 1
+    return n
 
 
 class SuffixDrafter:
@@ -100,7 +160,7 @@ class SuffixDrafter:
         # The n-grams ending before the last token first: the last one's latest occurrence would
         # otherwise be the row's own end, with nothing after it.
         self.pool.extend(self.sid, seq, len(seq) - 1)
-        pooled, own = self.pool.lookup(seq, k), self.own.lookup(seq, k)
+        pooled, own = self.pool.lookup(seq, k), self.pool.confident(seq, self.own.lookup(seq, k))
         best = pooled if len(pooled) >= len(own) else own
         self.pool.extend(self.sid, seq, len(seq))
         drafted = torch.tensor(best, dtype=torch.long, device=self.own.device)

@@ -52,7 +52,8 @@ def test_a_hit_gives_the_logits_of_a_cold_prefill(lm) -> None:
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
     warm.close()
-    assert warm.cache.used == 0  # what lived in the context went with it
+    (entry,) = warm.cache.entries.values()  # what lived in the context moved to host memory
+    assert entry.saved.owner is None and warm.cache.used == entry.saved.nbytes > 0
 
 
 @pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
@@ -63,7 +64,24 @@ def test_requests_after_one_another_reuse_it_and_decode_as_cold(lm, cfg: Samplin
     warm, summaries = run(lm, items(prompts, cfg), 1, cache)
     assert warm == cold
     assert [summaries[k].facts.cache.reused for k in range(4)] == [0] + [len(SYSTEM)] * 3
-    assert cache.used == 0 and not cache.entries  # the run's backend closed: its sequences went
+    assert all(entry.saved.owner is None for entry in cache.entries.values())  # out of the closed context
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
+def test_kept_prefixes_outlive_the_backend_that_kept_them(lm, cfg: SamplingConfig) -> None:
+    """A batch run opens a backend per run of the loop: the second starts from what the first
+    kept (copied to host memory when the first closed), and decodes as cold."""
+    first, second = [[*SYSTEM, 20, 3]], [[*SYSTEM, 21, 4], [*SYSTEM, 20, 3, 9]]
+    cold, _ = run(lm, items(second, cfg), 2, None)
+    cache = PromptCache(BIG)
+    run(lm, items(first, cfg), 1, cache)
+    warm, summaries = run(lm, items(second, cfg), 2, cache)
+    assert warm == cold
+    assert [summaries[k].facts.cache.reused for k in range(2)] == [len(SYSTEM), len(first[0])]
+    logits = LlamaCppBatch(lm.model, 1, 64).admit([second[1]])
+    inner = LlamaCppBatch(lm.model, 1, 64, cache_bytes=BIG)
+    hit = CachingBackend(inner, cache).admit([second[1]])
+    torch.testing.assert_close(hit, logits, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])

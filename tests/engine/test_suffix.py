@@ -24,27 +24,28 @@ CPU = torch.device("cpu")
 
 
 def test_the_pool_proposes_what_followed_the_latest_occurrence_longest_n_first() -> None:
-    pool = SuffixPool(2, 4)
+    pool = SuffixPool(2, 4, min_prob=0.0)  # every continuation, however rarely seen
     a, b = pool.open(), pool.open()
     pool.extend(a, [1, 2, 3, 4, 5, 6], 6)
     pool.extend(b, [9, 2, 3, 7, 8], 5)
-    assert pool.lookup([0, 2, 3], 3) == [7, 8]  # b is the latest "2 3"
+    assert pool.lookup([0, 2, 3], 3) == [7, 8]  # b is the latest "2 3"; a match of 2 drafts 2 at most
     assert pool.lookup([1, 2, 3], 3) == [4, 5, 6]  # "1 2 3" (n = 3) beats b's "2 3"
     assert pool.lookup([5, 6], 2) == []  # a ends there: nothing followed it
     assert pool.lookup([4, 4], 2) == []
 
 
 def test_the_pool_forgets_the_oldest_sequences_past_its_budget() -> None:
-    pool = SuffixPool(2, 3, max_tokens=8)
+    pool = SuffixPool(2, 3, max_tokens=8, min_prob=0.0)
     a, b = pool.open(), pool.open()
     pool.extend(a, [1, 2, 3, 4, 5], 5)
     pool.extend(b, [6, 7, 8, 9, 10], 5)
     assert a not in pool.sequences and pool.tokens == 5
     assert pool.lookup([1, 2], 2) == [] and pool.lookup([6, 7], 2) == [8, 9]
+    assert pool.counts[(1, 2)] == 0 and pool.counts[(6, 7, 8)] == 1  # its counts went with it
 
 
 def test_a_row_drafts_from_other_rows_and_from_itself_whichever_is_longer() -> None:
-    pool = SuffixPool(2, 4)
+    pool = SuffixPool(2, 4, min_prob=0.0)
     own = NgramDrafter(32, CPU, 2, 4)
     earlier = SuffixDrafter(pool, own)
     cfg = SamplingConfig(temperature=0.0)
@@ -52,10 +53,27 @@ def test_a_row_drafts_from_other_rows_and_from_itself_whichever_is_longer() -> N
         earlier.propose([3, 4, 5, 6, 7, 8, 9, 10, 11][:end], 4, None, cfg, None)  # type: ignore[arg-type]
     row = SuffixDrafter(pool, own)
     drafted, q = row.propose([20, 3, 4], 4, None, cfg, None)  # type: ignore[arg-type]
-    assert drafted.tolist() == [5, 6, 7, 8] and q.argmax(-1).tolist() == [5, 6, 7, 8]
+    assert drafted.tolist() == [5, 6] and q.argmax(-1).tolist() == [5, 6]  # as long as the match
     # Its own earlier "20 21 22 23 24 20" repeats longer than the pool's one-token continuation.
     drafted, _ = row.propose([20, 21, 22, 23, 24, 20, 21], 4, None, cfg, None)  # type: ignore[arg-type]
     assert drafted.tolist() == [22, 23, 24, 20]
+
+
+def test_a_draft_goes_as_far_as_the_pool_has_seen_it_go_and_no_further_than_the_match() -> None:
+    """Each token's chance is its share of what followed its longest context seen twice or more;
+    the draft stops where the product falls below min_prob, and at the match's length."""
+    pool = SuffixPool(2, 3, min_prob=0.6)
+    for tail in ([5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 9], [5, 6, 7, 9]):
+        pool.extend(pool.open(), [0, 1, 2, 3, 4, *tail], 9)
+    # "4 5 6 7" followed "2 3" four times (chance 1), then 8 or 9 half the time each (0.5 < 0.6).
+    assert pool.lookup([0, 2, 3], 8) == [4, 5]  # a match of two tokens drafts two at most
+    assert pool.lookup([0, 1, 2, 3], 8) == [4, 5, 6, 7]  # a match of four, measured past the 3-grams
+    pool.min_prob = 0.5
+    assert pool.confident([2, 3], [4, 5, 6, 7, 9]) == [4, 5, 6, 7, 9]
+    pool = SuffixPool(2, 3, min_prob=0.6)
+    pool.extend(pool.open(), [1, 2, 3, 4, 5, 6], 6)
+    assert pool.lookup([1, 2, 3], 3) == []  # seen once: no evidence
+    assert SuffixPool(2, 3, min_prob=0.6).confident([1, 2, 3], [4]) == []  # an empty pool drafts nothing
 
 
 def run(lm, prompts: list[list[int]], cfg: SamplingConfig, maker) -> tuple[dict[int, list[int]], dict[int, object]]:
@@ -94,7 +112,7 @@ def test_rows_drafting_from_the_pool_follow_the_target_distribution(target) -> N
     against the plain chain's pair distribution."""
     samples = 1500
     prompt = [0, 5, 7, 5]
-    pool = SuffixPool(1, 4)
+    pool = SuffixPool(1, 4, min_prob=0.0)  # drafts wherever it matched: the most rejections to keep exact
     own = NgramDrafter(VOCAB, CPU, 1, 4)
     names = list(SETTINGS)
     requests = [
