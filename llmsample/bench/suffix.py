@@ -1,7 +1,8 @@
 """``bench --suffix``: ``--draft suffix`` (one pool across requests) against the same batch
 without drafting, on two workloads through the batch path (``decode_batch``, the loop ``batch``
 and ``serve`` run), side by side in rotating rounds (:mod:`llmsample.bench.timing`), ratios of
-rounds. Each round of the drafting side starts from an empty pool, as a fresh run does.
+rounds, each workload one request at a time and four at once (:data:`ROWS`). Each round of the
+drafting side starts from an empty pool, as a fresh run does.
 
 - **The same JSON shape**: 16 requests for a person's record as JSON, greedy (at most 96 tokens): the
   drafter's case (each answer drafts the keys, quoting and layout of the next ones'); the
@@ -30,11 +31,13 @@ from llmsample.sampling.config import SamplingConfig
 
 RECORDS = 16
 CHATS = 16
-ROWS = 4
+ROWS = (1, 4)
+"""Each workload at these batch sizes: one request at a time, as an agent sends them (where a CPU
+has room to verify a draft), and four at once, as a server's batch holds them."""
 RECORD_CAP = 96
 """Tokens a record may take: the default model's record reaches its "email" key in about 50 and
 often never ends (an email of "john-john-..."), so a cap keeps the workload's size known:
-16 x 96 + 16 x 48 tokens a side, about a minute a round on 2 quiet cores (estimated)."""
+16 x 96 + 16 x 48 tokens a side and batch size."""
 
 PEOPLE = [
     ("Maria Lopez", "nurse", "Madrid"), ("Tom Becker", "baker", "Berlin"), ("Aiko Sato", "pilot", "Osaka"),
@@ -74,12 +77,13 @@ class Side:
     lm: LoadedModel
     items: Callable[[], list[BatchItem]]
     ignore_eos: bool
+    rows: int
     counts: Counter[str] = field(default_factory=Counter)
 
     def __call__(self) -> float:
         start = time.perf_counter()
         self.counts.clear()
-        for _, record in decode_batch(self.lm, self.items(), ROWS, ignore_eos=self.ignore_eos):
+        for _, record in decode_batch(self.lm, self.items(), self.rows, ignore_eos=self.ignore_eos):
             if isinstance(record, TokenEvent):
                 self.counts["tokens"] += 1
             elif isinstance(record, Summary) and record.facts.speculation is not None:
@@ -117,14 +121,14 @@ def run_suffix_benchmark(
         return SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=tokens, seed=1000 + i)
 
     workloads = [
-        (f"{RECORDS} records of one JSON shape, greedy (batch {ROWS})", records, lambda i: greedy, False, 1.5),
-        (f"{CHATS} open chat prompts, sampled (batch {ROWS})", chats, sampled, True, 0.95),
-    ]
+        (f"{RECORDS} records of one JSON shape, greedy (batch {size})", records, lambda i: greedy, False, 1.5, size)
+        for size in ROWS
+    ] + [(f"{CHATS} open chat prompts, sampled (batch {size})", chats, sampled, True, 0.95, size) for size in ROWS]
     rows = []
-    for name, prompts, cfg, ignore_eos, bar in workloads:
+    for name, prompts, cfg, ignore_eos, bar, size in workloads:
         log(f"--draft suffix against no drafting: {name}")
-        drafting = Side(lm, _items(lm, prompts, cfg, True), ignore_eos)
-        plain = Side(lm, _items(lm, prompts, cfg, False), ignore_eos)
+        drafting = Side(lm, _items(lm, prompts, cfg, True), ignore_eos, size)
+        plain = Side(lm, _items(lm, prompts, cfg, False), ignore_eos, size)
         mine, theirs = rounds(runs, [drafting, plain])
         last = drafting.counts
         rate = last["accepted"] / last["drafted"] if last["drafted"] else 0.0

@@ -107,7 +107,7 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
 @click.option(
     "--suffix",
     is_flag=True,
-    help="Instead: --draft suffix against no drafting, batch 4: 16 requests of one JSON shape (greedy) and 16 "
+    help="Instead: --draft suffix against no drafting, one request at a time and 4 at once: 16 requests of one JSON shape (greedy) and 16 "
     "open chat prompts (sampled); on --backend llama.cpp too.",
 )
 def bench(**options: Any) -> None:

@@ -28,10 +28,11 @@ def test_bench_suffix_writes_both_workloads(tiny_model_dir, tmp_path, monkeypatc
     (path,) = out.glob("bench-suffix-cpu-float32-*.json")
     document = json.loads(path.read_text())
     assert document["backend"] == "transformers" and document["runs"] == 2
-    records, chats = document["rows"]
-    assert [list(row) for row in document["rows"]] == [ROW_KEYS, ROW_KEYS]
+    records, records_4, chats, chats_4 = document["rows"]
+    assert [list(row) for row in document["rows"]] == [ROW_KEYS] * 4
     assert records["workload"].startswith("4 records") and chats["workload"].startswith("2 open chat")
-    assert (records["bar"], chats["bar"]) == (1.5, 0.95)
+    assert [row["workload"][-9:] for row in document["rows"]] == ["(batch 1)", "(batch 4)"] * 2
+    assert (records["bar"], records_4["bar"], chats["bar"], chats_4["bar"]) == (1.5, 1.5, 0.95, 0.95)
     for row in document["rows"]:
         assert row["tok_s"] > 0 and row["plain_tok_s"] > 0 and row["ratio"] > 0
         assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_pass"] >= 1  # the drafting side drafted
