@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsample import __version__
-from llmsample.client.wire import JOB_PATH, VERSION_HEADER, Failed, Job, decode, served
+from llmsample.client.wire import DETERMINISTIC_HEADER, JOB_PATH, VERSION_HEADER, Failed, Job, decode, served
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
 
@@ -53,6 +53,7 @@ class Target:
     where: str
     api_key: str | None = None
     name: str | None = None  # the model it serves, when known before asking
+    deterministic: bool = False  # the command asked for --deterministic: the engine must compute rows alone
 
     def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         if self.where.startswith("unix:"):
@@ -65,6 +66,8 @@ class Target:
 
     def headers(self) -> dict[str, str]:
         headers = {VERSION_HEADER: __version__, "Content-Type": "application/json"}
+        if self.deterministic:
+            headers[DETERMINISTIC_HEADER] = "1"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
@@ -84,6 +87,26 @@ def get_json(target: Target, path: str, timeout: float = 5.0) -> Any:
     if response.status != 200:
         raise _refusal(target, response.status, body)
     return json.loads(body)
+
+
+def post_json(target: Target, path: str, body: dict[str, Any]) -> Any:
+    """A POST answered with JSON (``explain``'s); a refusal is the in-process run's error, an
+    engine that cannot be reached or breaks off is :class:`EngineGone`."""
+    connection = target.connection()
+    try:
+        connection.request("POST", path, json.dumps(body, allow_nan=False), target.headers())
+        response = connection.getresponse()
+        answer = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise EngineGone(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise _refusal(target, response.status, answer)
+    try:
+        return json.loads(answer)
+    except ValueError:
+        raise EngineGone(f"the engine at {target.where} went away mid-answer") from None
 
 
 def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iterator[TokenEvent | Summary]:
@@ -187,6 +210,8 @@ def _refusal(target: Target, status: int, body: bytes) -> Exception:
         message = body.decode(errors="replace").strip()[:200] or f"HTTP {status}"
     if status in (400, 401, 404, 409):
         return UserError(message)
+    if status == 422 and _code(body) == "run_failed":  # the run itself failed there, as it would here
+        return RuntimeFailure(message)
     return RuntimeFailure(f"the engine at {target.where} answered {status}: {message}")
 
 

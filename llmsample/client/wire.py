@@ -27,8 +27,11 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Constraint
 
 JOB_PATH = "/llmsample/v1/generate"
+EXPLAIN_PATH = "/llmsample/v1/explain"
 ENGINE_PATH = "/llmsample/v1/engine"
 VERSION_HEADER = "X-Llmsample-Version"
+DETERMINISTIC_HEADER = "X-Llmsample-Deterministic"
+"""Sent by a command run with ``--deterministic``: an engine not started in that mode refuses it."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,34 @@ def job_from_json(data: Any) -> Job:
     cfg = dataclasses.replace(cfg, constraint=constraint)
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
                   "messages": _messages(data.get("messages"))})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """``explain``'s question for an engine: a job's prompt and settings (``top_n``: candidates
+    shown), and ``continuation`` to score (None: the next token) or ``watch``'s tokens as given."""
+
+    job: Job
+    continuation: str | None = None
+    watch: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job.to_json(), "continuation": self.continuation, "watch": list(self.watch)}
+
+
+def explanation_from_json(data: Any) -> Explanation:
+    """The engine's side; a body that is not one raises ``ValueError`` naming what is wrong."""
+    if not isinstance(data, dict) or set(data) - {"job", "continuation", "watch"} or "job" not in data:
+        raise ValueError("an explanation has the keys job (required), continuation and watch")
+    job = job_from_json(data["job"])
+    if job.messages is not None or job.ngram is not None:
+        raise ValueError("job: explain takes a prompt, not messages or drafts")
+    continuation, watch = data.get("continuation"), data.get("watch") or []
+    if continuation is not None and not isinstance(continuation, str):
+        raise ValueError(f"continuation: expected a string, got {continuation!r}")
+    if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
+        raise ValueError(f"watch: expected a list of strings, got {watch!r}")
+    return Explanation(job, continuation, tuple(watch))
 
 
 def _constraint(data: Any) -> Constraint | None:
