@@ -90,3 +90,12 @@ def test_a_plain_server_refuses_deterministic_in_one_line(engines: Engine) -> No
                            input="w3\n")  # fmt: skip
         assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
         assert "--deterministic needs an engine started with --deterministic" in done.stderr
+
+
+def test_explain_on_a_deterministic_server_is_the_in_process_explain(engines: Engine) -> None:
+    """explain has no deterministic mode: such an engine answers it as a plain model, to the bit."""
+    exact = next(r for r in map(json.loads, map(Path.read_text, (engines.runtime / "llmsample").glob("*.json")))
+                 if r["spec"]["deterministic"])  # fmt: skip
+    args = ("explain", *engines.load_args, "-p", "w4 w6 w3", "--continuation", " w7 w3 w5 w9", "--format", "jsonl")
+    there = engines.cli(*args, "--host", f"unix:{exact['socket']}")
+    assert there.returncode == 0 and there.stdout == engines.cli(*args, "--local").stdout, there.stderr
