@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsample import __version__
-from llmsample.client.wire import DETERMINISTIC_HEADER, JOB_PATH, VERSION_HEADER, Failed, Job, decode, served
+from llmsample.client.wire import (
+    DETERMINISTIC_HEADER,
+    DROPPED_HEADER,
+    JOB_PATH,
+    VERSION_HEADER,
+    Failed,
+    Job,
+    decode,
+    served,
+)
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
 
@@ -113,7 +122,21 @@ def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iter
     """The job's records as the engine decodes them, its summary last (saying where it ran).
     ``waiting`` is told once, in one line, when the engine is full and the job waits for a row;
     a row the engine could not finish raises as the in-process run would."""
-    records = _records(target, *_admitted(target, job, waiting))
+    yield from _raising(_records(target, *_admitted(target, job, waiting)))
+
+
+def chat_job(
+    target: Target, job: Job, waiting: Callable[[str], None]
+) -> tuple[Iterator[TokenEvent | Summary], int]:
+    """A chat's reply, its row admitted before this returns: its records (as :func:`stream_job`'s),
+    and how many of the conversation's oldest exchanges the engine dropped to fit its context
+    (``job.fit_room``)."""
+    connection, response = _admitted(target, job, waiting)
+    return _raising(_records(target, connection, response)), int(response.getheader(DROPPED_HEADER) or 0)
+
+
+def _raising(records: Iterator[TokenEvent | Summary | Failed]) -> Iterator[TokenEvent | Summary]:
+    """A row the engine could not finish raises as the in-process run would."""
     try:
         for record in records:
             if isinstance(record, Failed):

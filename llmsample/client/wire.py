@@ -30,6 +30,7 @@ JOB_PATH = "/llmsample/v1/generate"
 EXPLAIN_PATH = "/llmsample/v1/explain"
 ENGINE_PATH = "/llmsample/v1/engine"
 VERSION_HEADER = "X-Llmsample-Version"
+DROPPED_HEADER = "X-Llmsample-Dropped"
 DETERMINISTIC_HEADER = "X-Llmsample-Deterministic"
 """Sent by a command run with ``--deterministic``: an engine not started in that mode refuses it."""
 
@@ -40,7 +41,9 @@ class Job:
     (the engine applies the chat template, as the in-process run does), the settings with their
     seed and compiled constraint, how many alternatives each record lists, and ``--draft ngram``
     (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive).
-    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text."""
+    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text;
+    ``fit_room``: a chat's positions kept for the reply, the conversation's oldest exchanges
+    dropped until it fits the context (how many: the answer's :data:`DROPPED_HEADER`)."""
 
     prompt: str
     cfg: SamplingConfig
@@ -53,6 +56,7 @@ class Job:
     ngram: tuple[int, int] | None = None
     draft_tokens: int | None = None
     messages: list[dict[str, Any]] | None = None
+    fit_room: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
@@ -77,6 +81,9 @@ def job_from_json(data: Any) -> Job:
     constraint = _constraint(config.get("constraint"))
     cfg = SamplingConfig(**{key: _tuples(value) for key, value in config.items() if key != "constraint"})
     cfg = dataclasses.replace(cfg, constraint=constraint)
+    room = data.get("fit_room")
+    if room is not None and not (type(room) is int and room >= 0 and data.get("messages") is not None):
+        raise ValueError(f"fit_room: expected a whole number from 0, with messages, got {room!r}")
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
                   "messages": _messages(data.get("messages"))})  # fmt: skip
 

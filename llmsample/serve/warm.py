@@ -28,6 +28,7 @@ from llmsample import __version__
 from llmsample.client import registry
 from llmsample.client.wire import (
     DETERMINISTIC_HEADER,
+    DROPPED_HEADER,
     ENGINE_PATH,
     EXPLAIN_PATH,
     JOB_PATH,
@@ -38,7 +39,7 @@ from llmsample.client.wire import (
     explanation_from_json,
     job_from_json,
 )
-from llmsample.engine.prompt import has_chat_template, message_id_list, prompt_id_list
+from llmsample.engine.prompt import fit_exchanges, has_chat_template, message_id_list, prompt_id_list
 from llmsample.engine.rows import BatchItem
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats
@@ -81,7 +82,7 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
                              "dtype": dtype_name(lm.dtype), "device": str(lm.device), "pid": os.getpid(),
                              "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
                              "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
-                             "deterministic": lm.deterministic,
+                             "deterministic": lm.deterministic, "context_length": lm.context_length,
                              **state.engine.figures()})  # fmt: skip
 
     async def explain(state: ServeState, request: HttpRequest) -> Response:
@@ -116,14 +117,15 @@ async def run_job(state: ServeState, request: HttpRequest) -> Response:
     except (ValueError, TypeError) as exc:
         raise ApiError(400, f"not a job: {exc}") from None
     _check_model(state, job)
-    items = await off_loop(job_items, state, job)
+    items, dropped = await off_loop(job_items, state, job)
     queue = enqueue(state, items)
 
     async def lines() -> Any:
         async for batch in records(state, request, {items[0].key: 0}, queue):
             yield "".join(encode(record) + "\n" for _, record in batch)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
+    headers = {"Cache-Control": "no-cache", DROPPED_HEADER: str(dropped)}
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
 
 
 async def run_explain(state: ServeState, request: HttpRequest) -> Response:
@@ -170,11 +172,15 @@ def _check_model(state: ServeState, job: Job) -> None:
                        "model_not_found")  # fmt: skip
 
 
-def job_items(state: ServeState, job: Job) -> list[BatchItem]:
-    """The job's row, built as ``generate`` builds its own in-process (tokenizer alone: no torch here)."""
+def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
+    """The job's row, built as ``generate`` builds its own in-process (tokenizer alone: no torch
+    here), and how many of a chat's oldest exchanges were dropped to fit (``fit_room``)."""
     lm = state.lm
+    dropped = 0
     try:
-        if job.messages is not None:
+        if job.fit_room is not None and job.messages is not None:
+            ids, dropped = fit_exchanges(lm, job.messages, job.fit_room)
+        elif job.messages is not None:
             ids = message_id_list(lm, job.messages, job.truncate, job.cfg.max_tokens)
         else:
             ids = prompt_id_list(lm, job.prompt, job.system, job.raw, job.truncate, job.cfg.max_tokens)
@@ -188,7 +194,8 @@ def job_items(state: ServeState, job: Job) -> list[BatchItem]:
     drafter = None
     if job.ngram is not None:
         drafter = _ngram_drafter(lm, *job.ngram)
-    return [BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n)]
+    item = BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n)
+    return [item], dropped
 
 
 def _ngram_drafter(lm: Any, ngram_min: int, ngram_max: int) -> Any:
