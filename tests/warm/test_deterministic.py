@@ -99,3 +99,10 @@ def test_explain_on_a_deterministic_server_is_the_in_process_explain(engines: En
     args = ("explain", *engines.load_args, "-p", "w4 w6 w3", "--continuation", " w7 w3 w5 w9", "--format", "jsonl")
     there = engines.cli(*args, "--host", f"unix:{exact['socket']}")
     assert there.returncode == 0 and there.stdout == engines.cli(*args, "--local").stdout, there.stderr
+
+
+def test_chat_replay_is_refused_on_a_deterministic_engine(engines: Engine) -> None:
+    """--replay turns --deterministic on, so a deterministic engine would run it: one line."""
+    done = engines.cli("chat", *engines.load_args, "--replay", "-c")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "--replay does not run on the warm engine" in done.stderr
