@@ -1,16 +1,18 @@
 """Why a token: the sampler chain stage by stage for the next token, and teacher-forced scoring
-of a given continuation. Both run the pipeline's own functions, never a copy of them."""
+of a given continuation. Both run the pipeline's own functions, never a copy of them, and
+:func:`explain_prompt` is what ``explain`` runs from its own words, in its process or on a warm
+engine (the records are :mod:`llmsample.analysis.explain_records`)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from llmsample.analysis.explain_records import Answer, ChainReport, ScoredToken, StageCandidate
 from llmsample.engine.emitter import raise_nothing_left
 from llmsample.engine.forcing import forced_logits
 from llmsample.models.loading import LoadedModel
@@ -18,40 +20,6 @@ from llmsample.sampling import blocks
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Chain, entropy_bits, sampler_chain
-
-
-@dataclass(frozen=True)
-class StageCandidate:
-    token_id: int
-    text: str
-    probs: dict[str, float]  # stage name -> probability after that stage (0 once removed)
-    removed_by: str | None
-
-
-@dataclass(frozen=True)
-class ChainReport:
-    stages: list[str]
-    candidates: list[StageCandidate]
-    kept: dict[str, int]  # stage -> candidates still allowed after it
-    entropy: float  # of the final distribution, bits
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "chain", **asdict(self)}
-
-
-@dataclass(frozen=True)
-class ScoredToken:
-    index: int
-    token_id: int
-    text: str
-    model_prob: float
-    prob: float  # under the preset's sampling distribution
-    model_rank: int
-    allowed: bool
-    removed_by: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"type": "scored", **asdict(self)}
 
 
 def check_candidates(chain: Chain, first_index: int, first_position: int) -> None:
@@ -161,3 +129,41 @@ def score_continuation(
             )
         )
     return scored
+
+
+def continuation_ids(lm: LoadedModel, text: str) -> list[int]:
+    """``--continuation``'s tokens, as the model would write them (no special tokens)."""
+    ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
+    if not ids:
+        from llmsample.errors import UserError
+
+        raise UserError("--continuation is empty; give the text to score")
+    return ids
+
+
+def explain_prompt(
+    lm: LoadedModel,
+    prompt: str,
+    cfg: SamplingConfig,
+    *,
+    system: str | None = None,
+    raw: bool = False,
+    truncate: str = "error",
+    top_n: int = 10,
+    continuation: str | None = None,
+    watch: Sequence[str] = (),
+) -> Answer:
+    """``explain`` without ``--layers`` or ``--tree``, from the command's words: the prompt as
+    ``generate`` encodes it, the next token's report (``watch``: tokens named as ``--watch``
+    names them), or ``continuation`` scored. One function for both places it runs, so a warm
+    engine's answer is the in-process run's to the last bit."""
+    from llmsample.engine.prompt import encode_prompt
+    from llmsample.sampling.vocabulary import Vocabulary, named_tokens
+
+    watched = ()
+    if watch:
+        watched = named_tokens(Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids), watch, "--watch")
+    prompt_ids = encode_prompt(lm, prompt, system, raw, truncate, cfg.max_tokens)
+    if continuation is not None:
+        return score_continuation(lm, prompt_ids, continuation_ids(lm, continuation), cfg)
+    return explain_next(lm, prompt_ids, cfg, top_n, [token for _, token in watched])

@@ -71,18 +71,11 @@ class Conversation:
     def fit(self, lm: LoadedModel, room: int) -> tuple[list[int], int]:
         """The rendered conversation with ``room`` positions left for the reply, dropping the
         oldest exchanges after the system message until it fits; returns (ids, exchanges dropped)."""
-        from llmsample.engine.prompt import render_messages
+        from llmsample.engine.prompt import fit_exchanges
 
-        limit = lm.context_length
-        for dropped in range(max(len(self.turns), 1)):
-            ids = render_messages(lm, Conversation(self.system, self.turns[dropped:]).messages())
-            if not limit or len(ids) + room <= limit:
-                del self.turns[:dropped]
-                return ids, dropped
-        raise UserError(  # nothing dropped: the conversation goes on as it was
-            f"this message is {len(ids)} tokens with the template, and the context of {lm.name} is "
-            f"{limit} ({room} kept for the reply); send a shorter one, or lower max_tokens with /set"
-        )
+        ids, dropped = fit_exchanges(lm, self.messages(), room)
+        del self.turns[:dropped]
+        return ids, dropped
 
 
 def save(path: Path, conversation: Conversation, header: dict[str, Any]) -> None:

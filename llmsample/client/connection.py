@@ -15,7 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsample import __version__
-from llmsample.client.wire import JOB_PATH, VERSION_HEADER, Failed, Job, decode, served
+from llmsample.client.wire import (
+    DETERMINISTIC_HEADER,
+    DROPPED_HEADER,
+    JOB_PATH,
+    VERSION_HEADER,
+    Failed,
+    Job,
+    decode,
+    served,
+)
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
 
@@ -53,6 +62,7 @@ class Target:
     where: str
     api_key: str | None = None
     name: str | None = None  # the model it serves, when known before asking
+    deterministic: bool = False  # the command asked for --deterministic: the engine must compute rows alone
 
     def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         if self.where.startswith("unix:"):
@@ -65,6 +75,8 @@ class Target:
 
     def headers(self) -> dict[str, str]:
         headers = {VERSION_HEADER: __version__, "Content-Type": "application/json"}
+        if self.deterministic:
+            headers[DETERMINISTIC_HEADER] = "1"
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
@@ -86,11 +98,45 @@ def get_json(target: Target, path: str, timeout: float = 5.0) -> Any:
     return json.loads(body)
 
 
+def post_json(target: Target, path: str, body: dict[str, Any]) -> Any:
+    """A POST answered with JSON (``explain``'s); a refusal is the in-process run's error, an
+    engine that cannot be reached or breaks off is :class:`EngineGone`."""
+    connection = target.connection()
+    try:
+        connection.request("POST", path, json.dumps(body, allow_nan=False), target.headers())
+        response = connection.getresponse()
+        answer = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise EngineGone(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+    finally:
+        connection.close()
+    if response.status != 200:
+        raise _refusal(target, response.status, answer)
+    try:
+        return json.loads(answer)
+    except ValueError:
+        raise EngineGone(f"the engine at {target.where} went away mid-answer") from None
+
+
 def stream_job(target: Target, job: Job, waiting: Callable[[str], None]) -> Iterator[TokenEvent | Summary]:
     """The job's records as the engine decodes them, its summary last (saying where it ran).
     ``waiting`` is told once, in one line, when the engine is full and the job waits for a row;
     a row the engine could not finish raises as the in-process run would."""
-    records = _records(target, *_admitted(target, job, waiting))
+    yield from _raising(_records(target, *_admitted(target, job, waiting)))
+
+
+def chat_job(
+    target: Target, job: Job, waiting: Callable[[str], None]
+) -> tuple[Iterator[TokenEvent | Summary], int]:
+    """A chat's reply, its row admitted before this returns: its records (as :func:`stream_job`'s),
+    and how many of the conversation's oldest exchanges the engine dropped to fit its context
+    (``job.fit_room``)."""
+    connection, response = _admitted(target, job, waiting)
+    return _raising(_records(target, connection, response)), int(response.getheader(DROPPED_HEADER) or 0)
+
+
+def _raising(records: Iterator[TokenEvent | Summary | Failed]) -> Iterator[TokenEvent | Summary]:
+    """A row the engine could not finish raises as the in-process run would."""
     try:
         for record in records:
             if isinstance(record, Failed):
@@ -187,6 +233,8 @@ def _refusal(target: Target, status: int, body: bytes) -> Exception:
         message = body.decode(errors="replace").strip()[:200] or f"HTTP {status}"
     if status in (400, 401, 404, 409):
         return UserError(message)
+    if status == 422 and _code(body) == "run_failed":  # the run itself failed there, as it would here
+        return RuntimeFailure(message)
     return RuntimeFailure(f"the engine at {target.where} answered {status}: {message}")
 
 

@@ -20,9 +20,10 @@ from typing import Any
 
 from llmsample.errors import UserError
 
-SPEC_KEYS = ("model", "device", "dtype", "backend", "quantize")
+SPEC_KEYS = ("model", "device", "dtype", "backend", "quantize", "deterministic")
 """The load options that make two engines different (an engine refuses the others: placement,
-``--compile``, ``--tp``)."""
+``--compile``, ``--tp``). ``--deterministic`` is one: such an engine computes every row alone,
+so its numbers are the in-process ``--deterministic`` run's, and a plain command's are not."""
 
 
 def runtime_path() -> Path:
@@ -54,6 +55,7 @@ def spec_of(options: dict[str, Any]) -> dict[str, Any]:
     spec["backend"] = spec["backend"] or "auto"
     spec["dtype"] = spec["dtype"] or "auto"
     spec["device"] = spec["device"] or "auto"
+    spec["deterministic"] = bool(spec["deterministic"])
     return spec
 
 
@@ -81,6 +83,11 @@ class EngineRecord:
     @property
     def where(self) -> str:
         return f"unix:{self.socket}"
+
+    @property
+    def deterministic(self) -> bool:
+        """Started with ``--deterministic`` (every row computed alone)."""
+        return bool(self.spec.get("deterministic"))
 
 
 def record_path(directory: Path, ident: str) -> Path:

@@ -1,6 +1,9 @@
 """Which engine a command runs on, decided from its options before anything heavy is imported:
 ``--local`` (in this process), ``--host URL`` / ``LLMSAMPLE_HOST`` (that server, or a one-line
-error), else a warm engine of this user's started with the same model options, else in-process."""
+error), else a warm engine of this user's started with the same model options, else in-process.
+``--deterministic`` is one of those options: such a command finds only an engine started with
+it (``llmsample start --deterministic``), and a server given by ``--host`` refuses it unless it
+runs in that mode."""
 
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ UNSERVED = {
     "device_map": "--device-map",
     "max_memory": "--max-memory",
     "offload_folder": "--offload-folder",
-    "deterministic": "--deterministic",
 }
 """Options an engine's rows cannot take (a model of its own, a per-run setting of the loop, a
 placement): refused in one line when an engine would run the command, never dropped."""
@@ -47,7 +49,8 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
         flag = unserved(options, refused)
         if flag:
             raise UserError(f"{flag} does not run on an engine (--host / LLMSAMPLE_HOST); leave it out or pass --local")
-        return Target(host.rstrip("/"), os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"))
+        return Target(host.rstrip("/"), os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"),
+                      bool(options.get("deterministic")))
     if not _has_engines():
         return None
     record = registry.find(registry.spec_of(options))
@@ -63,7 +66,23 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
             f"the warm engine for {record.name} runs llmsample {record.version}, this is {__version__}: "
             f"restart it (llmsample stop --all; llmsample start) or pass --local"
         )
-    return Target(record.where, name=record.name)
+    return Target(record.where, name=record.name, deterministic=record.deterministic)
+
+
+def choose_deterministic(options: dict[str, Any]) -> tuple[Target | None, bool]:
+    """The engine for a command whose ``--deterministic`` defaults to on (``compare-presets``),
+    and whether the run is deterministic: here, or on this user's deterministic engine of the
+    model (on); else on a plain engine or a ``--host`` server, whose rows share passes (off)."""
+    given = options.get("deterministic")
+    if given is not None:
+        return choose(options), given
+    hosted = options.get("host") or os.environ.get("LLMSAMPLE_HOST")
+    if not hosted:
+        target = choose({**options, "deterministic": True})
+        if target is not None:
+            return target, True
+    target = choose({**options, "deterministic": False})
+    return target, target is None
 
 
 def _has_engines() -> bool:

@@ -27,8 +27,12 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Constraint
 
 JOB_PATH = "/llmsample/v1/generate"
+EXPLAIN_PATH = "/llmsample/v1/explain"
 ENGINE_PATH = "/llmsample/v1/engine"
 VERSION_HEADER = "X-Llmsample-Version"
+DROPPED_HEADER = "X-Llmsample-Dropped"
+DETERMINISTIC_HEADER = "X-Llmsample-Deterministic"
+"""Sent by a command run with ``--deterministic``: an engine not started in that mode refuses it."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,9 @@ class Job:
     (the engine applies the chat template, as the in-process run does), the settings with their
     seed and compiled constraint, how many alternatives each record lists, and ``--draft ngram``
     (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive).
-    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text."""
+    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text;
+    ``fit_room``: a chat's positions kept for the reply, the conversation's oldest exchanges
+    dropped until it fits the context (how many: the answer's :data:`DROPPED_HEADER`)."""
 
     prompt: str
     cfg: SamplingConfig
@@ -50,6 +56,7 @@ class Job:
     ngram: tuple[int, int] | None = None
     draft_tokens: int | None = None
     messages: list[dict[str, Any]] | None = None
+    fit_room: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
@@ -74,8 +81,39 @@ def job_from_json(data: Any) -> Job:
     constraint = _constraint(config.get("constraint"))
     cfg = SamplingConfig(**{key: _tuples(value) for key, value in config.items() if key != "constraint"})
     cfg = dataclasses.replace(cfg, constraint=constraint)
+    room = data.get("fit_room")
+    if room is not None and not (type(room) is int and room >= 0 and data.get("messages") is not None):
+        raise ValueError(f"fit_room: expected a whole number from 0, with messages, got {room!r}")
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
                   "messages": _messages(data.get("messages"))})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """``explain``'s question for an engine: a job's prompt and settings (``top_n``: candidates
+    shown), and ``continuation`` to score (None: the next token) or ``watch``'s tokens as given."""
+
+    job: Job
+    continuation: str | None = None
+    watch: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job.to_json(), "continuation": self.continuation, "watch": list(self.watch)}
+
+
+def explanation_from_json(data: Any) -> Explanation:
+    """The engine's side; a body that is not one raises ``ValueError`` naming what is wrong."""
+    if not isinstance(data, dict) or set(data) - {"job", "continuation", "watch"} or "job" not in data:
+        raise ValueError("an explanation has the keys job (required), continuation and watch")
+    job = job_from_json(data["job"])
+    if job.messages is not None or job.ngram is not None:
+        raise ValueError("job: explain takes a prompt, not messages or drafts")
+    continuation, watch = data.get("continuation"), data.get("watch") or []
+    if continuation is not None and not isinstance(continuation, str):
+        raise ValueError(f"continuation: expected a string, got {continuation!r}")
+    if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
+        raise ValueError(f"watch: expected a list of strings, got {watch!r}")
+    return Explanation(job, continuation, tuple(watch))
 
 
 def _constraint(data: Any) -> Constraint | None:

@@ -6,7 +6,7 @@ same transcript. What reads the model itself (``/explain``, ``/branch``, ``/watc
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from llmsample.chat.conversation import Conversation
@@ -21,9 +21,10 @@ class EngineChat(Chat):
     """A :class:`Chat` whose replies the engine at ``target`` decodes; no model here."""
 
     def __init__(
-        self, target: Target, name: str, preset: str, cfg: SamplingConfig, settings: ChatSettings, views: Views
-    ) -> None:
-        self.target, self.name = target, name
+        self, target: Target, name: str, preset: str, cfg: SamplingConfig, settings: ChatSettings, views: Views,
+        context_length: int | None = None,
+    ) -> None:  # fmt: skip
+        self.target, self.name, self.context_length = target, name, context_length
         self.ngram: tuple[int, int] | None = None  # --draft ngram: drafted on the engine
         self.lm = None  # type: ignore[assignment]  # the engine's
         self.preset, self.cfg, self.settings, self.drafter, self.views = preset, cfg, settings, None, views
@@ -40,26 +41,32 @@ class EngineChat(Chat):
     def _decode(
         self, cfg: SamplingConfig, prefix: list[int], stats: RunStats
     ) -> tuple[list[int], Generator[Any, None, None]]:
-        """The conversation's messages as a job; the prompt's ids stay the engine's (nothing here reads them)."""
+        """The conversation's messages as a job; the prompt's ids stay the engine's (nothing here
+        reads them). The engine drops the oldest exchanges to leave the reply room in its context,
+        as in-process (the same room, the same function); this conversation drops them too."""
+        from llmsample.client.connection import chat_job, say
         from llmsample.client.wire import Job
 
         if prefix:
             raise UserError("forcing tokens into a reply needs the model in this process; start the chat with --local")
+        limit = self.context_length or 0
         job = Job("", cfg, self.preset, top_n=self.settings.top_n, messages=self.conversation.messages(),
                   model=None if self.target.where.startswith("unix:") else self.name, ngram=self.ngram,
-                  draft_tokens=self.settings.draft_tokens if self.ngram else None)  # fmt: skip
-        return [], _pairs(self.target, job)
+                  draft_tokens=self.settings.draft_tokens if self.ngram else None,
+                  fit_room=min(cfg.max_tokens, limit // 2))  # fmt: skip
+        records, dropped = chat_job(self.target, job, say)
+        if dropped:
+            del self.conversation.turns[:dropped]
+            self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
+        return [], _pairs(records)
 
     def close(self) -> None:
         pass  # the engine keeps its own cache
 
 
-def _pairs(target: Target, job: Any) -> Generator[Any, None, None]:
+def _pairs(records: Iterator[Any]) -> Generator[Any, None, None]:
     """The job's records as the session's ``(key, record)`` pairs; closing it closes the
     connection, and the engine cancels the row (a Ctrl-C)."""
-    from llmsample.client.connection import say, stream_job
-
-    records = stream_job(target, job, say)
     try:
         for record in records:
             yield 0, record
@@ -80,7 +87,7 @@ def start_on(target: Target, options: dict[str, Any], views: Views, settings: Ch
         raise UserError(f"model {options['model']!r} is not served at {target.where}; it runs {name!r}")
     if status.get("chat_template") is False:
         raise UserError(f"{name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
-    chat = EngineChat(target, name, preset, cfg, settings, views)
+    chat = EngineChat(target, name, preset, cfg, settings, views, status.get("context_length"))
     if options["draft"] == "ngram":
         chat.ngram = (options["ngram_min"], options["ngram_max"])
     return chat

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 @html_option
 @no_color_option
 @quiet_option()
-@deterministic_option(None, "on; off on a warm engine")
+@deterministic_option(None, "on; off on a plain warm engine or --host")
 @with_engine_options
 def compare_presets(**options: Any) -> None:
     """Run the same prompt through several presets (one model load) and compare them.
@@ -58,7 +58,7 @@ def compare_presets(**options: Any) -> None:
     A warm engine of the same model (llmsample start) decodes the samples instead of this process.
     """
     from llmsample.analysis.compare import compare_rows, local_rows
-    from llmsample.client.route import choose
+    from llmsample.client.route import choose_deterministic
     from llmsample.render.jsonout import strict_json
     from llmsample.sampling import presets as preset_store
 
@@ -76,9 +76,7 @@ def compare_presets(**options: Any) -> None:
     constraint = constraint_from(options)  # a bad one fails before the model load
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
-    target = choose(options)
-    if options["deterministic"] is None:  # on unless the run goes to a warm engine (its rows share passes)
-        options["deterministic"] = target is None
+    target, options["deterministic"] = choose_deterministic(options)  # on, unless rows share an engine's passes
     if target is not None:
         rows, model = engine_rows(target, prompt, options), target.name or options["model"] or ""
     else:

@@ -50,6 +50,9 @@ def _locked(path: Path) -> Iterator[None]:
 @click.option("--max-queue", type=click.IntRange(0, 100000), help="Rows that may wait for a free one [default: 256].")
 @click.option("--keep-alive", default="10m", show_default=True, metavar="DURATION",
               help="Stop after this long without work: 30s, 10m, 1h, or never.")  # fmt: skip
+@click.option("--deterministic", is_flag=True,
+              help="Every row computed alone, one position per pass (docs/determinism.md): commands run with "
+              "--deterministic use this engine, and only they.")  # fmt: skip
 @quiet_option()
 def start(**options: Any) -> None:
     """Start a warm engine: the model stays loaded, and generate uses it (a fraction of a second).
@@ -60,6 +63,7 @@ def start(**options: Any) -> None:
     \b
     llmsample start
     llmsample start -m HuggingFaceTB/SmolLM2-360M-Instruct --keep-alive 1h
+    llmsample start --deterministic    # for batch/generate --deterministic, and compare-presets
     """
     if options["compile_model"]:
         raise UserError(
@@ -72,11 +76,13 @@ def start(**options: Any) -> None:
     with _locked(directory / f"{ident}.lock"):
         record = registry.find(spec, directory)
         if record is not None:
-            click.echo(f"{record.where} (already running: {record.name}, pid {record.pid})")
+            mode = ", deterministic" if record.deterministic else ""
+            click.echo(f"{record.where} (already running: {record.name}{mode}, pid {record.pid})")
             return
         record = _spawn(options, directory, ident, keep_s)
     keeps = "never stops by itself" if keep_s is None else f"keep-alive {options['keep_alive']}"
-    click.echo(f"{record.where} ({record.name}, {record.backend} {record.dtype}, pid {record.pid}, {keeps})")
+    mode = ", deterministic" if record.deterministic else ""
+    click.echo(f"{record.where} ({record.name}, {record.backend} {record.dtype}{mode}, pid {record.pid}, {keeps})")
 
 
 def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float | None) -> registry.EngineRecord:
@@ -88,6 +94,8 @@ def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float |
             command += [flag, str(options[key])]
     if keep_s is not None:
         command += ["--keep-alive", repr(keep_s)]
+    if options["deterministic"]:
+        command.append("--deterministic")
     log = directory / f"{ident}.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
@@ -118,7 +126,10 @@ def _wait_ready(proc: subprocess.Popen, directory: Path, ident: str, log: Path) 
 
 @click.command(cls=GroupedCommand)
 def ps() -> None:
-    """List the running engines: model, backend, dtype, rows in flight, memory, idle time."""
+    """List the running engines: model, backend, dtype, mode, rows in flight, memory, idle time.
+
+    MODE is ``deterministic`` for an engine started with --deterministic (every row computed
+    alone), else ``batched``."""
     from llmsample.client.connection import Target, get_json
 
     rows = []
@@ -129,12 +140,13 @@ def ps() -> None:
         except (RuntimeFailure, UserError, KeyError, ValueError):
             rows_in, idle = "?", "?"
         keep = "never" if record.keep_alive_s is None else f"{record.keep_alive_s:g}s"
-        rows.append((record.name, record.backend, record.dtype, rows_in, _memory(record.pid), idle, keep,
+        mode = "deterministic" if record.deterministic else "batched"
+        rows.append((record.name, record.backend, record.dtype, mode, rows_in, _memory(record.pid), idle, keep,
                      str(record.pid), record.where))  # fmt: skip
     if not rows:
         click.echo("no engines running (llmsample start starts one)", err=True)
         return
-    header = ("MODEL", "BACKEND", "DTYPE", "ROWS", "MEMORY", "IDLE", "KEEP-ALIVE", "PID", "WHERE")
+    header = ("MODEL", "BACKEND", "DTYPE", "MODE", "ROWS", "MEMORY", "IDLE", "KEEP-ALIVE", "PID", "WHERE")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())

@@ -24,6 +24,7 @@ from llmsample.commands.options import (
     sampling_options,
     watch_option,
 )
+from llmsample.commands.warm import with_engine_options
 
 MAX_DEPTH, MAX_WIDTH, MAX_LEAVES = 6, 5, 256
 
@@ -82,6 +83,7 @@ def check_views(options: dict[str, Any]) -> None:
 @html_option
 @no_color_option
 @quiet_option()
+@with_engine_options
 def explain(**options: Any) -> None:
     """Show how the preset turns the model's next-token logits into the distribution it samples.
 
@@ -90,14 +92,39 @@ def explain(**options: Any) -> None:
     llmsample explain -p "Say hi" --continuation "Hello there!" --preset code
     llmsample explain -p "The capital of France is" --raw --layers
     llmsample explain -p "Once upon a time" --raw --tree 3 --tree-width 2
+
+    A warm engine of the same model (llmsample start) computes the next token's table and
+    --continuation's instead of this process; --layers and --tree run here (--local).
     """
-    from llmsample.analysis.explain import explain_next, score_continuation
-    from llmsample.engine.prompt import encode_prompt
-    from llmsample.render.jsonout import strict_json
-    from llmsample.terminal import stdout_console, use_color
+    from llmsample.client.route import choose
 
     preset, cfg = resolve_sampling(options)
     check_views(options)
+    views = [flag for flag, key in (("--layers", "layers"), ("--tree", "tree")) if options[key]]
+    target = choose({**options, "watch": None}, views)  # --watch runs there; before torch: the warm path stays light
+    if target is not None:
+        answer = explain_on(target, read_prompt(options["prompt"], options["raw"]), preset, cfg, options)
+    elif views:
+        show_view(options, cfg)
+        return
+    else:
+        from llmsample.analysis.explain import explain_prompt
+
+        prompt = read_prompt(options["prompt"], options["raw"])
+        lm = load_model_with_progress(options)
+        answer = explain_prompt(lm, prompt, cfg, system=options["system"], raw=options["raw"],
+                                truncate=options["truncate"], top_n=options["top_n"] or 10,
+                                continuation=options["continuation"], watch=options["watch"] or ())  # fmt: skip
+    show_answer(answer, preset, options)
+
+
+def show_view(options: dict[str, Any], cfg: Any) -> None:
+    """``--layers`` or ``--tree``, in this process (the model's layers, the tree's passes)."""
+    from llmsample.analysis.explain import continuation_ids
+    from llmsample.commands.explain_views import show_layers, show_tree
+    from llmsample.engine.prompt import encode_prompt
+    from llmsample.terminal import stdout_console, use_color
+
     if options["layers"] and options["backend"] == "auto":  # only transformers exposes the layers
         options = {**options, "backend": "transformers"}
     if options["layers"] and options["backend"] == "llama.cpp":  # said before the model loads
@@ -110,34 +137,46 @@ def explain(**options: Any) -> None:
     watch = resolve_watch(options, lm)
     prompt_ids = encode_prompt(lm, prompt, options["system"], options["raw"], options["truncate"], cfg.max_tokens)
     console = stdout_console(use_color(options["no_color"]))
-    ids = []
-    if options["continuation"] is not None:
-        ids = lm.tokenizer(options["continuation"], add_special_tokens=False)["input_ids"]
-        if not ids:
-            from llmsample.errors import UserError
+    ids = continuation_ids(lm, options["continuation"]) if options["continuation"] is not None else []
+    if options["layers"]:
+        show_layers(options, lm, prompt, prompt_ids, ids, cfg, [token for _, token in watch], console)
+    else:
+        show_tree(options, lm, prompt, prompt_ids, console)
 
-            raise UserError("--continuation is empty; give the text to score")
-    if options["layers"] or options["tree"]:
-        from llmsample.commands.explain_views import show_layers, show_tree
 
-        if options["layers"]:
-            show_layers(options, lm, prompt, prompt_ids, ids, cfg, [token for _, token in watch], console)
-        else:
-            show_tree(options, lm, prompt, prompt_ids, console)
-        return
-    if ids:
-        scored = score_continuation(lm, prompt_ids, ids, cfg)
+def explain_on(target: Any, prompt: str, preset: str, cfg: Any, options: dict[str, Any]) -> Any:
+    """The answer of a warm engine: the settings and seed resolved here as in-process, the prompt
+    sent as text, and the in-process run's own function run there on the engine's model
+    (:func:`llmsample.analysis.explain.explain_prompt`), its records back to the last bit."""
+    from llmsample.analysis.explain_records import answer_from_json
+    from llmsample.client.connection import post_json, say
+    from llmsample.client.wire import EXPLAIN_PATH, Explanation, Job
+
+    model = None if target.where.startswith("unix:") else options["model"]
+    job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"] or 10,
+              model=model)  # fmt: skip
+    asked = Explanation(job, options["continuation"], tuple(options["watch"] or ()))
+    answer = answer_from_json(post_json(target, EXPLAIN_PATH, asked.to_json()))
+    if not options["quiet"]:
+        say(f"explained by the engine at {target.where}")
+    return answer
+
+
+def show_answer(answer: Any, preset: str, options: dict[str, Any]) -> None:
+    """The next token's table or the continuation's (or their JSON lines), wherever it was computed."""
+    from llmsample.render.jsonout import strict_json
+    from llmsample.terminal import stdout_console, use_color
+
+    if isinstance(answer, list):
         if options["fmt"] == "jsonl":
-            for token in scored:
+            for token in answer:
                 click.echo(strict_json(token.to_dict()))
         else:
-            console.print(continuation_table(scored, preset))
-        return
-    report = explain_next(lm, prompt_ids, cfg, options["top_n"] or 10, [token for _, token in watch])
-    if options["fmt"] == "jsonl":
-        click.echo(strict_json(report.to_dict()))
+            stdout_console(use_color(options["no_color"])).print(continuation_table(answer, preset))
+    elif options["fmt"] == "jsonl":
+        click.echo(strict_json(answer.to_dict()))
     else:
-        console.print(chain_table(report, preset))
+        stdout_console(use_color(options["no_color"])).print(chain_table(answer, preset))
 
 
 def chain_table(report: Any, preset: str) -> Any:

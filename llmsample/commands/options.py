@@ -411,19 +411,12 @@ watch_option = click.option(
 def resolve_watch(options: dict[str, Any], lm: LoadedModel) -> tuple[tuple[str, int], ...]:
     """``--watch`` as ``(text as given, token id)`` pairs, resolved as ``--logit-bias`` resolves
     its tokens (an id in digits, or a text that encodes to exactly one token)."""
-    from llmsample.sampling.vocabulary import Vocabulary
+    from llmsample.sampling.vocabulary import Vocabulary, named_tokens
 
-    given = tuple(dict.fromkeys(options.get("watch") or ()))
+    given = options.get("watch") or ()
     if not given:
         return ()
-    vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
-    pairs = []
-    for token in given:
-        try:
-            pairs.append((token, vocabulary.token_id(token)))
-        except ValueError as exc:
-            raise UserError(f"--watch: {exc}") from exc
-    return tuple(pairs)
+    return named_tokens(Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids), given, "--watch")
 
 
 output_options = option_group(

@@ -124,7 +124,7 @@ def run_rows(
             return ended
         assert step is not None
         top_n = max(options.top_n if row.item.top_n is None else row.item.top_n for row in rows)
-        result = yield from sample_step(rows, step, top_n, watched, backend.agree)
+        result = yield from sample_step(rows, step, top_n, watched, backend.agree, alone=lm.deterministic)
         cancelled = feed.cancelled()
         for i, row in enumerate(rows):
             if not result.finished[i] and row.key in cancelled:

@@ -76,6 +76,23 @@ def render_messages(lm: LoadedModel, messages: list[dict[str, Any]], tools: list
     return list(lm.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def fit_exchanges(lm: LoadedModel, messages: list[dict[str, Any]], room: int) -> tuple[list[int], int]:
+    """A chat's conversation rendered with ``room`` positions left for the reply, dropping the
+    oldest exchanges (each from a user message to the next) after the system message until it
+    fits; returns (ids, exchanges dropped). ``chat`` in-process and on a warm engine alike."""
+    head = 1 if messages and messages[0].get("role") == "system" else 0
+    starts = [i for i in range(head, len(messages)) if messages[i].get("role") == "user"] or [head]
+    limit = lm.context_length
+    for dropped, start in enumerate(starts):
+        ids = render_messages(lm, messages[:head] + messages[start:])
+        if not limit or len(ids) + room <= limit:
+            return ids, dropped
+    raise UserError(  # nothing dropped: the conversation goes on as it was
+        f"this message is {len(ids)} tokens with the template, and the context of {lm.name} is "
+        f"{limit} ({room} kept for the reply); send a shorter one, or lower max_tokens with /set"
+    )
+
+
 def _fit_ids(lm: LoadedModel, ids: list[int], truncate: str, room: int) -> list[int]:
     limit = lm.context_length
     if limit and len(ids) >= limit:

@@ -60,21 +60,28 @@ class StepResult:
 
 
 def sample_step(
-    rows: list[Row], step: StepInput, top_n: int, watched: WatchIndex | None, agree: Callable[[Tensor], Tensor]
+    rows: list[Row],
+    step: StepInput,
+    top_n: int,
+    watched: WatchIndex | None,
+    agree: Callable[[Tensor], Tensor],
+    alone: bool = False,
 ) -> Iterator[Record]:
     """Yields the step's records; returns a :class:`StepResult`. A row that is not ready emits
-    nothing and feeds its sequence's last token next."""
+    nothing and feeds its sequence's last token next. ``alone`` (``--deterministic``): every row
+    is a group of its own, its chain on its own positions and threads, so its figures are those
+    it gets alone to the last bit (a group's softmax over candidates rounds with its widest row)."""
     emitted: list[list[int]] = [[] for _ in rows]
     finished = [False] * len(rows)
     states: list[Tensor | None] = [None] * len(rows)
     waiting = [row.text.seq[-1] if not row.ready else 0 for row in rows]
     newest = torch.tensor(waiting, device=step.logits.device)
-    groups: dict[SamplingConfig, list[int]] = {}
+    groups: dict[SamplingConfig | int, list[int]] = {}
     for i, row in enumerate(rows):
         if row.ready:
-            groups.setdefault(row.sampler, []).append(i)
+            groups.setdefault(i if alone else row.sampler, []).append(i)
     for members in groups.values():
-        with host_threads(step.logits):
+        with host_threads(step.logits[_positions(rows, members, step)] if alone else step.logits):
             chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
             figures = step_figures(chain, tokens, top_n, watched, counts)
             scored = None

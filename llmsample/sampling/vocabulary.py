@@ -184,3 +184,18 @@ def dry_penalties(
     return {
         token: multiplier * base ** min(n - allowed_length, cap) for token, n in longest.items() if n >= allowed_length
     }
+
+
+def named_tokens(vocabulary: Vocabulary, given: Iterable[str], flag: str) -> tuple[tuple[str, int], ...]:
+    """Tokens named on the command line (``--watch``) as ``(text as given, token id)`` pairs,
+    each once, resolved as :meth:`Vocabulary.token_id` resolves them; one that is not a token is
+    the user's error, naming ``flag``."""
+    from llmsample.errors import UserError
+
+    pairs = []
+    for token in dict.fromkeys(given):
+        try:
+            pairs.append((token, vocabulary.token_id(token)))
+        except ValueError as exc:
+            raise UserError(f"{flag}: {exc}") from exc
+    return tuple(pairs)

@@ -16,6 +16,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from llmsample.engine.decode import DecodeOptions, decode
@@ -128,6 +129,18 @@ class Engine:
                 self.routes[item.key] = mailbox
                 self.waiting[item.key] = item
                 self.feed.put(item)
+
+    def call(self, work: Callable[[], Any]) -> Future[Any]:
+        """``work()`` on the loop's thread, between two steps of the batch (at once when idle):
+        a pass of its own on the engine's model (``explain``), never beside the loop on another
+        thread (see the module's note on OpenMP teams). Raises :class:`Closing` once stopping."""
+        with self.lock:
+            if self.closing:
+                raise Closing
+        try:
+            return self.feed.call(work)
+        except RuntimeError:  # closed between the two looks
+            raise Closing from None
 
     def retry_after(self) -> int:
         """Whole seconds until a row is likely free: about how long an answer has taken of late."""

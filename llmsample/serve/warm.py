@@ -1,11 +1,16 @@
 """The server as a warm engine for the CLI (``llmsample start``): a job endpoint that takes a
 command's prompt and resolved settings and streams the loop's own records as JSON lines
-(:mod:`llmsample.client.wire`), a status endpoint for ``llmsample ps``, and, when started as a
+(:mod:`llmsample.client.wire`), an explain endpoint that runs ``explain``'s own function on the
+engine's model (between two steps of the batch, on the loop's thread), a status endpoint for
+``llmsample ps``, and, when started as a
 user's engine, its Unix socket (0600, in the user's 0700 directory), its registry record and its
 keep-alive (idle that long, it stops itself as SIGTERM would stop it)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import functools
 import os
 import signal
 import socket
@@ -21,13 +26,26 @@ from starlette.routing import Route
 
 from llmsample import __version__
 from llmsample.client import registry
-from llmsample.client.wire import ENGINE_PATH, JOB_PATH, VERSION_HEADER, Job, encode, job_from_json
-from llmsample.engine.prompt import has_chat_template, message_id_list, prompt_id_list
+from llmsample.client.wire import (
+    DETERMINISTIC_HEADER,
+    DROPPED_HEADER,
+    ENGINE_PATH,
+    EXPLAIN_PATH,
+    JOB_PATH,
+    VERSION_HEADER,
+    Explanation,
+    Job,
+    encode,
+    explanation_from_json,
+    job_from_json,
+)
+from llmsample.engine.prompt import fit_exchanges, has_chat_template, message_id_list, prompt_id_list
 from llmsample.engine.rows import BatchItem
-from llmsample.errors import UserError
+from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats
 from llmsample.models.device import dtype_name
 from llmsample.serve.app import _endpoint
+from llmsample.serve.engine import Closing
 from llmsample.serve.errors import ApiError
 from llmsample.serve.flow import enqueue, off_loop, read_json, records
 from llmsample.serve.state import ServeState
@@ -58,14 +76,20 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
 
     async def status(state: ServeState, request: HttpRequest) -> Response:
         _check_version(request)
+        _check_mode(state, request)
         lm = state.lm
         return JSONResponse({"version": __version__, "model": lm.name, "backend": lm.backend,
                              "dtype": dtype_name(lm.dtype), "device": str(lm.device), "pid": os.getpid(),
                              "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
                              "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
+                             "deterministic": lm.deterministic, "context_length": lm.context_length,
                              **state.engine.figures()})  # fmt: skip
 
+    async def explain(state: ServeState, request: HttpRequest) -> Response:
+        return await run_explain(state, request)
+
     app.router.routes.append(Route(JOB_PATH, _endpoint(state, job), methods=["POST"]))
+    app.router.routes.append(Route(EXPLAIN_PATH, _endpoint(state, explain), methods=["POST"]))
     app.router.routes.append(Route(ENGINE_PATH, _endpoint(state, status), methods=["GET"]))
 
 
@@ -76,31 +100,87 @@ def _check_version(request: HttpRequest) -> None:
                        "(llmsample stop --all; llmsample start) or pass --local", None, "version_mismatch")  # fmt: skip
 
 
+def _check_mode(state: ServeState, request: HttpRequest) -> None:
+    """A ``--deterministic`` command's rows must be computed alone; a plain engine's share passes."""
+    if request.headers.get(DETERMINISTIC_HEADER) == "1" and not state.lm.deterministic:
+        raise ApiError(400, "--deterministic needs an engine started with --deterministic (llmsample start "
+                       "--deterministic, llmsample serve --deterministic); this one batches its rows, or pass --local",
+                       None, "not_deterministic")  # fmt: skip
+
+
 async def run_job(state: ServeState, request: HttpRequest) -> Response:
     """One command's prompt as a row of the batch; its records stream back as JSON lines."""
     _check_version(request)
+    _check_mode(state, request)
     try:
         job = job_from_json(await read_json(request, state.max_body, state.read_timeout))
     except (ValueError, TypeError) as exc:
         raise ApiError(400, f"not a job: {exc}") from None
-    if job.model is not None and job.model != state.lm.name:
-        raise ApiError(404, f"model {job.model!r} is not served at this engine; it runs {state.lm.name!r}", "model",
-                       "model_not_found")  # fmt: skip
-    items = await off_loop(job_items, state, job)
+    _check_model(state, job)
+    items, dropped = await off_loop(job_items, state, job)
     queue = enqueue(state, items)
 
     async def lines() -> Any:
         async for batch in records(state, request, {items[0].key: 0}, queue):
             yield "".join(encode(record) + "\n" for _, record in batch)
 
-    return StreamingResponse(lines(), media_type="application/x-ndjson", headers={"Cache-Control": "no-cache"})
+    headers = {"Cache-Control": "no-cache", DROPPED_HEADER: str(dropped)}
+    return StreamingResponse(lines(), media_type="application/x-ndjson", headers=headers)
 
 
-def job_items(state: ServeState, job: Job) -> list[BatchItem]:
-    """The job's row, built as ``generate`` builds its own in-process (tokenizer alone: no torch here)."""
-    lm = state.lm
+async def run_explain(state: ServeState, request: HttpRequest) -> Response:
+    """``explain``'s answer (the next token's chain, or a continuation scored), computed on the
+    loop's thread between two steps: the rows in flight wait for its passes."""
+    _check_version(request)
     try:
-        if job.messages is not None:
+        asked = explanation_from_json(await read_json(request, state.max_body, state.read_timeout))
+    except (ValueError, TypeError) as exc:
+        raise ApiError(400, f"not an explanation: {exc}") from None
+    _check_model(state, asked.job)
+    try:
+        future = state.engine.call(functools.partial(explain_answer, state.lm, asked))
+    except Closing:
+        raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
+    try:
+        answer = await asyncio.wrap_future(future)
+    except UserError as exc:
+        raise ApiError(400, str(exc)) from None
+    except RuntimeFailure as exc:
+        raise ApiError(422, str(exc), None, "run_failed") from None
+    except RuntimeError:  # the feed closed before the work ran
+        raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
+    return JSONResponse(answer)
+
+
+def explain_answer(lm: Any, asked: Explanation) -> dict[str, Any]:
+    """:func:`~llmsample.analysis.explain.explain_prompt` as ``explain`` runs it in-process: on a
+    model loaded without ``--deterministic`` (explain has no such mode), so an engine started
+    with it answers with the same numbers."""
+    from llmsample.analysis.explain import explain_prompt
+    from llmsample.analysis.explain_records import answer_to_json
+
+    job = asked.job
+    plain = dataclasses.replace(lm, deterministic=False) if lm.deterministic else lm
+    answer = explain_prompt(plain, job.prompt, job.cfg, system=job.system, raw=job.raw, truncate=job.truncate,
+                            top_n=job.top_n, continuation=asked.continuation, watch=asked.watch)  # fmt: skip
+    return answer_to_json(answer)
+
+
+def _check_model(state: ServeState, job: Job) -> None:
+    if job.model is not None and job.model != state.lm.name:
+        raise ApiError(404, f"model {job.model!r} is not served at this engine; it runs {state.lm.name!r}", "model",
+                       "model_not_found")  # fmt: skip
+
+
+def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
+    """The job's row, built as ``generate`` builds its own in-process (tokenizer alone: no torch
+    here), and how many of a chat's oldest exchanges were dropped to fit (``fit_room``)."""
+    lm = state.lm
+    dropped = 0
+    try:
+        if job.fit_room is not None and job.messages is not None:
+            ids, dropped = fit_exchanges(lm, job.messages, job.fit_room)
+        elif job.messages is not None:
             ids = message_id_list(lm, job.messages, job.truncate, job.cfg.max_tokens)
         else:
             ids = prompt_id_list(lm, job.prompt, job.system, job.raw, job.truncate, job.cfg.max_tokens)
@@ -114,7 +194,8 @@ def job_items(state: ServeState, job: Job) -> list[BatchItem]:
     drafter = None
     if job.ngram is not None:
         drafter = _ngram_drafter(lm, *job.ngram)
-    return [BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n)]
+    item = BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n)
+    return [item], dropped
 
 
 def _ngram_drafter(lm: Any, ngram_min: int, ngram_max: int) -> Any:

@@ -16,7 +16,8 @@ from tests.warm.conftest import Engine
 
 BLOCK = "import sys\nfor name in ('torch', 'transformers', 'llama_cpp'):\n    sys.modules[name] = None\n"
 CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.warm", "llmsample.cli",
-          "llmsample.commands.chat_warm", "llmsample.chat.repl"]
+          "llmsample.commands.chat_warm", "llmsample.chat.repl", "llmsample.commands.explain",
+          "llmsample.analysis.explain_records"]
 
 
 @pytest.mark.parametrize("module", CLIENT)
@@ -68,3 +69,28 @@ def test_a_job_round_trips() -> None:
     assert job_from_json(json.loads(json.dumps(job.to_json()))) == job
     with pytest.raises(ValueError, match="unknown keys"):
         job_from_json({**job.to_json(), "cfg": {"temprature": 1}})
+
+
+def test_an_explanation_and_its_answer_round_trip() -> None:
+    import json
+
+    from llmsample.analysis.explain_records import (
+        ChainReport,
+        ScoredToken,
+        StageCandidate,
+        answer_from_json,
+        answer_to_json,
+    )
+    from llmsample.client.wire import Explanation, explanation_from_json
+
+    job = Job("hi", SamplingConfig(seed=5), "balanced", top_n=10, messages=[{"role": "user", "content": "x"}], fit_room=8)
+    assert job_from_json(json.loads(json.dumps(job.to_json()))) == job
+    with pytest.raises(ValueError, match="fit_room"):
+        job_from_json({**job.to_json(), "fit_room": -1})
+    asked = Explanation(Job("hi", SamplingConfig(), "code"), " there", ("w3", "7"))
+    assert explanation_from_json(json.loads(json.dumps(asked.to_json()))) == asked
+    report = ChainReport(["raw", "top_k"], [StageCandidate(3, " w3", {"raw": 0.1 + 0.2, "top_k": 1 / 3}, "top_k")],
+                         {"raw": 32, "top_k": 4}, 1.5e-9)  # fmt: skip
+    scored = [ScoredToken(0, 3, " w3", 0.1 + 0.2, 1 / 3, 2, False, "min_p")]
+    for answer in (report, scored):
+        assert answer_from_json(json.loads(json.dumps(answer_to_json(answer)))) == answer

@@ -22,8 +22,8 @@ def test_start_again_reuses_and_ps_lists(engine: Engine) -> None:
     listed = engine.cli("ps")
     assert listed.returncode == 0
     header, row = listed.stdout.splitlines()
-    assert header.split()[:5] == ["MODEL", "BACKEND", "DTYPE", "ROWS", "MEMORY"]
-    assert row.split()[:4] == [str(engine.model), "transformers", "float32", "0"]
+    assert header.split()[:6] == ["MODEL", "BACKEND", "DTYPE", "MODE", "ROWS", "MEMORY"]
+    assert row.split()[:5] == [str(engine.model), "transformers", "float32", "batched", "0"]
     assert record["version"] and record["spec"]["model"] == str(engine.model.resolve())
 
 
