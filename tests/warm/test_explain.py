@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import pty
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from llmsample.client.wire import ENGINE_PATH, EXPLAIN_PATH
 from tests.conftest import REPO
 from tests.warm.conftest import Engine
 from tests.warm.test_client import BLOCK
+from tests.warm.test_same_bytes import in_terminal
 
 NEXT = ("-p", "w3 w4 w5", "--system", "w9", "--preset", "creative", "--top-n", "6", "--ban", "w8",
         "--logit-bias", "w5=2.5", "--repetition-penalty", "1.3")  # fmt: skip
@@ -46,38 +45,12 @@ def test_the_same_bytes_as_in_process(engine: Engine, args: tuple[str, ...]) -> 
 
 
 def test_colour_in_a_terminal(engine: Engine) -> None:
-    def in_terminal(*extra: str) -> bytes:
-        leader, follower = pty.openpty()
-        command = [
-            sys.executable,
-            "-m",
-            "llmsample",
-            "explain",
-            *engine.load_args,
-            *CONTINUATION,
-            "--ban",
-            "w3",
-            *extra,
-        ]
-        env = {**engine.env, "TERM": "xterm-256color", "COLUMNS": "100"}
-        proc = subprocess.Popen(command, stdout=follower, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
-        os.close(follower)
-        out = b""
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:  # the terminal closed
-                break
-            if not chunk:
-                break
-            out += chunk
-        os.close(leader)
-        assert proc.wait(300) == 0
-        return out
+    def explained(*extra: str) -> bytes:
+        return in_terminal(engine, *CONTINUATION, "--ban", "w3", *extra, command="explain")
 
-    warm = in_terminal("-q")
+    warm = explained("-q")
     assert b"\x1b[" in warm and b"no (" in warm  # coloured, with a token the bans remove
-    assert warm == in_terminal("-q", "--local")
+    assert warm == explained("-q", "--local")
 
 
 BAN_ALL = tuple(f"--ban={text}" for text in ("<bos>", "<unk>", *(f"w{i}" for i in range(3, 32))))

@@ -50,12 +50,12 @@ def test_jsonl_records(engine: Engine) -> None:
     assert warm_summary == local_summary
 
 
-def in_terminal(engine: Engine, *args: str) -> bytes:
-    """stdout through a pseudo-terminal (colour on), stderr apart."""
+def in_terminal(engine: Engine, *args: str, command: str = "generate") -> bytes:
+    """``command``'s stdout through a pseudo-terminal (colour on), stderr apart."""
     leader, follower = pty.openpty()
-    command = [sys.executable, "-m", "llmsample", "generate", *engine.load_args, *args]
+    argv = [sys.executable, "-m", "llmsample", command, *engine.load_args, *args]
     env = {**engine.env, "TERM": "xterm-256color", "COLUMNS": "100"}
-    proc = subprocess.Popen(command, stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(argv, stdout=follower, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
     os.close(follower)
     out = b""
     while True:
