@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from llmsample.events import StepFigures, Watched
-from llmsample.sampling import blocks
-from llmsample.sampling.filters import host_syncs_are_free, kept_count
+from llmsample.sampling import blocks, filters
+from llmsample.sampling.filters import kept_count
 from llmsample.sampling.pipeline import Chain, entropy_bits
 from llmsample.sampling.stages import FILTER_STAGES
 
@@ -52,7 +52,7 @@ def step_figures(
         blocks.top(ranked, min(top_n, ranked.shape[-1]), shared) if top_n > 0 else (None, index[:, :0])
     )
     # The raw row's minimum for its kept count, its maximum for finiteness.
-    if host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
+    if filters.host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
     else:  # an accelerator's is one kernel
         low, high = raw.aminmax(dim=-1)
@@ -60,7 +60,7 @@ def step_figures(
     if watch is not None:
         asked.append(watch.tensor.expand(index.shape[0], -1))
     ids = torch.cat(asked, -1)
-    host = host_syncs_are_free(raw)  # a CPU's: small numbers are read off on the host
+    host = filters.host_syncs_are_free(raw)  # a CPU's: small numbers are read off on the host
     kept, source = kept_counts(chain, low)
     columns: list[Tensor | float | list[Any]] = [
         ids,
@@ -104,7 +104,7 @@ def fetch_rows(columns: Sequence[Tensor | float | list[Any]], batch: int) -> lis
     tensor's own ``tolist``, which costs less than the float copies and the concatenation that
     one transfer needs (a dozen torch calls a step)."""
     tensors = [c for c in columns if isinstance(c, Tensor)]
-    if not host_syncs_are_free(tensors[0]):
+    if not filters.host_syncs_are_free(tensors[0]):
         wide = [
             c.float().view(batch, -1) if isinstance(c, Tensor) else tensors[0].new_full((batch, 1), c)
             for c in columns
@@ -176,7 +176,7 @@ def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor |
     list ``top`` (descending) when the row's token is at least its last value: every token above
     it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls.
     A CPU's (where the top list is asked): per row on the host, the search for a row that needs it."""
-    if top is None or not host_syncs_are_free(raw):
+    if top is None or not filters.host_syncs_are_free(raw):
         return blocks.count_above(raw, value, maxima)
     counts = []
     for r, (v, listed) in enumerate(zip(value.view(-1).tolist(), top.tolist(), strict=True)):
@@ -211,7 +211,7 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[
     whole = [p for p in counted if p not in narrow]
     columns: list[Tensor | float] = []
     for p in whole:
-        if p == 0 and host_syncs_are_free(low) and bool((low > -math.inf).all()):
+        if p == 0 and filters.host_syncs_are_free(low) and bool((low > -math.inf).all()):
             columns.append(float(stages[0].values.shape[-1]))  # kept_count's answer, without a tensor
         else:
             columns.append(kept_count(stages[p].values, low if p == 0 else None))

@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.sampling import blocks, figures
+from llmsample.sampling import blocks, filters
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import WatchIndex, count_above, step_figures
 from llmsample.sampling.filters import apply_temperature, keep_top_k, keep_top_p
@@ -97,7 +97,7 @@ def test_the_figures_read_on_the_host_are_the_one_transfers(
     watch = WatchIndex.of([0, 9, 4095], x.device) if watched else None
     accepted = torch.arange(x.shape[0]) if drafted else None
     host = step_figures(chain, tokens, top_n, watch, accepted)
-    with mock.patch.object(figures, "host_syncs_are_free", lambda tensor: False):
+    with mock.patch.object(filters, "host_syncs_are_free", lambda tensor: False):
         one = step_figures(chain, tokens, top_n, watch, accepted)
     assert [repr(f) for f in host] == [repr(f) for f in one]
     for r, figure in enumerate(host):  # a filter's count is its row's tokens left; another stage keeps its input's
