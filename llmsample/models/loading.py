@@ -113,28 +113,30 @@ def load_model(
     ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
     ``auto``, ``transformers`` or ``llama.cpp`` (:mod:`llmsample.models.llamacpp`); ``gguf_type``:
     llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.to_gguf`)."""
+    from llmsample.models.lean_imports import lean_imports
     from llmsample.models.llamacpp import choose_backend
 
-    quiet_transformers()
-    keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
-    device = target_device(device_name, placement, compile)
-    name = spec or DEFAULT_MODEL
-    clean_staging(progress)
-    plain = dtype_name == "auto" and not (compile or placement or quantize or tensor_parallel)
-    if choose_backend(backend, spec, device, plain) == "llama.cpp":
-        return load_llama_cpp(spec, name, progress, gguf_type)
-    if gguf_type is not None:
-        raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on transformers")
-    source, local = model_source(spec, progress)
-    config = read_config(source, name)
-    if placement is not None and isinstance(placement.device_map, dict):
-        check_explicit_map(config, placement.device_map, name)
-    dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
-    if local:
-        check_tokenizer_files(Path(source))
-    stored = check_quantization(name, config, quantize)
-    load = load_arguments(placement, tensor_parallel, quantize, dtype, device)
-    tokenizer, model = read_weights_to_run(source, config, dtype, name, device, quantize, load)
+    with lean_imports(quantize):  # until transformers' model classes are imported
+        quiet_transformers()
+        keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
+        device = target_device(device_name, placement, compile)
+        name = spec or DEFAULT_MODEL
+        clean_staging(progress)
+        plain = dtype_name == "auto" and not (compile or placement or quantize or tensor_parallel)
+        if choose_backend(backend, spec, device, plain) == "llama.cpp":
+            return load_llama_cpp(spec, name, progress, gguf_type)
+        if gguf_type is not None:
+            raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on transformers")
+        source, local = model_source(spec, progress)
+        config = read_config(source, name)
+        if placement is not None and isinstance(placement.device_map, dict):
+            check_explicit_map(config, placement.device_map, name)
+        dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
+        if local:
+            check_tokenizer_files(Path(source))
+        stored = check_quantization(name, config, quantize)
+        load = load_arguments(placement, tensor_parallel, quantize, dtype, device)
+        tokenizer, model = read_weights_to_run(source, config, dtype, name, device, quantize, load)
     device, placed = place(model, name, device, load, placement, quantize)
     prepare(model, device, dtype, quantize, stored, whole=not (compile or placement or tensor_parallel))
     from llmsample.models.compiled import CompiledSteps
@@ -253,10 +255,12 @@ def model_source(spec: str | None, progress: Progress | None) -> tuple[str, bool
 def check_quantization(name: str, config: Any, quantize: str | None) -> str | None:
     """How a stored-quantized checkpoint was quantized (None: plain weights); ``--quantize`` on
     top of one is refused, and so is a scheme this machine cannot load."""
+    from llmsample.models.lean_imports import restore
     from llmsample.models.quantization import check_stored, stored_quantization
 
     stored = stored_quantization(config)
     if stored is not None:
+        restore()  # its library may be one of those hidden for a plain load
         if quantize:
             raise UserError(f"model {name!r} is already quantized ({stored}, config.json); drop --quantize {quantize}")
         check_stored(name, stored)
