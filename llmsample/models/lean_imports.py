@@ -12,7 +12,7 @@ the transformers path; bench/NOTES.md, 2026-12-04):
 :func:`lean_imports` hides them (None in ``sys.modules``: transformers' availability checks answer
 no, so its modules skip them) until the load has imported the model's classes; then they are
 visible again, and transformers' cached answers are forgotten. A later load that needs torchao in
-the same process (:func:`restore`) re-runs the one module that skipped it."""
+the same process (:func:`restore`) re-runs the one module that skipped it (``RERUN``)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 OPTIONAL = ("scipy", "torchao")
-TORCHAO_USERS = ("transformers.quantizers.quantizer_torchao",)
-"""transformers' modules that import from torchao at import time, only when it is available."""
+RERUN = {"torchao": ("transformers.quantizers.quantizer_torchao",)}
+"""transformers' modules that import from a library at import time, when it is available, and that a
+load here can use (scipy's are the detection losses')."""
 
 _hidden: list[str] = []  # hidden now
 _skipped: set[str] = set()  # hidden while transformers' modules imported: they lack its names
@@ -52,11 +53,11 @@ def restore() -> None:
     """The optional libraries visible again, and what skipped torchao re-run with it, before a load
     that uses it (``--quantize int8``, a checkpoint stored quantized)."""
     _show()
-    if "torchao" in _skipped:
-        _skipped.discard("torchao")
-        for module in TORCHAO_USERS:
+    for library in sorted(_skipped):
+        for module in RERUN.get(library, ()):
             if module in sys.modules:
                 importlib.reload(sys.modules[module])
+    _skipped.clear()
 
 
 def _show() -> None:
