@@ -1,6 +1,7 @@
 """What a cold command imports: only what its backend needs. A llama.cpp run loads no
 transformers modelling module (the tokenizer alone, kept beside the GGUF by its first run), and
-no run of ``generate`` imports the benchmark, the server or the analysis code."""
+no run of ``generate`` imports the benchmark, the server or the analysis code, nor a plain
+transformers run scipy or torchao."""
 
 from __future__ import annotations
 
@@ -54,3 +55,4 @@ def test_a_transformers_run_imports_no_benchmark(tmp_path: Path, tiny_model_dir:
                        "-n", "2", "-q", "--no-log")  # fmt: skip
     assert any(MODELLING.match(m) for m in modules)  # the model's own class, and nothing else heavy
     assert [m for m in modules if NEVER_FOR_GENERATE.match(m)] == []
+    assert {"scipy", "torchao"} & set(modules) == set()  # transformers' optional imports (models/lean_imports.py)
