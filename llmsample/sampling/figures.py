@@ -87,11 +87,11 @@ def step_figures(
 
 def sampled_probs(chain: Chain, ids: Tensor) -> Tensor | list[list[float]]:
     """:meth:`Chain.prob_of` ``ids``, on a CPU read off the host copy of the chain's few
-    candidates (one lookup a row, for the seven torch calls of the search)."""
+    candidates (one lookup a row, for the seven torch calls of the search; the draw read them too)."""
     if chain.support is None:
         return chain.prob_of(ids)
     rows = []
-    for support, sampled, asked in zip(chain.support.tolist(), chain.sampled.tolist(), ids.tolist(), strict=True):
+    for support, sampled, asked in zip(chain.host_support, chain.host_sampled, ids.tolist(), strict=True):
         lookup = dict(zip(support, sampled, strict=True))
         rows.append([lookup.get(token, 0.0) for token in asked])
     return rows
