@@ -47,10 +47,14 @@ def step_figures(
     index = tokens.view(-1, 1)
     # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
     maxima = chain.stages[0].maxima if blocks.blocks_pay(raw, max(top_n, 1)) else None
-    shared = maxima if ranked is raw else None
-    top_values, top_ids = (
-        blocks.top(ranked, min(top_n, ranked.shape[-1]), shared) if top_n > 0 else (None, index[:, :0])
-    )
+    listed = None  # the raw row's top values, descending, the top list's and maybe more (the chain's top-k)
+    if top_n <= 0:
+        top_ids = index[:, :0]
+    elif ranked is raw:
+        listed, top_ids = chain.stages[0].top(min(top_n, raw.shape[-1]))
+        top_ids = top_ids[:, :top_n]
+    else:
+        top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]))[1]
     # The raw row's minimum for its kept count, its maximum for finiteness.
     if filters.host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
@@ -66,7 +70,7 @@ def step_figures(
         ids,
         sampled_probs(chain, ids) if host else chain.prob_of(ids),
         raw_logprobs.gather(1, ids).exp(),
-        count_above(raw, raw.gather(1, index), maxima, top_values if ranked is raw else None),  # the rank - 1
+        count_above(raw, raw.gather(1, index), maxima, listed),  # the rank - 1
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         0.0 if chain.is_greedy else entropy_bits(sampled),
         sampled.sum(-1),

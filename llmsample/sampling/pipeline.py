@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -150,6 +150,7 @@ class Stage:
     ids: Tensor | None = None
     vocab: int = 0
     whole: Callable[[], Tensor] | None = None  # the whole row, where the stage keeps more than its ids
+    tops: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict, compare=False, repr=False)  # see top
 
     @cached_property
     def logits(self) -> Tensor:
@@ -165,6 +166,16 @@ class Stage:
         """:func:`blocks.block_maxima` of the stage's values, made once for whoever ranks them (the
         chain's top-k on the raw row, then the step's figures)."""
         return blocks.block_maxima(self.values)
+
+    def top(self, m: int) -> tuple[Tensor, Tensor]:
+        """:func:`blocks.top` of the stage's values, at least ``m`` wide: the widest asked for yet,
+        whose first m are a top m (the chain's top-k ranks the raw row, the step's figures take
+        their top list and the drawn token's rank from the same ranking)."""
+        widest = self.tops.get("widest")
+        if widest is None or widest[0].shape[-1] < m:
+            maxima = self.maxima if blocks.blocks_pay(self.values, m) else None
+            widest = self.tops["widest"] = blocks.top(self.values, m, maxima)
+        return widest
 
     def rows(self, index: slice) -> Stage:
         whole = None if self.whole is None else lambda: self.logits[index]
@@ -345,10 +356,11 @@ def _scaled_top_k(
     stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
     first k are top-k's set, each with the value the whole row's division gives it. None
     otherwise (then the whole row). Saves the division and range check over the vocabulary and
-    top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its block maxima
-    serve the step's figures too)."""
+    top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its ranking
+    serves the step's figures too)."""
     k = cfg.top_k
-    top, order = blocks.top(logits, k + 1, raw.maxima if raw is not None and blocks.blocks_pay(logits, k + 1) else None)
+    top, order = blocks.top(logits, k + 1) if raw is None else raw.top(k + 1)
+    top, order = top[..., : k + 1], order[..., : k + 1]
     scaled = _stage("temperature", top, history, cfg, values)
     # Read on the host (a CPU's: the chain narrows only there), one call for the checks' eight.
     if not all(row[k - 1] > row[k] and not any(v != v for v in row) for row in scaled.tolist()):
