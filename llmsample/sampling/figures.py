@@ -192,7 +192,7 @@ def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor |
     return torch.tensor(counts, dtype=torch.int32)
 
 
-def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[int, ...]]:
+def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float | list[Any]], tuple[int, ...]]:
     """The tokens the stages keep: count columns (``[batch]`` or ``[batch, n]``, int32; a float
     when every row keeps the whole vocabulary), and per stage the column of its count among
     them, in order; ``low``: the raw row's minimum. Only a filter removes tokens: the other
@@ -201,7 +201,8 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[
     1, min-p 0 hand on their input) on the support its count was taken on (after a temperature
     computed on top-k's candidates, top-k hands on the same values, and they are counted).
     Logits are finite until a filter sets -inf, so that is all there is to count. The stages on
-    the chain's candidates are counted together, in one pass over their stacked values."""
+    the chain's candidates are counted together, in one pass over their stacked values (a CPU's
+    on the host: a few dozen values a stage, rows already on the host for :func:`fetch_rows`)."""
     stages = chain.stages
     source: list[int] = []  # per stage, the stage whose count it has
     for position, stage in enumerate(stages):
@@ -213,13 +214,16 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[
     counted = sorted(set(source))
     narrow = [p for p in counted if stages[p].ids is not None]
     whole = [p for p in counted if p not in narrow]
-    columns: list[Tensor | float] = []
+    columns: list[Tensor | float | list[Any]] = []
     for p in whole:
         if p == 0 and filters.host_syncs_are_free(low) and bool((low > -math.inf).all()):
             columns.append(float(stages[0].values.shape[-1]))  # kept_count's answer, without a tensor
         else:
             columns.append(kept_count(stages[p].values, low if p == 0 else None))
-    if narrow:
+    if narrow and filters.host_syncs_are_free(low):  # a few candidates a stage: counted on the host
+        per_stage = [stages[p].values.tolist() for p in narrow]
+        columns.append([[sum(v != -math.inf for v in stage[r]) for stage in per_stage] for r in range(len(low))])
+    elif narrow:
         values = torch.stack([stages[p].values for p in narrow], 1)  # [batch, stages, candidates]
         columns.append(values.shape[-1] - blocks.count_true(values.isneginf()))
     order = {p: i for i, p in enumerate(whole + narrow)}
