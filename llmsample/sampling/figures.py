@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,12 +48,11 @@ def step_figures(
     index = tokens.view(-1, 1)
     # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
     maxima = chain.stages[0].maxima if blocks.blocks_pay(raw, max(top_n, 1)) else None
-    listed = None  # the raw row's top values, descending, the top list's and maybe more (the chain's top-k)
+    listed = None  # the raw row's top values, descending: the top list's, or more (the chain's top-k)
     if top_n <= 0:
         top_ids = index[:, :0]
     elif ranked is raw:
-        listed, top_ids = chain.stages[0].top(min(top_n, raw.shape[-1]))
-        top_ids = top_ids[:, :top_n]
+        listed, top_ids = shared_top(chain, min(top_n, raw.shape[-1]), maxima)
     else:
         top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]))[1]
     # The raw row's minimum for its kept count, its maximum for finiteness.
@@ -87,6 +87,19 @@ def step_figures(
     rows = fetch_rows(columns, index.shape[0])
     layout = Layout(chain.names, top_ids.shape[-1], () if watch is None else watch.ids, source, accepted is not None)
     return [_figures_of(row, layout) for row in rows]
+
+
+def shared_top(chain: Chain, n: int, maxima: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The raw row's top list of ``n`` ids and the values it was ranked among (descending; the
+    drawn token's rank reads them): the first n of the chain's wider ranking (its top-k's) when
+    no two of its first n + 1 values tie, the list of n then having one order, the one a ranking
+    of n gives; else the row ranked for n (the ids among tied tokens are that ranking's)."""
+    values, ids = chain.stages[0].top(n)
+    if values.shape[-1] == n:
+        return values, ids
+    if all(all(a > b for a, b in itertools.pairwise(row)) for row in values[:, : n + 1].tolist()):  # NaN: ranked
+        return values, ids[:, :n]
+    return blocks.top(chain.raw, n, maxima)
 
 
 def sampled_probs(chain: Chain, ids: Tensor) -> Tensor | list[list[float]]:

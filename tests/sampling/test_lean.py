@@ -4,7 +4,6 @@ figures' top list taken from the chain's ranking, and top-p's ranking of a few c
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from unittest import mock
 
@@ -129,9 +128,8 @@ def _ranked_alone(stage: Stage, m: int) -> tuple[torch.Tensor, torch.Tensor]:
 @given(rows(), st.sampled_from([*CONFIGS, SamplingConfig(temperature=0.7, top_k=4)]), st.sampled_from([1, 5, 12]))
 def test_the_figures_from_the_chains_ranking_are_their_own(x: torch.Tensor, cfg: SamplingConfig, top_n: int) -> None:
     """The top list and the drawn token's rank taken from the raw row's ranking the chain's top-k
-    made (wider or narrower than the list) are the figures of a ranking of their own: the same to
-    the bit, the listed ids the same but among tokens tied in the row (either is a valid top list;
-    a listed id's probabilities are its own)."""
+    made (wider or narrower than the list) are the figures of a ranking of their own, to the bit,
+    ties included (tied tokens are listed in the ranking of the list's own width)."""
     counts = torch.ones(x.shape[0], 1)
     history = TokenHistory(counts, counts.expand_as(x) > 0) if cfg.has_penalties else INERT
     chain = sampler_chain(x, history, cfg)
@@ -139,11 +137,4 @@ def test_the_figures_from_the_chains_ranking_are_their_own(x: torch.Tensor, cfg:
     shared = step_figures(chain, tokens, top_n)
     with mock.patch.object(Stage, "top", _ranked_alone):
         alone = step_figures(sampler_chain(x, history, cfg), tokens, top_n)
-    for r, (a, b) in enumerate(zip(shared, alone, strict=True)):
-        assert repr(dataclasses.replace(a, top_ids=[], top_probs=[])) == repr(
-            dataclasses.replace(b, top_ids=[], top_probs=[])
-        )
-        assert x[r, a.top_ids].nan_to_num().tolist() == x[r, b.top_ids].nan_to_num().tolist()
-        # (a tied token's sampled probability is its own: top-k keeps the lower id of a tie)
-        same = [j for j, (t, u) in enumerate(zip(a.top_ids, b.top_ids, strict=True)) if t == u]
-        assert repr([a.top_probs[j] for j in same]) == repr([b.top_probs[j] for j in same])
+    assert [repr(f) for f in shared] == [repr(f) for f in alone]
