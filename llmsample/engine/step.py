@@ -75,7 +75,7 @@ def sample_step(
     finished = [False] * len(rows)
     states: list[Tensor | None] = [None] * len(rows)
     waiting = [row.text.seq[-1] if not row.ready else 0 for row in rows]
-    newest = torch.tensor(waiting, device=step.logits.device)
+    newest: Tensor | None = None  # made from ``waiting`` only when some row is not in one group of all
     groups: dict[SamplingConfig | int, list[int]] = {}
     for i, row in enumerate(rows):
         if row.ready:
@@ -105,7 +105,10 @@ def sample_step(
         if len(members) == len(rows):
             newest = last
         else:
+            newest = torch.tensor(waiting, device=step.logits.device) if newest is None else newest
             newest[torch.tensor(members, device=newest.device)] = last
+    if newest is None:  # no row was ready
+        newest = torch.tensor(waiting, device=step.logits.device)
     return StepResult(emitted, finished, newest, states)
 
 

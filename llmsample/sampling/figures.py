@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,10 +48,13 @@ def step_figures(
     index = tokens.view(-1, 1)
     # The raw row's block maxima, where blocks pay, serve its top list, its rank and its maximum.
     maxima = chain.stages[0].maxima if blocks.blocks_pay(raw, max(top_n, 1)) else None
-    shared = maxima if ranked is raw else None
-    top_values, top_ids = (
-        blocks.top(ranked, min(top_n, ranked.shape[-1]), shared) if top_n > 0 else (None, index[:, :0])
-    )
+    listed = None  # the raw row's top values, descending: the top list's, or more (the chain's top-k)
+    if top_n <= 0:
+        top_ids = index[:, :0]
+    elif ranked is raw:
+        listed, top_ids = shared_top(chain, min(top_n, raw.shape[-1]), maxima)
+    else:
+        top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]))[1]
     # The raw row's minimum for its kept count, its maximum for finiteness.
     if filters.host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
@@ -66,7 +70,7 @@ def step_figures(
         ids,
         sampled_probs(chain, ids) if host else chain.prob_of(ids),
         raw_logprobs.gather(1, ids).exp(),
-        count_above(raw, raw.gather(1, index), maxima, top_values if ranked is raw else None),  # the rank - 1
+        count_above(raw, raw.gather(1, index), maxima, listed),  # the rank - 1
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         0.0 if chain.is_greedy else entropy_bits(sampled),
         sampled.sum(-1),
@@ -85,13 +89,26 @@ def step_figures(
     return [_figures_of(row, layout) for row in rows]
 
 
+def shared_top(chain: Chain, n: int, maxima: Tensor | None) -> tuple[Tensor, Tensor]:
+    """The raw row's top list of ``n`` ids and the values it was ranked among (descending; the
+    drawn token's rank reads them): the first n of the chain's wider ranking (its top-k's) when
+    no two of its first n + 1 values tie, the list of n then having one order, the one a ranking
+    of n gives; else the row ranked for n (the ids among tied tokens are that ranking's)."""
+    values, ids = chain.stages[0].top(n)
+    if values.shape[-1] == n:
+        return values, ids
+    if all(all(a > b for a, b in itertools.pairwise(row)) for row in values[:, : n + 1].tolist()):  # NaN: ranked
+        return values, ids[:, :n]
+    return blocks.top(chain.raw, n, maxima)
+
+
 def sampled_probs(chain: Chain, ids: Tensor) -> Tensor | list[list[float]]:
     """:meth:`Chain.prob_of` ``ids``, on a CPU read off the host copy of the chain's few
-    candidates (one lookup a row, for the seven torch calls of the search)."""
+    candidates (one lookup a row, for the seven torch calls of the search; the draw read them too)."""
     if chain.support is None:
         return chain.prob_of(ids)
     rows = []
-    for support, sampled, asked in zip(chain.support.tolist(), chain.sampled.tolist(), ids.tolist(), strict=True):
+    for support, sampled, asked in zip(chain.host_support, chain.host_sampled, ids.tolist(), strict=True):
         lookup = dict(zip(support, sampled, strict=True))
         rows.append([lookup.get(token, 0.0) for token in asked])
     return rows
@@ -188,7 +205,7 @@ def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor |
     return torch.tensor(counts, dtype=torch.int32)
 
 
-def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[int, ...]]:
+def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float | list[Any]], tuple[int, ...]]:
     """The tokens the stages keep: count columns (``[batch]`` or ``[batch, n]``, int32; a float
     when every row keeps the whole vocabulary), and per stage the column of its count among
     them, in order; ``low``: the raw row's minimum. Only a filter removes tokens: the other
@@ -197,7 +214,8 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[
     1, min-p 0 hand on their input) on the support its count was taken on (after a temperature
     computed on top-k's candidates, top-k hands on the same values, and they are counted).
     Logits are finite until a filter sets -inf, so that is all there is to count. The stages on
-    the chain's candidates are counted together, in one pass over their stacked values."""
+    the chain's candidates are counted together, in one pass over their stacked values (a CPU's
+    on the host: a few dozen values a stage, rows already on the host for :func:`fetch_rows`)."""
     stages = chain.stages
     source: list[int] = []  # per stage, the stage whose count it has
     for position, stage in enumerate(stages):
@@ -209,13 +227,16 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float], tuple[
     counted = sorted(set(source))
     narrow = [p for p in counted if stages[p].ids is not None]
     whole = [p for p in counted if p not in narrow]
-    columns: list[Tensor | float] = []
+    columns: list[Tensor | float | list[Any]] = []
     for p in whole:
         if p == 0 and filters.host_syncs_are_free(low) and bool((low > -math.inf).all()):
             columns.append(float(stages[0].values.shape[-1]))  # kept_count's answer, without a tensor
         else:
             columns.append(kept_count(stages[p].values, low if p == 0 else None))
-    if narrow:
+    if narrow and filters.host_syncs_are_free(low):  # a few candidates a stage: counted on the host
+        per_stage = [stages[p].values.tolist() for p in narrow]
+        columns.append([[sum(v != -math.inf for v in stage[r]) for stage in per_stage] for r in range(len(low))])
+    elif narrow:
         values = torch.stack([stages[p].values for p in narrow], 1)  # [batch, stages, candidates]
         columns.append(values.shape[-1] - blocks.count_true(values.isneginf()))
     order = {p: i for i, p in enumerate(whole + narrow)}

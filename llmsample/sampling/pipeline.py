@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -32,6 +32,7 @@ from torch import Tensor
 from llmsample.sampling import blocks, carried, cutoffs, filters
 from llmsample.sampling.budget import force_block_close
 from llmsample.sampling.config import SAMPLER_ORDER, SamplingConfig
+from llmsample.sampling.drawing import HOST_WIDTH, draw, draw_with, host_indices, uniforms
 from llmsample.sampling.filters import (
     apply_penalties,
     apply_temperature,
@@ -149,6 +150,7 @@ class Stage:
     ids: Tensor | None = None
     vocab: int = 0
     whole: Callable[[], Tensor] | None = None  # the whole row, where the stage keeps more than its ids
+    tops: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict, compare=False, repr=False)  # see top
 
     @cached_property
     def logits(self) -> Tensor:
@@ -164,6 +166,16 @@ class Stage:
         """:func:`blocks.block_maxima` of the stage's values, made once for whoever ranks them (the
         chain's top-k on the raw row, then the step's figures)."""
         return blocks.block_maxima(self.values)
+
+    def top(self, m: int) -> tuple[Tensor, Tensor]:
+        """:func:`blocks.top` of the stage's values, at least ``m`` wide: the widest asked for yet,
+        whose first m are a top m (the chain's top-k ranks the raw row, the step's figures take
+        their top list and the drawn token's rank from the same ranking)."""
+        widest = self.tops.get("widest")
+        if widest is None or widest[0].shape[-1] < m:
+            maxima = self.maxima if blocks.blocks_pay(self.values, m) else None
+            widest = self.tops["widest"] = blocks.top(self.values, m, maxima)
+        return widest
 
     def rows(self, index: slice) -> Stage:
         whole = None if self.whole is None else lambda: self.logits[index]
@@ -229,11 +241,34 @@ class Chain:
     def draw(self, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
         """The sampled token per row (see :func:`draw`). A greedy chain's distribution is its one
         surviving token, so that is read off without a cumulative sum or a random number. Over a
-        support the draw walks the candidates in id order, as it would walk the whole row."""
+        support the draw walks the candidates in id order, as it would walk the whole row; a CPU's
+        few candidates are walked on the host (:func:`llmsample.sampling.drawing.host_indices`, the same index)."""
         if self.is_greedy:
             return self.support[:, 0] if self.support is not None else filters.first_argmax(self.final).squeeze(-1)
-        index = draw(self.sampled, generator)
+        if (
+            self.support is not None
+            and self.support.shape[-1] <= HOST_WIDTH
+            and filters.host_syncs_are_free(self.sampled)
+        ):
+            u = uniforms(self.sampled, generator)
+            picked = host_indices(self.host_sampled, u.view(-1).tolist())
+            if picked is not None:
+                return torch.tensor([ids[i] for ids, i in zip(self.host_support, picked, strict=True)])
+            index = draw_with(self.sampled, u)
+        else:
+            index = draw(self.sampled, generator)
         return index if self.support is None else self.support.gather(-1, index.unsqueeze(-1)).squeeze(-1)
+
+    @cached_property
+    def host_sampled(self) -> list[list[float]]:
+        """``sampled`` on the host (a CPU's few candidates: read once for the draw and the figures)."""
+        return self.sampled.tolist()
+
+    @cached_property
+    def host_support(self) -> list[list[int]]:
+        """``support`` on the host, as :attr:`host_sampled`."""
+        assert self.support is not None
+        return self.support.tolist()
 
     def rows(self, index: slice | int) -> Chain:
         """Some rows of every stage (an int keeps a batch of one)."""
@@ -321,10 +356,11 @@ def _scaled_top_k(
     stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
     first k are top-k's set, each with the value the whole row's division gives it. None
     otherwise (then the whole row). Saves the division and range check over the vocabulary and
-    top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its block maxima
-    serve the step's figures too)."""
+    top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its ranking
+    serves the step's figures too)."""
     k = cfg.top_k
-    top, order = blocks.top(logits, k + 1, raw.maxima if raw is not None and blocks.blocks_pay(logits, k + 1) else None)
+    top, order = blocks.top(logits, k + 1) if raw is None else raw.top(k + 1)
+    top, order = top[..., : k + 1], order[..., : k + 1]
     scaled = _stage("temperature", top, history, cfg, values)
     # Read on the host (a CPU's: the chain narrows only there), one call for the checks' eight.
     if not all(row[k - 1] > row[k] and not any(v != v for v in row) for row in scaled.tolist()):
@@ -348,28 +384,6 @@ def compacts(logits: Tensor, k: int) -> bool:
 def sampling_probs(logits: Tensor, history: TokenHistory, cfg: SamplingConfig) -> Tensor:
     """The distribution a token is drawn from; the one function draft and target share."""
     return sampler_chain(logits, history, cfg).probs
-
-
-def draw(probs: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
-    """One token per row by inverse CDF: one uniform per row (``torch.multinomial`` costs ~1.7 ms
-    on a 49k vocabulary here, this ~0.1 ms). A zero-probability token is never drawn: its CDF step
-    is flat, and the float64 edge where u x total rounds up to the total falls back to the argmax.
-
-    ``generator``: one for the whole batch, or one per row; row i then draws exactly what it
-    draws alone from ``generator[i]``, with one cumulative sum for the batch."""
-    device = probs.device
-    if isinstance(generator, Sequence) and len(generator) == 1:  # one row's: no concatenation
-        u = torch.rand(1, 1, generator=generator[0], dtype=torch.float64, device=device)
-    elif isinstance(generator, Sequence):
-        u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=device) for g in generator])
-    else:
-        u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=device)
-    cdf = probs.double().cumsum(-1)
-    index = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
-    drawn = probs.gather(-1, index) > 0
-    if filters.host_syncs_are_free(drawn) and bool(drawn.all()):  # the edge is rare: skip the argmax pass
-        return index.squeeze(-1)
-    return torch.where(drawn, index, probs.argmax(-1, keepdim=True)).squeeze(-1)
 
 
 def entropy_bits(probs: Tensor) -> Tensor:

@@ -1,6 +1,6 @@
 """The lean step's shortcuts give the long way's answers: the drawn token's rank read off the
-raw top list, the temperature computed on top-k's candidates, the figures read on the host, and
-top-p's ranking of a few candidates."""
+raw top list, the temperature computed on top-k's candidates, the figures read on the host, the
+figures' top list taken from the chain's ranking, and top-p's ranking of a few candidates."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import WatchIndex, count_above, step_figures
 from llmsample.sampling.filters import apply_temperature, keep_top_k, keep_top_p
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import sampler_chain
+from llmsample.sampling.pipeline import Stage, sampler_chain
 from llmsample.sampling.stages import FILTER_STAGES
 
 INERT = TokenHistory(None, None)
@@ -117,3 +117,24 @@ def test_top_p_ranks_a_few_candidates_as_it_ranks_a_wide_row(x: torch.Tensor, wi
     few = x[:, :width] / 2
     padded = torch.cat([few, torch.full((x.shape[0], 300), -math.inf)], -1)
     assert torch.equal(keep_top_p(few, p).nan_to_num(), keep_top_p(padded, p)[:, :width].nan_to_num())
+
+
+def _ranked_alone(stage: Stage, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each asker's own ranking of exactly ``m`` (the step before the chain shared its top-k's)."""
+    return blocks.top(stage.values, m, stage.maxima if blocks.blocks_pay(stage.values, m) else None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(), st.sampled_from([*CONFIGS, SamplingConfig(temperature=0.7, top_k=4)]), st.sampled_from([1, 5, 12]))
+def test_the_figures_from_the_chains_ranking_are_their_own(x: torch.Tensor, cfg: SamplingConfig, top_n: int) -> None:
+    """The top list and the drawn token's rank taken from the raw row's ranking the chain's top-k
+    made (wider or narrower than the list) are the figures of a ranking of their own, to the bit,
+    ties included (tied tokens are listed in the ranking of the list's own width)."""
+    counts = torch.ones(x.shape[0], 1)
+    history = TokenHistory(counts, counts.expand_as(x) > 0) if cfg.has_penalties else INERT
+    chain = sampler_chain(x, history, cfg)
+    tokens = chain.draw([torch.Generator().manual_seed(r) for r in range(x.shape[0])])
+    shared = step_figures(chain, tokens, top_n)
+    with mock.patch.object(Stage, "top", _ranked_alone):
+        alone = step_figures(sampler_chain(x, history, cfg), tokens, top_n)
+    assert [repr(f) for f in shared] == [repr(f) for f in alone]
