@@ -78,8 +78,9 @@ PROFILES = {
     "cpu": Profile({"tiny": TINY}, 8, 1, (1, 8, 32, 64), 8, 900, ("-k", "live_on_the_device")),
 }
 
-# Absent on the GPU machine and not needed by this check (gguf: the default model's conversion only).
-OPTIONAL = {"gguf", "pexpect", "ruff", "scipy", "tomli-w"}
+# Absent on the GPU machine and not needed by this check (gguf: the default model's conversion only;
+# the clients, jsonschema and playwright: peers of the CPU suite's server, constraint and page tests).
+OPTIONAL = {"anthropic", "gguf", "jsonschema", "openai", "pexpect", "playwright", "ruff", "scipy", "tomli-w"}
 
 
 @dataclass

@@ -11,6 +11,7 @@ import tempfile
 import time
 
 from llmsample.bench.results import StartUp
+from llmsample.errors import RuntimeFailure
 from llmsample.models.conversion import gguf_path
 from llmsample.models.loading import load_model
 
@@ -29,9 +30,10 @@ def warm_start(model: str | None, device: str, dtype: str) -> StartUp:
     """A fresh process, converted model on disk: seconds until the model is ready (``start_s``,
     imports included), and what a second load costs once torch and transformers are imported
     (``load_s``: config, tokenizer, weights)."""
-    out = subprocess.run(
-        [sys.executable, "-c", WARM_START, model or "", device, dtype], check=True, capture_output=True, text=True
-    )
+    out = subprocess.run([sys.executable, "-c", WARM_START, model or "", device, dtype], capture_output=True, text=True)
+    if out.returncode != 0:  # the child's own last word (a traceback ends with its error)
+        last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+        raise RuntimeFailure(f"the warm start's fresh process failed: {last}")
     return StartUp(**json.loads(out.stdout.strip().splitlines()[-1]))
 
 

@@ -7,7 +7,10 @@ the transformers path; bench/NOTES.md, 2026-12-04):
 
 - scipy: the object-detection losses' Hungarian matching (``transformers.loss``), for training;
 - torchao: its quantizer's checkpoint (de)serialisation, for ``--quantize int8`` and checkpoints
-  stored quantized with torchao.
+  stored quantized with torchao;
+
+and one that imports scipy itself, so it goes with it: scikit-learn, which transformers' generation
+code imports for assisted generation's confidence threshold (5.17 at import time).
 
 :func:`lean_imports` hides them (None in ``sys.modules``: transformers' availability checks answer
 no, so its modules skip them) until the load has imported the model's classes; then they are
@@ -21,7 +24,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-OPTIONAL = ("scipy", "torchao")
+OPTIONAL = ("scipy", "sklearn", "torchao")
 RERUN = {"torchao": ("transformers.quantizers.quantizer_torchao",)}
 """transformers' modules that import from a library at import time, when it is available, and that a
 load here can use (scipy's are the detection losses')."""
@@ -43,6 +46,7 @@ def lean_imports(quantize: str | None) -> Iterator[None]:
                 sys.modules[name] = None  # type: ignore[assignment]  # importlib's "blocked" mark
                 _hidden.append(name)
                 _skipped.add(name)
+        _forget()  # answers cached before the hiding (a caller that asked transformers first)
     try:
         yield
     finally:
@@ -68,8 +72,13 @@ def _show() -> None:
         if name in sys.modules and sys.modules[name] is None:
             del sys.modules[name]
     _hidden.clear()
+    _forget()
+
+
+def _forget() -> None:
+    """transformers' cached answers about the optional libraries forgotten: the next asks again."""
     checks = sys.modules.get("transformers.utils.import_utils")
-    for check in ("is_scipy_available", "is_torchao_available"):
-        forget = getattr(getattr(checks, check, None), "cache_clear", None)
+    for name in OPTIONAL:
+        forget = getattr(getattr(checks, f"is_{name}_available", None), "cache_clear", None)
         if forget is not None:
             forget()

@@ -189,3 +189,13 @@ def test_workloads_section_writes_its_rows(tiny_model_dir, tmp_path) -> None:
     rows = json.loads(path.read_text())["rows"]
     assert [row["baseline"] for row in rows] == ["one seed, one setting", "no drafting"]
     assert all(row["tok_s"] > 0 and row["baseline_tok_s"] > 0 and row["ratio"] > 0 for row in rows)
+
+
+def test_a_failed_warm_start_says_why_in_one_line(tmp_path: Path) -> None:
+    """The fresh process's own error, not "returned non-zero exit status 1"."""
+    from llmsample.bench.startup import warm_start
+    from llmsample.errors import RuntimeFailure
+
+    with pytest.raises(RuntimeFailure, match=r"warm start's fresh process failed: .*missing is not a directory") as caught:
+        warm_start(str(tmp_path / "missing"), "cpu", "auto")
+    assert "\n" not in str(caught.value)
