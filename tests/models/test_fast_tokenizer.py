@@ -77,7 +77,8 @@ def pairs(request: pytest.FixtureRequest, name: str) -> tuple[FastTokenizer, Any
     return request.getfixturevalue(f"{name}_pair")
 
 
-PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<bos>", "<eos>", "<unk>", "w3", "w17", " ", "\n", "  \t"]
+PIECES = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<bos>", "<eos>", "<unk>", "w3", "w17", " ", "\n", "  \t",
+          " .", " 's", " n't", " ?"]  # fmt: skip
 TEXTS = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(PIECES)), max_size=8).map("".join)
 
 
@@ -212,6 +213,29 @@ def test_clean_up_spaces_as_transformers_outside_bpe(tmp_path: Path) -> None:
         want = theirs.decode(ids, clean_up_tokenization_spaces=clean)
         assert mine.decode(ids, clean_up_tokenization_spaces=clean) == want
     assert mine.decode(ids, clean_up_tokenization_spaces=True) != mine.decode(ids)
+
+
+def test_a_post_processor_that_adds_bos(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Special tokens added by ``tokenizer.json``'s post-processor, as transformers adds them."""
+    from transformers import AutoTokenizer
+
+    shutil.copytree(tiny_model_dir, tmp_path / "model")
+    spec = json.loads((tmp_path / "model" / "tokenizer.json").read_text())
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": "<bos>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {"<bos>": {"id": "<bos>", "ids": [0], "tokens": ["<bos>"]}},
+    }
+    (tmp_path / "model" / "tokenizer.json").write_text(json.dumps(spec))
+    mine, theirs = fast_tokenizer(tmp_path / "model"), AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    assert mine is not None
+    for text in ("w3 w4", "", "<eos> w5 x"):
+        for special in (True, False):
+            assert mine(text, add_special_tokens=special) == {
+                "input_ids": theirs(text, add_special_tokens=special)["input_ids"]
+            }
+    assert mine("w3")["input_ids"][0] == 0
 
 
 def test_the_kept_configs_answer_as_transformers_config_classes(default_pair: Any, tmp_path: Path) -> None:
