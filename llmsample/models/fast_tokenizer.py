@@ -25,7 +25,12 @@ KNOWN = frozenset({
     "name_or_path", "model_input_names",
 })  # fmt: skip
 """``tokenizer_config.json`` keys that change nothing here, or that this class reads."""
-BPE_CLEANUP = "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"
+TRANSFORMERS_ONLY = frozenset({
+    "chat_template", "continue_final_message", "sanitize_control_tokens", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})  # fmt: skip
+"""``apply_chat_template`` arguments transformers acts on: here they would silently become template
+variables, so they are refused."""
 
 
 class FastTokenizer:
@@ -119,6 +124,9 @@ class FastTokenizer:
                             tokenize: bool = True, **kwargs: Any) -> str | list[int]:  # fmt: skip
         """One conversation through the template, as transformers renders it; ``tokenize``: its ids
         (no special tokens added), else its text."""
+        if TRANSFORMERS_ONLY & set(kwargs):
+            raise TypeError(f"{type(self).__name__}.apply_chat_template: {sorted(TRANSFORMERS_ONLY & set(kwargs))} "
+                            "are transformers' arguments, not template variables; load transformers' tokenizer")  # fmt: skip
         if self.chat_template is None:
             raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
         if not conversation:

@@ -37,12 +37,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from llmsample.models.compiled import CompiledSteps
+    from llmsample.models.fast_tokenizer import FastTokenizer
 
 
 @dataclass
 class LoadedModel:
     model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | FastTokenizer  # FastTokenizer: a llama.cpp run's kept GGUF folder
     name: str
     device: torch.device
     dtype: torch.dtype

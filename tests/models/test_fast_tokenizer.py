@@ -168,6 +168,14 @@ def test_a_template_error_is_the_same_error(tiny_pair: tuple[FastTokenizer, Any]
     assert errors[0] == errors[1] == "no role bad"
 
 
+def test_transformers_arguments_are_refused_not_rendered(tiny_pair: tuple[FastTokenizer, Any]) -> None:
+    """transformers acts on these; here they would only become template variables."""
+    mine, _ = tiny_pair
+    for argument in ("continue_final_message", "chat_template", "return_dict"):
+        with pytest.raises(TypeError, match=argument):
+            mine.apply_chat_template(CONVERSATIONS[0], tokenize=False, **{argument: True})
+
+
 @pytest.mark.parametrize("name", ["default", "tiny"])
 def test_the_same_token_bytes_and_grammar_tables(name: str, request: pytest.FixtureRequest) -> None:
     from llmsample.sampling.constraint import tokenizer_table
