@@ -73,7 +73,7 @@ def step_figures(
         count_above(raw, raw.gather(1, index), maxima, listed),  # the rank - 1
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         0.0 if chain.is_greedy else entropy_bits(sampled),
-        sampled.sum(-1),
+        mass(chain, host),
         # Told by the host from the step's one transfer, rather than with a host sync of its own:
         # the maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
         high,
@@ -112,6 +112,14 @@ def sampled_probs(chain: Chain, ids: Tensor) -> Tensor | list[list[float]]:
         lookup = dict(zip(support, sampled, strict=True))
         rows.append([lookup.get(token, 0.0) for token in asked])
     return rows
+
+
+def mass(chain: Chain, host: bool) -> Tensor | list[float]:
+    """The sampled distribution's total per row: on a CPU a chain of one candidate a row (greedy's)
+    reads it off the host copy the draw made (the sum of one float32 is that float)."""
+    if host and chain.support is not None and chain.support.shape[-1] == 1:
+        return [row[0] for row in chain.host_sampled]
+    return chain.sampled.sum(-1)
 
 
 def fetch_rows(columns: Sequence[Tensor | float | list[Any]], batch: int) -> list[list[float]]:
@@ -229,13 +237,14 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float | list[A
     whole = [p for p in counted if p not in narrow]
     columns: list[Tensor | float | list[Any]] = []
     for p in whole:
-        if p == 0 and filters.host_syncs_are_free(low) and bool((low > -math.inf).all()):
+        if p == 0 and filters.host_syncs_are_free(low) and all(v > -math.inf for v in low.tolist()):
             columns.append(float(stages[0].values.shape[-1]))  # kept_count's answer, without a tensor
         else:
             columns.append(kept_count(stages[p].values, low if p == 0 else None))
     if narrow and filters.host_syncs_are_free(low):  # a few candidates a stage: counted on the host
         per_stage = [stages[p].values.tolist() for p in narrow]
-        columns.append([[sum(v != -math.inf for v in stage[r]) for stage in per_stage] for r in range(len(low))])
+        # (``list.count`` finds -inf alone: a NaN is not it, and counts as kept, as ``!=`` counts it)
+        columns.append([[len(stage[r]) - stage[r].count(-math.inf) for stage in per_stage] for r in range(len(low))])
     elif narrow:
         values = torch.stack([stages[p].values for p in narrow], 1)  # [batch, stages, candidates]
         columns.append(values.shape[-1] - blocks.count_true(values.isneginf()))

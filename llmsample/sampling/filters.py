@@ -39,17 +39,22 @@ def kept_count(logits: Tensor, minimum: Tensor | None = None) -> Tensor:
     return vocab - count_true(logits.isneginf())
 
 
-def first_argmax(logits: Tensor) -> Tensor:
+def first_argmax(logits: Tensor, maxima: Tensor | None = None) -> Tensor:
     """``logits.argmax(-1, keepdim=True)``, the same index (the first maximal one, a NaN counting
     as the largest): on a CPU torch's argmax over a 49k row takes 15 times its ``amax``, so the
-    maximum is found block by block and then within its block."""
+    maximum is found block by block and then within its block. ``maxima``: the row's
+    :func:`blocks.block_maxima`, when the caller has them (greedy on the raw row, whose maxima
+    the step's figures rank too): the search then makes no pass over the row of its own."""
     vocab = logits.shape[-1]
     block = next((b for b in (256, 128, 64) if vocab % b == 0 and vocab >= 8 * b), 0)
-    if not block or not host_syncs_are_free(logits):  # an accelerator's argmax is one fast kernel
+    if maxima is not None and host_syncs_are_free(logits):
+        block = blocks.BLOCK
+    elif not block or not host_syncs_are_free(logits):  # an accelerator's argmax is one fast kernel
         return logits.argmax(-1, keepdim=True)
-    blocks = logits.reshape(*logits.shape[:-1], vocab // block, block)
-    which = blocks.amax(-1).argmax(-1, keepdim=True)  # the first block that holds the maximum
-    inside = blocks.gather(-2, which.unsqueeze(-1).expand(*which.shape, block)).squeeze(-2)
+    rows = logits.reshape(*logits.shape[:-1], vocab // block, block)
+    # the first block that holds the maximum
+    which = (rows.amax(-1) if maxima is None else maxima).argmax(-1, keepdim=True)
+    inside = rows.gather(-2, which.unsqueeze(-1).expand(*which.shape, block)).squeeze(-2)
     return which * block + inside.argmax(-1, keepdim=True)
 
 

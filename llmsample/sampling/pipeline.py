@@ -319,7 +319,9 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
             stages.append(Stage(info.name, logits, ids, vocab, whole))
             continue
         if ids is None and info.name == "greedy" and compacts(logits, 1):
-            ids = filters.first_argmax(logits)  # the one token keep_argmax keeps
+            # the one token keep_argmax keeps; on the raw row, from the block maxima the figures rank
+            raw = logits is stages[0].values and blocks.blocks_pay(logits, 1)
+            ids = filters.first_argmax(logits, stages[0].maxima if raw else None)
             logits = logits.gather(-1, ids)
         elif ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)

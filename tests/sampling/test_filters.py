@@ -8,9 +8,10 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from llmsample.sampling import blocks
 from llmsample.sampling.filters import (
     apply_temperature,
     count_true,
@@ -44,6 +45,14 @@ def logits(draw: st.DrawFn) -> torch.Tensor:
 def test_first_argmax_is_torchs_argmax(x: torch.Tensor) -> None:
     assert torch.equal(first_argmax(x), x.argmax(-1, keepdim=True))
     assert torch.equal(first_argmax(x[0]), x[0].argmax(-1, keepdim=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(logits())
+def test_first_argmax_from_the_rows_block_maxima_is_torchs_argmax(x: torch.Tensor) -> None:
+    """Greedy on the raw row searches the block maxima the figures rank: the same first index."""
+    assume(x.shape[-1] % blocks.BLOCK == 0)
+    assert torch.equal(first_argmax(x, blocks.block_maxima(x)), x.argmax(-1, keepdim=True))
 
 
 @settings(max_examples=100, deadline=None)

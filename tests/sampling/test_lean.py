@@ -138,3 +138,14 @@ def test_the_figures_from_the_chains_ranking_are_their_own(x: torch.Tensor, cfg:
     with mock.patch.object(Stage, "top", _ranked_alone):
         alone = step_figures(sampler_chain(x, history, cfg), tokens, top_n)
     assert [repr(f) for f in shared] == [repr(f) for f in alone]
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows())
+def test_greedy_on_the_raw_rows_block_maxima_keeps_argmax(x: torch.Tensor) -> None:
+    """Greedy on the raw row searches the block maxima the figures rank (no pass of its own): the
+    token it keeps is torch's first argmax, ties and NaN included, as keep_argmax keeps it."""
+    chain = sampler_chain(x, INERT, SamplingConfig(temperature=0.0))
+    assert chain.support is not None  # it narrowed to the one token
+    assert torch.equal(chain.draw(None), x.argmax(-1))
+    assert torch.equal(chain.final.nan_to_num(), filters.keep_argmax(x).nan_to_num())
