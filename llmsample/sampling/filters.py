@@ -61,7 +61,20 @@ def first_argmax(logits: Tensor, maxima: Tensor | None = None) -> Tensor:
 def remove(logits: Tensor, mask: Tensor) -> Tensor:
     """``-inf`` where ``mask``: what every filter does. ``torch.where`` with a 0-d tensor costs a
     fifth of ``masked_fill`` on a 49k CPU row (0.1 ms against 0.55 ms), with the same result."""
-    return torch.where(mask, torch.full((), -math.inf, device=logits.device), logits)
+    return torch.where(mask, removed(logits.device), logits)
+
+
+def removed(device: torch.device) -> Tensor:
+    """A 0-d float32 ``-inf`` on ``device``, made once: a removed token's value for ``torch.where``
+    (making it each time was half the cost of a filter's ``where`` on a chain's few candidates)."""
+    value = _REMOVED.get(device)
+    if value is None:
+        value = _REMOVED[device] = torch.full((), -math.inf, device=device)
+    return value
+
+
+_REMOVED: dict[torch.device, Tensor] = {}
+""":func:`removed`'s tensor per device."""
 
 
 def keep_finite(logits: Tensor, before: Tensor) -> Tensor:
@@ -214,7 +227,7 @@ def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, T
         if width <= limit:
             ids, at = order[..., :width].sort(-1)
             kept = keep_sorted[..., :width].gather(-1, at)
-            return torch.where(kept, logits.gather(-1, ids), torch.full((), -math.inf)), ids
+            return torch.where(kept, logits.gather(-1, ids), removed(logits.device)), ids
     keep = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, order, keep_sorted)
     return remove(logits, ~(keep | whole) if some_whole else ~keep), None
 
