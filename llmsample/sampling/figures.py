@@ -73,7 +73,7 @@ def step_figures(
         count_above(raw, raw.gather(1, index), maxima, listed),  # the rank - 1
         # A greedy distribution is one token: its entropy is 0 (a broken row is told by the check below).
         0.0 if chain.is_greedy else entropy_bits(sampled),
-        mass(chain, host),
+        sampled_mass(chain, host),
         # Told by the host from the step's one transfer, rather than with a host sync of its own:
         # the maximum is finite exactly when no logit is NaN or +inf and one at least is finite.
         high,
@@ -114,7 +114,7 @@ def sampled_probs(chain: Chain, ids: Tensor) -> Tensor | list[list[float]]:
     return rows
 
 
-def mass(chain: Chain, host: bool) -> Tensor | list[float]:
+def sampled_mass(chain: Chain, host: bool) -> Tensor | list[float]:
     """The sampled distribution's total per row: on a CPU a chain of one candidate a row (greedy's)
     reads it off the host copy the draw made (the sum of one float32 is that float)."""
     if host and chain.support is not None and chain.support.shape[-1] == 1:
