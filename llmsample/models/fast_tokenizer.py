@@ -124,8 +124,8 @@ class FastTokenizer:
                             tokenize: bool = True, **kwargs: Any) -> str | list[int]:  # fmt: skip
         """One conversation through the template, as transformers renders it; ``tokenize``: its ids
         (no special tokens added), else its text."""
-        if TRANSFORMERS_ONLY & set(kwargs):
-            raise TypeError(f"{type(self).__name__}.apply_chat_template: {sorted(TRANSFORMERS_ONLY & set(kwargs))} "
+        if refused := TRANSFORMERS_ONLY & kwargs.keys():
+            raise TypeError(f"{type(self).__name__}.apply_chat_template: {sorted(refused)} "
                             "are transformers' arguments, not template variables; load transformers' tokenizer")  # fmt: skip
         if self.chat_template is None:
             raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
