@@ -96,10 +96,10 @@ def _items(lm: LoadedModel, prompts: list[list[int]], cfg: Callable[[int], Sampl
     """A maker of the requests, with a fresh pool shared by their drafters (``suffix``) or none."""
 
     def make() -> list[BatchItem]:
-        pool, own = SuffixPool(2, 6), NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
+        pool = SuffixPool(2, 6)
 
         def drafter() -> SuffixDrafter:
-            return SuffixDrafter(pool, own)
+            return SuffixDrafter(pool, NgramDrafter(lm.model.config.vocab_size, lm.sample_device))
 
         return [
             BatchItem(i, ids, cfg(i), RunStats(lm.name, "bench", cfg(i).seed), drafter if suffix else None)

@@ -57,14 +57,15 @@ def _mixed(lm: LoadedModel, prompts: list[list[int]], tokens: int, fresh: bool) 
 
 def _rewrites(lm: LoadedModel, draft: bool) -> list[BatchItem]:
     """Greedy rewrites to their end (the same tokens with and without drafting)."""
-    ngram = NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
     cfg = SamplingConfig(temperature=0.0, max_tokens=REWRITE_CAP, seed=0)
+
+    def ngram() -> NgramDrafter:  # a row's own
+        return NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
+
     items = []
     for i, prompt in enumerate(rewrite_prompts(REWRITES)):
         ids = encode_prompt(lm, prompt)
-        items.append(
-            BatchItem(i, ids[0].tolist(), cfg, RunStats(lm.name, "bench", 0), (lambda: ngram) if draft else None)
-        )
+        items.append(BatchItem(i, ids[0].tolist(), cfg, RunStats(lm.name, "bench", 0), ngram if draft else None))
     return items
 
 

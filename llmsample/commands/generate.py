@@ -243,13 +243,16 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Draf
     if options["draft"] in ("ngram", "suffix"):
         if options["ngram_min"] > options["ngram_max"]:
             raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
-        ngram = NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+
+        def ngram() -> NgramDrafter:  # a row's own: it indexes that row's tokens
+            return NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+
         if options["draft"] == "suffix":  # one pool for the run (a server's: every request's)
             from llmsample.engine.suffix import SuffixDrafter, SuffixPool
 
             pool = SuffixPool(options["ngram_min"], max(options["ngram_max"], 6))
-            return lambda: SuffixDrafter(pool, ngram)
-        return lambda: ngram  # stateless: one serves every row
+            return lambda: SuffixDrafter(pool, ngram())
+        return ngram
     from llmsample.models.llamacpp import gguf_file
 
     if gguf_file(options["draft"]) is not None and lm.sample_device.type == "cpu":

@@ -142,7 +142,8 @@ def _match_length(seq: list[int], held: list[int], end: int, n: int) -> int:
 
 
 class SuffixDrafter:
-    """One row's drafter over the shared pool: its sequence joins the pool as it grows."""
+    """One row's drafter over the shared pool: its sequence joins the pool as it grows. ``own``:
+    the row's prompt lookup (a drafter of its own, which indexes the row's tokens)."""
 
     def __init__(self, pool: SuffixPool, own: NgramDrafter) -> None:
         self.pool, self.own = pool, own
