@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.engine import growing_cache as growing_cache_module
+from llmsample.engine import growth as growing_cache_module
 from llmsample.engine.growing_cache import GrowingLayer, growing_cache
 from llmsample.engine.padded import PaddedBatch
 from tests.conftest import make_tiny_model
