@@ -9,8 +9,10 @@ forward computes on the CPU here, when llama.cpp does not run it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -159,7 +161,7 @@ def build(folder: Path, name: str, config: Any, generation_config: Any, dtype: t
     from llmsample.models.native import NativeCausalLM, rope_frequencies, shape_of
 
     shape = shape_of(config)
-    with torch.device("meta"):
+    with torch.device("meta"), uninitialised():
         model = NativeCausalLM(shape, config, generation_config)
     expected = {key: tuple(value.shape) for key, value in model.state_dict().items()}
     if shape.tied:
@@ -169,6 +171,20 @@ def build(folder: Path, name: str, config: Any, generation_config: Any, dtype: t
     model.model.inv_freq = rope_frequencies(shape)
     model.tie_weights()
     return model.eval()
+
+
+@contextlib.contextmanager
+def uninitialised() -> Iterator[None]:
+    """Linear and embedding layers made without their random initialisation, which the weights
+    replace: on the meta device its first call costs seconds of torch's lazy machinery."""
+    from torch import nn
+
+    kept = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = kept  # type: ignore[method-assign]
 
 
 def read_tensors(folder: Path, name: str, expected: dict[str, tuple[int, ...]]) -> dict[str, Any]:
