@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
+from llmsample.models import llamacpp
 from llmsample.models.checkpoint import _mismatch_message
 from llmsample.models.conversion import DEFAULT_MODEL, is_complete_conversion, models_dir
-from llmsample.models.llamacpp import KeptConfig, checkpoint_folder, choose_backend
+from llmsample.models.llamacpp import KeptConfig, checkpoint_folder
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +44,7 @@ def pick_backend(requested: str, spec: str | None, device: torch.device, dtype_g
     if requested == "torch":
         check_torch(spec, device, simple)
         return requested
-    chosen = choose_backend(requested, spec, device, simple and not dtype_given)
+    chosen = llamacpp.choose_backend(requested, spec, device, simple and not dtype_given)  # looked up: tests replace it
     if requested != "auto" or chosen != "transformers" or device.type != "cpu" or not simple:
         return chosen
     folder = native_folder(spec)
