@@ -113,6 +113,8 @@ def rope_frequencies(shape: Shape) -> Tensor:
 
 
 class RMSNorm(nn.Module):
+    """transformers' ``LlamaRMSNorm``: normalised in float32, cast back, then scaled."""
+
     def __init__(self, size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -127,11 +129,14 @@ class RMSNorm(nn.Module):
 
 
 def rotate_half(x: Tensor) -> Tensor:
+    """The rotary pairing of transformers' half-split layout (not llama.cpp's interleaved one)."""
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Attention(nn.Module):
+    """Grouped-query attention with rotary keys; the new keys and values go into ``layer``."""
+
     def __init__(self, shape: Shape) -> None:
         super().__init__()
         self.head_dim, self.groups = shape.head_dim, shape.heads // shape.kv_heads
@@ -173,11 +178,14 @@ class Attention(nn.Module):
 
 
 def repeat_kv(states: Tensor, groups: int) -> Tensor:
+    """Each key-value head repeated for the ``groups`` query heads that share it."""
     batch, heads, length, dim = states.shape
     return states[:, :, None].expand(batch, heads, groups, length, dim).reshape(batch, heads * groups, length, dim)
 
 
 class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
     def __init__(self, shape: Shape) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(shape.hidden, shape.intermediate, bias=shape.mlp_bias)
@@ -189,6 +197,8 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP, each added to the residual stream."""
+
     def __init__(self, shape: Shape) -> None:
         super().__init__()
         self.self_attn = Attention(shape)

@@ -118,6 +118,21 @@ def test_auto_leaves_to_llama_cpp_what_it_runs(llama: Path, monkeypatch: pytest.
     assert pick_backend("auto", str(llama), CPU, False, True) == "llama.cpp"
 
 
+def test_auto_runs_the_converted_default_model_on_torch_without_llama_cpp(
+    llama: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from llmsample.models import native_load
+    from llmsample.models.conversion import DEFAULT_MODEL
+
+    monkeypatch.setattr(llamacpp, "installed", lambda: False)
+    monkeypatch.setattr(native_load, "models_dir", lambda: tmp_path)
+    assert pick_backend("auto", None, CPU, False, True) == "transformers"  # not converted yet: transformers does it
+    shutil.copytree(llama, tmp_path / DEFAULT_MODEL)
+    assert pick_backend("auto", None, CPU, False, True) == "torch"
+
+
 def one_line(*args: str) -> str:
     result = CliRunner().invoke(main, ["generate", "-p", "w3", "-n", "2", "-q", *args])
     assert result.exit_code == 2, result.output
