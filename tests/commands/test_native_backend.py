@@ -44,15 +44,19 @@ def tokens(records: list[dict[str, Any]]) -> list[int]:
     return [r["token_id"] for r in records if r["type"] == "token"]
 
 
-@pytest.mark.parametrize("command", ["generate", "speculate"])
-def test_greedy_tokens_are_transformers(llama: Path, command: str) -> None:
-    extra = ["--draft", "ngram"] if command == "speculate" else []
+@pytest.mark.parametrize("draft", [None, "ngram", "model"])
+def test_greedy_tokens_are_transformers(llama: Path, draft: str | None) -> None:
+    """``generate``, and ``speculate`` with prompt lookup or a draft model (the target itself,
+    on torch too: its greedy drafts pass)."""
+    command, extra = ("generate", []) if draft is None else ("speculate", ["--draft", str(llama) if draft == "model" else draft])
     base = [command, "-m", str(llama), "-p", PROMPT, "-n", "24", "-t", "0", "--ignore-eos", "--raw", "-q", *extra]
     theirs, ours = run(*base, "--backend", "transformers"), run(*base, "--backend", "torch")
     assert tokens(ours) == tokens(theirs) and len(tokens(ours)) == 24
     assert ours[-1]["backend"] == "torch" and theirs[-1]["backend"] == "transformers"
-    if command == "speculate":
+    if draft is not None:
         assert ours[-1]["accepted"] == theirs[-1]["accepted"]
+    if draft == "model":
+        assert ours[-1]["accepted"] > 0
 
 
 def test_batch_records_are_transformers(llama: Path, tmp_path: Path) -> None:
@@ -86,10 +90,11 @@ def test_the_logit_lens_is_transformers(llama: Path) -> None:
 
 
 def test_a_torch_run_imports_no_transformers(llama: Path, tmp_path: Path) -> None:
-    modules = imported(tmp_path, "generate", "-m", str(llama), "--backend", "torch", "-p", "w3", "-n", "2", "-q",
-                       "--no-log", "--local")  # fmt: skip
-    assert "llmsample.models.native" in modules and "tokenizers" in modules
-    assert [m for m in modules if m == "transformers" or m.startswith("transformers.")] == []
+    for command in (["generate"], ["speculate", "--draft", str(llama)]):
+        modules = imported(tmp_path, *command, "-m", str(llama), "--backend", "torch", "-p", "w3", "-n", "2", "-q",
+                           "--no-log", "--local")  # fmt: skip
+        assert "llmsample.models.native" in modules and "tokenizers" in modules
+        assert [m for m in modules if m == "transformers" or m.startswith("transformers.")] == []
 
 
 @pytest.mark.parametrize(
