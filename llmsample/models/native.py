@@ -62,7 +62,7 @@ def shape_of(config: Any) -> Shape:
     if heads % kv_heads:
         raise ValueError(f"{heads} attention heads do not share {kv_heads} key-value heads evenly")
     window = sliding_window(config, kind)
-    bias = kind == "qwen2" or bool(getattr(config, "attention_bias", False))
+    bias = kind == "qwen2" or (kind == "llama" and bool(getattr(config, "attention_bias", False)))
     rope = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type not in ("default", "llama3"):

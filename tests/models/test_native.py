@@ -1,6 +1,6 @@
 """llmsample's own forward (``--backend torch``, models/native.py) against transformers' on the same
-weights (the real peer): tiny random Llama (untied, and tied with Llama 3.1's rope scaling), Qwen2
-(q/k/v biases) and Mistral (a 4-position sliding window) through every operation of the padded
+weights (the real peer): tiny random Llama (untied; tied with Llama 3.1's rope scaling; with
+attention and MLP biases), Qwen2 (q/k/v biases) and Mistral (a 4-position sliding window) through every operation of the padded
 batch: ragged prefill, steps, ragged verification and rollback holes, a join mid-decode, rows
 kept and replicated, a saved row admitted again, the logit lens. float32 logits agree to 1e-5
 (bit for bit where the kernels are the same), bf16 closely."""
@@ -31,10 +31,9 @@ def save_tiny(path: Path, kind: str, **settings: Any) -> Path:
     })  # fmt: skip
     torch.manual_seed(3)
     model = getattr(transformers, f"{names[kind]}ForCausalLM")(config)
-    if kind == "qwen2":  # random biases: a forward that dropped them would differ
-        for name, parameter in model.named_parameters():
-            if name.endswith("bias"):
-                parameter.data.normal_(0, 0.5)
+    for name, parameter in model.named_parameters():  # random biases: a forward that dropped them would differ
+        if name.endswith("bias"):
+            parameter.data.normal_(0, 0.5)
     model.save_pretrained(path)
     return path
 
@@ -44,6 +43,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 MODELS = {
     "llama": lambda path: make_tiny_model(path),
     "llama-tied-llama3": lambda path: save_tiny(path, "llama", tie_word_embeddings=True, rope_parameters=LLAMA3),
+    "llama-biases": lambda path: save_tiny(path, "llama", attention_bias=True, mlp_bias=True),
     "qwen2": lambda path: save_tiny(path, "qwen2"),
     "mistral-window": lambda path: save_tiny(path, "mistral", sliding_window=4),
 }
