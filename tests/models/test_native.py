@@ -18,8 +18,9 @@ from llmsample.models.loading import load_model
 from tests.conftest import make_tiny_model
 
 
-def save_tiny(path: Path, kind: str, **settings: Any) -> Path:
-    """The tiny word-level tokenizer (conftest's) with a random model of ``kind`` over it."""
+def save_tiny(path: Path, kind: str, shard: str | None = None, **settings: Any) -> Path:
+    """The tiny word-level tokenizer (conftest's) with a random model of ``kind`` over it (in
+    safetensors shards of at most ``shard``, with their index)."""
     import transformers
 
     make_tiny_model(path)
@@ -34,7 +35,9 @@ def save_tiny(path: Path, kind: str, **settings: Any) -> Path:
     for name, parameter in model.named_parameters():  # random biases: a forward that dropped them would differ
         if name.endswith("bias"):
             parameter.data.normal_(0, 0.5)
-    model.save_pretrained(path)
+    if shard is not None:
+        (path / "model.safetensors").unlink()  # the tokenizer's model, replaced by the shards
+    model.save_pretrained(path, **({} if shard is None else {"max_shard_size": shard}))
     return path
 
 
@@ -43,6 +46,7 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 MODELS = {
     "llama": lambda path: make_tiny_model(path),
     "llama-tied-llama3": lambda path: save_tiny(path, "llama", tie_word_embeddings=True, rope_parameters=LLAMA3),
+    "llama-sharded": lambda path: save_tiny(path, "llama", shard="20KB"),  # an index and its shards
     "llama-biases": lambda path: save_tiny(path, "llama", attention_bias=True, mlp_bias=True),
     "qwen2": lambda path: save_tiny(path, "qwen2"),
     "mistral-window": lambda path: save_tiny(path, "mistral", sliding_window=4),
@@ -86,6 +90,8 @@ def operations(lm: Any) -> list[torch.Tensor]:
 
 
 def test_every_padded_batch_operation_gives_transformers_logits(folder: Path) -> None:
+    if folder.parent.name.startswith("llama-sharded"):
+        assert (folder / "model.safetensors.index.json").is_file() and not (folder / "model.safetensors").exists()
     hf, native = pair(folder, "float32")
     assert native.backend == "torch" and type(native.model).__name__ == "NativeCausalLM"
     for theirs, ours in zip(operations(hf), operations(native), strict=True):
