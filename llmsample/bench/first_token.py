@@ -1,6 +1,6 @@
 """``llmsample bench --startup``: seconds from a fresh process to its first token, side by side in
-one run (interleaved in rotating order, medians): the cold transformers path, the cold llama.cpp
-path, a command against a warm engine, and llama-cpp-python alone loading the same GGUF, each
+one run (interleaved in rotating order, medians): the cold transformers path, the cold torch path
+(llmsample's own forward, no transformers import), the cold llama.cpp path, a command against a warm engine, and llama-cpp-python alone loading the same GGUF, each
 asked the issue's question for one greedy token; then 8 callers of the warm engine at once
 against the same 8 one after another (they share its continuous batch)."""
 
@@ -76,6 +76,7 @@ def run_startup_benchmark(runs: int, tokens: int, log: Callable[[str], None]) ->
                    capture_output=True)  # fmt: skip
     sides: dict[str, list[str]] = {
         "cold transformers": generate_args("--backend", "transformers", "--local"),
+        "cold torch": generate_args("--backend", "torch", "--local"),
         "cold llama.cpp": generate_args("--backend", "llama.cpp", "--local"),
         "warm engine": generate_args(),
         "llama-cpp-python alone": [sys.executable, "-c", LLAMA_CPP_ALONE, gguf, PROMPT],

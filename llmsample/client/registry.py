@@ -72,7 +72,7 @@ class EngineRecord:
     pid: int
     spec: dict[str, Any]
     name: str  # the model's name as the engine reports it
-    backend: str  # the backend it loaded (transformers or llama.cpp)
+    backend: str  # the backend it loaded (transformers, llama.cpp or torch)
     dtype: str
     device: str
     socket: str

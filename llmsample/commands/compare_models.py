@@ -55,14 +55,14 @@ DEFAULT_NAME = "default"  # -m default: the default model (SmolLM2-135M-Instruct
 )
 @click.option(
     "--backend-a",
-    type=click.Choice(["auto", "transformers", "llama.cpp"]),
+    type=click.Choice(["auto", "transformers", "llama.cpp", "torch"]),
     default="transformers",
     show_default=True,
-    help="A's backend; llama.cpp runs a GGUF model (see generate --backend).",
+    help="A's backend; llama.cpp runs a GGUF model, torch llmsample's own forward (see generate --backend).",
 )
 @click.option(
     "--backend-b",
-    type=click.Choice(["auto", "transformers", "llama.cpp"]),
+    type=click.Choice(["auto", "transformers", "llama.cpp", "torch"]),
     default="transformers",
     show_default=True,
     help="B's backend: -m default twice with --backend-b llama.cpp measures llama.cpp's kernels against transformers.",

@@ -125,7 +125,7 @@ def show_view(options: dict[str, Any], cfg: Any) -> None:
     from llmsample.engine.prompt import encode_prompt
     from llmsample.terminal import stdout_console, use_color
 
-    if options["layers"] and options["backend"] == "auto":  # only transformers exposes the layers
+    if options["layers"] and options["backend"] == "auto":  # llama.cpp does not expose the layers (torch does: asked for)
         options = {**options, "backend": "transformers"}
     if options["layers"] and options["backend"] == "llama.cpp":  # said before the model loads
         from llmsample.engine.lens import ON_LLAMA_CPP

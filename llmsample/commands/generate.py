@@ -258,7 +258,8 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Draf
     if gguf_file(options["draft"]) is not None and lm.sample_device.type == "cpu":
         draft = load_model(options["draft"], "cpu", backend="auto")  # llama.cpp where it is installed
     else:  # on the device the target samples on (its input device when it is placed over several)
-        draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."))
+        backend = "auto" if lm.backend == "torch" else "transformers"  # a torch target's draft on torch where it can
+        draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."), backend=backend)
     check_same_tokenizer(draft, lm)
     return lambda: ModelDrafter(draft, vocab, lm.sample_device)
 

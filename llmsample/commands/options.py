@@ -147,11 +147,11 @@ model_options = option_group(
     ),
     click.option(
         "--backend",
-        type=click.Choice(["auto", "transformers", "llama.cpp"]),
+        type=click.Choice(["auto", "transformers", "llama.cpp", "torch"]),
         default="auto",
         show_default=True,
         envvar="LLMSAMPLE_BACKEND",
-        help="llama.cpp runs GGUF files, local checkpoints (written to GGUF once) and the default model on the CPU; needs llmsample[llamacpp]. auto: llama.cpp on a CPU where it can run the model and no transformers-only option is given [env: LLMSAMPLE_BACKEND].",
+        help="llama.cpp runs GGUF files, local checkpoints (written to GGUF once) and the default model on the CPU; needs llmsample[llamacpp]. torch: llmsample's own forward of Llama, Mistral and Qwen2 checkpoints (no transformers import: the fastest start). auto: llama.cpp on a CPU where it can run the model and no transformers-only option is given, else torch where it can, else transformers [env: LLMSAMPLE_BACKEND].",
     ),
     click.option(
         "--gguf-type",

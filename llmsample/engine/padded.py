@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from llmsample.engine.growth import Growing, NativeCache
 from llmsample.errors import RuntimeFailure
 from llmsample.models.compiled import cache_arg
 from llmsample.models.placement import input_device
@@ -39,11 +40,9 @@ class PaddedBatch:
         on_forward: Callable[[float], None] | None = None,
     ) -> None:
         """``on_forward``: told the seconds of every forward pass (the benchmark's model share)."""
-        from llmsample.engine.growing_cache import growing_cache
-
         self.model = model
         self.cache_arg = cache_arg(model)
-        self.cache = growing_cache(model.config)
+        self.cache = new_cache(model)
         self.device = device = input_device(model)
         self.sample_device = sample_device or device
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=device)
@@ -56,7 +55,10 @@ class PaddedBatch:
     @staticmethod
     def supports(model: Any) -> bool:
         """Whether every layer's cache can be padded: full attention, or a sliding window (kept
-        whole, the mask applying the window); not linear attention or other kinds."""
+        whole, the mask applying the window); not linear attention or other kinds. llmsample's own
+        models (:mod:`llmsample.models.native`) always can."""
+        if native(model):
+            return True
         from llmsample.engine.growing_cache import GrowingLayer, growing_cache
 
         return all(type(layer) is GrowingLayer for layer in growing_cache(model.config).layers)
@@ -64,6 +66,8 @@ class PaddedBatch:
     @staticmethod
     def attends_fully(model: Any) -> bool:
         """Whether every layer is full attention (no sliding window)."""
+        if native(model):
+            return bool(model.attends_fully)
         from transformers import DynamicCache
         from transformers.cache_utils import DynamicLayer
 
@@ -85,15 +89,13 @@ class PaddedBatch:
         """Prefill ``prompts`` together (left-padded) and add them as the last rows; returns their
         next-token logits ``[len(prompts), vocab]``. ``hidden``: given, it is filled with the
         model's hidden states of the pass (:meth:`admit_layers`)."""
-        from llmsample.engine.growing_cache import growing_cache
-
         self._crop_holes()  # before the rows change
         device = self.device
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
         positions = (mask.cumsum(-1) - 1).clamp_min(0)
-        cache = growing_cache(self.model.config)
+        cache = new_cache(self.model)
         logits = self._forward(ids, mask, positions, cache, keep_last=True, hidden=hidden)[:, -1]
         self._merge(cache, mask, torch.tensor([len(p) for p in prompts], device=device))
         self._lengths += [len(p) for p in prompts]
@@ -183,10 +185,8 @@ class PaddedBatch:
     @torch.inference_mode()
     def admit_saved(self, saved: SavedRow, length: int, rest: list[int]) -> Tensor:
         """A new last row: ``saved``'s first ``length`` positions, then ``rest`` prefilled after them."""
-        from llmsample.engine.growing_cache import growing_cache
-
         self._crop_holes()
-        cache = growing_cache(self.model.config)
+        cache = new_cache(self.model)
         for layer, kept in zip(self._layers(cache), saved.layers, strict=True):
             if kept is not None:  # the next update copies these into a buffer of the layer's own
                 layer.dtype, layer.device, layer.is_initialized = kept[0].dtype, kept[0].device, True
@@ -234,9 +234,7 @@ class PaddedBatch:
     def keep(self, rows: list[int]) -> None:
         """Only these rows go on (finished rows leave); padding no row needs any more is trimmed."""
         if not rows:
-            from llmsample.engine.growing_cache import growing_cache
-
-            self.cache = growing_cache(self.model.config)
+            self.cache = new_cache(self.model)
             self.mask, self.positions = self.mask[:0, :0], self.positions[:0]
             self._lengths, self._tails = [], []
             return
@@ -312,10 +310,8 @@ class PaddedBatch:
 
     @staticmethod
     def _layers(cache: Any) -> list[Any]:
-        from llmsample.engine.growing_cache import GrowingLayer
-
         layers = list(cache.layers)
-        if not all(type(layer) is GrowingLayer for layer in layers):  # open_backend asks supports() first
+        if not all(isinstance(layer, Growing) for layer in layers):  # open_backend asks supports() first
             raise ValueError(f"the padded batch cannot hold {sorted({type(layer).__name__ for layer in layers})}")
         return layers
 
@@ -331,6 +327,22 @@ class SavedRow:
 
     def release(self) -> None:
         self.layers = []
+
+
+def native(model: Any) -> bool:
+    """Whether ``model`` is llmsample's own (:mod:`llmsample.models.native`), whose cache is a
+    :class:`~llmsample.engine.growth.NativeCache`."""
+    return getattr(model, "is_native", False) is True
+
+
+def new_cache(model: Any) -> Any:
+    """An empty cache whose layers grow in place: the model's own, else transformers' for its config
+    (:mod:`llmsample.engine.growing_cache`, imported only then)."""
+    if native(model):
+        return NativeCache(model.config.num_hidden_layers)
+    from llmsample.engine.growing_cache import growing_cache
+
+    return growing_cache(model.config)
 
 
 def _left_pad(tensor: Tensor, width: int, dim: int = 2) -> Tensor:

