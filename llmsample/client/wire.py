@@ -43,7 +43,10 @@ class Job:
     (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive).
     ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text;
     ``fit_room``: a chat's positions kept for the reply, the conversation's oldest exchanges
-    dropped until it fits the context (how many: the answer's :data:`DROPPED_HEADER`)."""
+    dropped until it fits the context (how many: the answer's :data:`DROPPED_HEADER`);
+    ``cache_prompt``: False, the engine prefills the prompt whole rather than after a cached
+    prefix (llama-server's ``cache_prompt``): a prefix prefilled apart rounds apart, so a
+    one-shot command's bytes are the in-process run's only so."""
 
     prompt: str
     cfg: SamplingConfig
@@ -57,6 +60,7 @@ class Job:
     draft_tokens: int | None = None
     messages: list[dict[str, Any]] | None = None
     fit_room: int | None = None
+    cache_prompt: bool = True
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
@@ -84,6 +88,8 @@ def job_from_json(data: Any) -> Job:
     room = data.get("fit_room")
     if room is not None and not (type(room) is int and room >= 0 and data.get("messages") is not None):
         raise ValueError(f"fit_room: expected a whole number from 0, with messages, got {room!r}")
+    if not isinstance(data.get("cache_prompt", True), bool):
+        raise ValueError(f"cache_prompt: expected true or false, got {data['cache_prompt']!r}")
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
                   "messages": _messages(data.get("messages"))})  # fmt: skip
 

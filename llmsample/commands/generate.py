@@ -150,7 +150,7 @@ def generate_on(target: Target, options: dict[str, Any]) -> None:
             raise UserError(f"--ngram-min {ngram[0]} is above --ngram-max {ngram[1]}")
     job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"],
               model=None if target.where.startswith("unix:") else options["model"], ngram=ngram,
-              draft_tokens=options.get("draft_tokens") if ngram else None)  # fmt: skip
+              draft_tokens=options.get("draft_tokens") if ngram else None, cache_prompt=False)  # fmt: skip
     stats = RunStats(model=target.name or options["model"] or "", preset=preset, seed=cfg.seed)
     events = stream_job(target, job, say)
     if ngram and options.get("compare"):

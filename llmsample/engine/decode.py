@@ -81,7 +81,11 @@ def decode(
         def admit(joining: list[BatchItem]) -> list[torch.Tensor]:
             if one_prompt:
                 return [b.admit_copies(joining[0].prompt_ids, len(joining)) for b in backends]
-            admitted = [b.admit([item.prompt_ids for item in joining]) for b in backends]
+            prompts = [item.prompt_ids for item in joining]
+            whole = {i for i, item in enumerate(joining) if not item.cache_prompt}
+            admitted = [
+                b.admit(prompts, whole) if isinstance(b, CachingBackend) else b.admit(prompts) for b in backends
+            ]
             if isinstance(backend, CachingBackend):
                 for item, reused in zip(joining, backend.reused, strict=True):
                     item.stats.note(cache=CacheReuse(reused=reused, prefilled=len(item.prompt_ids) - reused))

@@ -14,6 +14,7 @@ exactly what each row's cache holds when it leaves, and the loop does not change
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -175,15 +176,16 @@ class CachingBackend:
     def compile_s(self) -> float:
         return self.backend.compile_s
 
-    def admit(self, prompts: list[list[int]]) -> Tensor:
+    def admit(self, prompts: list[list[int]], whole: Collection[int] = ()) -> Tensor:
         """Prompts with no prefix to share prefilled together; then each of the others from its
         longest source (a kept entry, a running row, a prompt of this call admitted before it);
-        rows and logits in ``prompts``' order."""
+        rows and logits in ``prompts``' order. ``whole``: the indices of prompts prefilled with
+        the cold ones whatever the cache holds (``BatchItem.cache_prompt`` False)."""
         start = len(self.tokens)
         cold, warm = [], []
         for i, prompt in enumerate(prompts):
             earlier = max((shared_prefix(prompts[j], prompt) for j in cold + warm), default=0)
-            shares = max(earlier, self.cache.longest(prompt, touch=False)[1]) >= MIN_REUSE
+            shares = i not in whole and max(earlier, self.cache.longest(prompt, touch=False)[1]) >= MIN_REUSE
             (warm if shares else cold).append(i)
         parts = [self.backend.admit([prompts[i] for i in cold])] if cold else []
         self.tokens += [list(prompts[i]) for i in cold]

@@ -32,7 +32,8 @@ class BatchItem:
     step lists as many alternatives as its rows need at most (a server's request that shows
     none costs no alternatives when no row in the step asks for them). ``stop_ids``,
     ``keep_stop``: a server request's own ends (vLLM's ``stop_token_ids`` and
-    ``include_stop_str_in_output``)."""
+    ``include_stop_str_in_output``). ``cache_prompt``: False, the prompt is prefilled whole,
+    never after a prefix the prompt cache holds (:attr:`llmsample.client.wire.Job.cache_prompt`)."""
 
     key: Any
     prompt_ids: list[int]
@@ -43,6 +44,7 @@ class BatchItem:
     top_n: int | None = None  # alternatives its records need; None: the run's (DecodeOptions.top_n)
     stop_ids: frozenset[int] = frozenset()
     keep_stop: bool = False
+    cache_prompt: bool = True
 
 
 @dataclass(frozen=True)

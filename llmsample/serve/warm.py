@@ -194,7 +194,8 @@ def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
     drafter = None
     if job.ngram is not None:
         drafter = _ngram_drafter(lm, *job.ngram)
-    item = BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n)
+    item = BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n,
+                     cache_prompt=job.cache_prompt)  # fmt: skip
     return [item], dropped
 
 

@@ -87,6 +87,10 @@ def test_an_explanation_and_its_answer_round_trip() -> None:
     assert job_from_json(json.loads(json.dumps(job.to_json()))) == job
     with pytest.raises(ValueError, match="fit_room"):
         job_from_json({**job.to_json(), "fit_room": -1})
+    once = Job("hi", SamplingConfig(seed=5), "balanced", cache_prompt=False)
+    assert job_from_json(json.loads(json.dumps(once.to_json()))) == once
+    with pytest.raises(ValueError, match="cache_prompt"):
+        job_from_json({**once.to_json(), "cache_prompt": "no"})
     asked = Explanation(Job("hi", SamplingConfig(), "code"), " there", ("w3", "7"))
     assert explanation_from_json(json.loads(json.dumps(asked.to_json()))) == asked
     report = ChainReport(["raw", "top_k"], [StageCandidate(3, " w3", {"raw": 0.1 + 0.2, "top_k": 1 / 3}, "top_k")],

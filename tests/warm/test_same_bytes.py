@@ -50,6 +50,18 @@ def test_jsonl_records(engine: Engine) -> None:
     assert warm_summary == local_summary
 
 
+def test_a_prompt_asked_again_is_prefilled_whole(engine: Engine) -> None:
+    """The engine keeps a finished row's prompt in its prompt cache; a one-shot command asked again
+    must not start from it (a prefix prefilled apart rounds apart), or its numbers would drift."""
+    args = ("-p", "w5 w3 w7 w3 w9 w4 w6", "--system", "w8", "--seed", "3", "-n", "12", "--format", "jsonl")
+    first, again = engine.generate(*args), engine.generate(*args)
+    local = engine.generate(*args, "--local")
+    assert first.returncode == again.returncode == local.returncode == 0, again.stderr
+    tokens = [run.stdout.splitlines()[:-1] for run in (first, again, local)]
+    assert tokens[0] == tokens[1] == tokens[2] and len(tokens[2]) == 12
+    assert json.loads(again.stdout.splitlines()[-1]).get("cache") is None  # nothing taken from the cache
+
+
 def in_terminal(engine: Engine, *args: str, command: str = "generate") -> bytes:
     """``command``'s stdout through a pseudo-terminal (colour on), stderr apart."""
     leader, follower = pty.openpty()
