@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
 import gc
 import importlib
-import logging
 import signal
 import sys
 from typing import Any
@@ -25,11 +23,6 @@ from llmsample.errors import (
 )
 from llmsample.terminal import prepare_streams, silence
 
-# Optional libraries that transformers imports when they are installed (torchao, from the quant
-# extra) log import-time warnings about kernels for other hardware; diagnostics stay ours.
-for _noisy in ("torchao", "torch.utils._pytree"):
-    logging.getLogger(_noisy).setLevel(logging.ERROR)
-
 
 def leave_objects_to_the_exit() -> None:
     """A process of its own is about to end: the interpreter's last collections would walk every
@@ -44,6 +37,8 @@ def near_misses(exc: click.NoSuchOption) -> list[str]:
     offers --compare for --temprature; a close spelling or a prefix (--temp) is what a user meant."""
     if exc.ctx is None:
         return list(exc.possibilities or [])
+    import difflib
+
     typed = exc.option_name
     names = [name for param in exc.ctx.command.get_params(exc.ctx) for name in (*param.opts, *param.secondary_opts)]
     if typed.replace("_", "-") in names:  # --top_k: the config key's spelling

@@ -6,11 +6,12 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from typing import Any, TextIO
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Any, TextIO
 
 from llmsample.errors import OutputFailed
+
+if TYPE_CHECKING:  # imported when a console is made: a piped warm run never needs one
+    from rich.console import Console
 
 
 def use_color(no_color_flag: bool = False) -> bool:
@@ -24,6 +25,8 @@ def use_color(no_color_flag: bool = False) -> bool:
 
 
 def stdout_console(color: bool) -> Console:
+    from rich.console import Console
+
     return Console(
         file=sys.stdout,
         color_system="auto" if color else None,
@@ -35,6 +38,8 @@ def stdout_console(color: bool) -> Console:
 
 
 def stderr_console() -> Console:
+    from rich.console import Console
+
     color = not os.environ.get("NO_COLOR") and sys.stderr.isatty()
     return Console(file=sys.stderr, color_system="auto" if color else None, highlight=False, soft_wrap=True)
 

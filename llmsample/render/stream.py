@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
-from typing import Protocol, TextIO
-
-from rich.console import Console
-from rich.text import Text
+from typing import TYPE_CHECKING, Protocol, TextIO
 
 from llmsample.events import Summary, TokenEvent
 from llmsample.render.bands import BANDS, band_for
 from llmsample.render.jsonout import strict_json
+
+if TYPE_CHECKING:  # rich is imported by the renderers that colour: piped text starts without it
+    from rich.console import Console
+    from rich.text import Text
 
 
 class Renderer(Protocol):
@@ -62,6 +63,8 @@ class ColorRenderer:
         style = band_for(prob).style
         if event.source == "draft":
             style = f"{style} underline".strip()
+        from rich.text import Text
+
         self.console.print(Text(event.text, style=style), end="")
         self.console.file.flush()
 
@@ -88,6 +91,8 @@ class JsonlRenderer:
 
 def legend(color_by: str) -> Text:
     """One line for stderr: the colour scale."""
+    from rich.text import Text
+
     text = Text(f"p({color_by}): ")
     for band in reversed(BANDS):
         text.append(f" {band.label} ", style=band.style or "default")
@@ -108,6 +113,8 @@ def summary_lines(summary: Summary, width: int | None) -> str:
 
 def print_summary(console: Console, summary: Summary) -> None:
     """The dim summary on stderr: fitted to a terminal, one line into a pipe or a file."""
+    from rich.text import Text
+
     console.print(Text(summary_lines(summary, console.width if console.is_terminal else None), style="dim"))
 
 

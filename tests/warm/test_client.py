@@ -40,6 +40,21 @@ def test_a_warm_generate_runs_with_the_model_stack_blocked(engine: Engine) -> No
     assert local.returncode != 0
 
 
+def test_a_piped_quiet_warm_generate_imports_no_rich(engine: Engine) -> None:
+    """Its first token waits for no console: rich is imported by the views that colour or
+    tabulate, and by the summary line after the answer, never before the answer's first byte."""
+    args = ["generate", *engine.load_args, "-p", "w3 w4", "--seed", "3", "-n", "8", "-q"]
+    code = f"{BLOCK}sys.modules['rich'] = None\nfrom llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
+    blocked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=engine.env,
+                             cwd=REPO, timeout=120)  # fmt: skip
+    assert blocked.returncode == 0, blocked.stderr
+    assert blocked.stdout == engine.generate(*args[1 + len(engine.load_args) :]).stdout
+    # The check can fail: the summary line on stderr needs rich.
+    shown = subprocess.run([sys.executable, "-c", code.replace("main()", "sys.argv.remove('-q'); main()")],
+                           capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=120)  # fmt: skip
+    assert shown.returncode != 0
+
+
 def test_a_warm_chat_runs_with_the_model_stack_blocked(engine: Engine) -> None:
     args = ["chat", *engine.load_args, "--seed", "4", "-n", "6", "--top-n", "2", "--no-log"]
     code = f"{BLOCK}from llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
