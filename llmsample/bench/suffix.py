@@ -7,6 +7,9 @@ drafting side starts from an empty pool, as a fresh run does.
 - **The same JSON shape**: 16 requests for a person's record as JSON, greedy (at most 96 tokens): the
   drafter's case (each answer drafts the keys, quoting and layout of the next ones'); the
   issue's bar is 1.5x plain.
+- **Edits of the same code**: 8 requests to give back the same functions (each its own order)
+  with a comment line added, greedy (at most 160 tokens): an answer copies its prompt and the
+  answers before it; the bar is 1.5x.
 - **Open chat**: 16 chat prompts, sampled, every request its own seed, a fixed length (48): little
   repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x."""
 
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from llmsample.bench.prompts import batch_prompts
+from llmsample.bench.prompts import batch_prompts, rewrite_prompts
 from llmsample.bench.timing import paired_ratio, rounds
 from llmsample.engine.batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
@@ -30,6 +33,7 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 
 RECORDS = 16
+EDITS = 8
 CHATS = 16
 ROWS = (1, 4)
 """Each workload at these batch sizes: one request at a time, as an agent sends them (where a CPU
@@ -37,7 +41,9 @@ has room to verify a draft), and four at once, as a server's batch holds them.""
 RECORD_CAP = 96
 """Tokens a record may take: the default model's record reaches its "email" key in about 50 and
 often never ends (an email of "john-john-..."), so a cap keeps the workload's size known:
-16 x 96 + 16 x 48 tokens a side and batch size."""
+16 x 96 + 8 x 160 + 16 x 48 tokens a side and batch size."""
+EDIT_CAP = 160
+"""Tokens an edit may take (its answer, the whole file, runs longer)."""
 
 PEOPLE = [
     ("Maria Lopez", "nurse", "Madrid"), ("Tom Becker", "baker", "Berlin"), ("Aiko Sato", "pilot", "Osaka"),
@@ -114,14 +120,19 @@ def run_suffix_benchmark(
 ) -> list[SuffixRow]:
     """Both workloads, each drafting side against its plain side in ``runs`` rounds."""
     records = [encode_prompt(lm, p)[0].tolist() for p in record_prompts(RECORDS)]
+    edits = [encode_prompt(lm, p)[0].tolist() for p in rewrite_prompts(EDITS)]
     chats = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(CHATS)]
     greedy = SamplingConfig(temperature=0.0, max_tokens=RECORD_CAP, seed=0)
+    editing = SamplingConfig(temperature=0.0, max_tokens=EDIT_CAP, seed=0)
 
     def sampled(i: int) -> SamplingConfig:
         return SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=tokens, seed=1000 + i)
 
     workloads = [
         (f"{RECORDS} records of one JSON shape, greedy (batch {size})", records, lambda i: greedy, False, 1.5, size)
+        for size in ROWS
+    ] + [
+        (f"{EDITS} edits of the same code, greedy (batch {size})", edits, lambda i: editing, False, 1.5, size)
         for size in ROWS
     ] + [(f"{CHATS} open chat prompts, sampled (batch {size})", chats, sampled, True, 0.95, size) for size in ROWS]
     rows = []

@@ -107,8 +107,8 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
 @click.option(
     "--suffix",
     is_flag=True,
-    help="Instead: --draft suffix against no drafting, one request at a time and 4 at once: 16 requests of one JSON shape (greedy) and 16 "
-    "open chat prompts (sampled); on --backend llama.cpp too.",
+    help="Instead: --draft suffix against no drafting, one request at a time and 4 at once: 16 requests of one JSON shape and 8 edits of "
+    "the same code (greedy), 16 open chat prompts (sampled); on --backend llama.cpp too.",
 )
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""

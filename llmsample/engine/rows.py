@@ -188,6 +188,9 @@ class Row:
         counts.accepted += accepted
         counts.passes += 1
         self.drafting.length.update(accepted, k)
+        verified = getattr(self.drafting.drafter, "verified", None)  # a drafter that learns from it
+        if verified is not None and k:
+            verified(k, accepted)
 
     def speculation(self) -> Speculation:
         assert self.drafting is not None

@@ -56,7 +56,9 @@ class Drafter(Protocol):
     ) -> tuple[Tensor, Tensor]:
         """Up to k tokens after ``seq`` and their draft distributions ``[k, V]``; ``matcher``: the
         row's grammar state, whose masks a drafter that samples applies to q at every position
-        (the row cuts drafts at the first the grammar rejects)."""
+        (the row cuts drafts at the first the grammar rejects). A drafter may also have
+        ``verified(drafted, accepted)``: after each pass, how much of its draft the target kept
+        (the suffix pool measures its acceptance with it)."""
         ...
 
 

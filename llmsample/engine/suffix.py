@@ -32,6 +32,21 @@ cores) is compute-bound, each position costing ~6.5 ms beside a 4-row pass of ~3
 token), so at batch 4 a position pays only when it is accepted well over half the time
 (bench/NOTES.md, 2026-12-04)."""
 
+BREAK_EVEN = 0.55
+"""A drafted position pays only when the target accepts it more often than this: on the default
+model (llama.cpp F16, 2 cores) one drafted position costs ~8 ms beside a one-row pass of ~15 ms
+(bench/NOTES.md, 2026-12-04 23:30). Open chat's drafts, cut at :data:`MIN_PROB`, were accepted
+47 % of the time there, repeated JSON records' 79 %."""
+
+SURE = 0.9
+"""While the pool's drafts are accepted less often than :data:`BREAK_EVEN`, a draft goes on only
+while the pool's estimate stays at least this; those drafts keep measuring the acceptance."""
+
+WINDOW = 256
+"""Proposals the acceptance is measured over: at each, both counts lose 1/WINDOW of their weight,
+so old evidence fades, and a cut that rose falls back to probe again once the drafts it let
+through are too few to count."""
+
 MAX_SPEC_FACTOR = 1.0
 """A draft is at most this times the length of the match it follows (SuffixDecoding's alpha)."""
 
@@ -49,13 +64,22 @@ class SuffixPool:
     A proposal follows SuffixDecoding (arXiv 2411.04975): what followed the latest occurrence of
     the longest match, cut where the estimated chance that all of it is accepted (the product of
     each token's frequency after its context, :meth:`confident`) falls below ``min_prob``, and at
-    ``MAX_SPEC_FACTOR`` times the match's length."""
+    ``MAX_SPEC_FACTOR`` times the match's length. The cut rises to :data:`SURE` while the target
+    accepts the pool's drafts less often than ``break_even`` (:meth:`scored` counts them): where
+    little repeats (open chat) the estimate is optimistic, and a rejected position costs more
+    than an accepted one saves."""
 
     def __init__(
-        self, ngram_min: int = 2, ngram_max: int = 6, max_tokens: int = POOL_TOKENS, min_prob: float = MIN_PROB
+        self,
+        ngram_min: int = 2,
+        ngram_max: int = 6,
+        max_tokens: int = POOL_TOKENS,
+        min_prob: float = MIN_PROB,
+        break_even: float = BREAK_EVEN,
     ) -> None:
         self.ngram_min, self.ngram_max, self.max_tokens = ngram_min, ngram_max, max_tokens
-        self.min_prob = min_prob
+        self.min_prob, self.break_even = min_prob, break_even
+        self.drafted, self.accepted = 0.0, 0.0
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()
         self.index: dict[tuple[int, ...], tuple[int, int]] = {}
         self.counts: Counter[tuple[int, ...]] = Counter()
@@ -96,17 +120,33 @@ class SuffixPool:
                 return self.confident(seq, held[found[1] : found[1] + min(k, int(MAX_SPEC_FACTOR * match))])
         return []
 
+    def scored(self, drafted: int, accepted: int) -> None:
+        """A draft of ``drafted`` tokens was verified and its first ``accepted`` kept."""
+        self.drafted += drafted
+        self.accepted += accepted
+
+    def faded(self) -> None:
+        """A proposal is made: the evidence so far weighs 1/WINDOW less."""
+        self.drafted *= 1 - 1 / WINDOW
+        self.accepted *= 1 - 1 / WINDOW
+
+    def floor(self) -> float:
+        """The joint chance a draft must keep: ``min_prob``, or :data:`SURE` while the drafts
+        measured (16 positions at least) are accepted less often than ``break_even``."""
+        paying = self.drafted < 16 or self.accepted >= self.break_even * self.drafted
+        return self.min_prob if paying else max(self.min_prob, SURE)
+
     def confident(self, seq: list[int], continuation: list[int]) -> list[int]:
         """The first tokens of ``continuation`` (after ``seq``) whose joint chance, as the pool's
-        counts estimate it, is at least ``min_prob``: each token's share of what followed its
+        counts estimate it, is at least :meth:`floor`: each token's share of what followed its
         longest context seen twice or more (a context seen once is no evidence)."""
-        counts, low = self.counts, max(self.ngram_min - 1, 1)
+        counts, low, floor = self.counts, max(self.ngram_min - 1, 1), self.floor()
         context, chance = list(seq[-self.ngram_max :]), 1.0
         for at, token in enumerate(continuation):
             lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
             seen = next((key for n in lengths if counts[key := tuple(context[len(context) - n :])] >= 2), None)
             chance *= counts[(*seen, token)] / counts[seen] if seen is not None else 0.0
-            if chance < self.min_prob:
+            if chance < floor:
                 return continuation[:at]
             context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
         return continuation
@@ -161,8 +201,13 @@ class SuffixDrafter:
         # The n-grams ending before the last token first: the last one's latest occurrence would
         # otherwise be the row's own end, with nothing after it.
         self.pool.extend(self.sid, seq, len(seq) - 1)
+        self.pool.faded()
         pooled, own = self.pool.lookup(seq, k), self.pool.confident(seq, self.own.lookup(seq, k))
         best = pooled if len(pooled) >= len(own) else own
         self.pool.extend(self.sid, seq, len(seq))
         drafted = torch.tensor(best, dtype=torch.long, device=self.own.device)
         return drafted, torch.nn.functional.one_hot(drafted, self.own.vocab_size).float()
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """The target kept ``accepted`` of the row's last ``drafted``: the pool's acceptance."""
+        self.pool.scored(drafted, accepted)

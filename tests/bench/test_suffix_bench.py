@@ -1,4 +1,4 @@
-"""``llmsample bench --suffix`` end to end on a tiny model (few requests): both workloads, the
+"""``llmsample bench --suffix`` end to end on a tiny model (few requests): the three workloads, the
 drafting side against the plain one, the JSON and the table agree; ``--backend llama.cpp`` is
 allowed with it (a workload through the engine) and other sections are still refused there."""
 
@@ -20,6 +20,8 @@ ROW_KEYS = ["workload", "tok_s", "plain_tok_s", "ratio", "acceptance_rate", "tok
 def test_bench_suffix_writes_both_workloads(tiny_model_dir, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llmsample.bench.suffix, "RECORDS", 4)
     monkeypatch.setattr(llmsample.bench.suffix, "CHATS", 2)
+    monkeypatch.setattr(llmsample.bench.suffix, "EDITS", 2)
+    monkeypatch.setattr(llmsample.bench.suffix, "EDIT_CAP", 12)
     monkeypatch.setattr(llmsample.bench.suffix, "RECORD_CAP", 12)
     out = tmp_path / "results"
     args = ["bench", "--suffix", "-m", str(tiny_model_dir), "--runs", "2", "--tokens", "8", "--out", str(out)]
@@ -28,11 +30,12 @@ def test_bench_suffix_writes_both_workloads(tiny_model_dir, tmp_path, monkeypatc
     (path,) = out.glob("bench-suffix-cpu-float32-*.json")
     document = json.loads(path.read_text())
     assert document["backend"] == "transformers" and document["runs"] == 2
-    records, records_4, chats, chats_4 = document["rows"]
-    assert [list(row) for row in document["rows"]] == [ROW_KEYS] * 4
+    records, _, edits, _, chats, _ = document["rows"]
+    assert [list(row) for row in document["rows"]] == [ROW_KEYS] * 6
     assert records["workload"].startswith("4 records") and chats["workload"].startswith("2 open chat")
-    assert [row["workload"][-9:] for row in document["rows"]] == ["(batch 1)", "(batch 4)"] * 2
-    assert (records["bar"], records_4["bar"], chats["bar"], chats_4["bar"]) == (1.5, 1.5, 0.95, 0.95)
+    assert edits["workload"].startswith("2 edits of the same code")
+    assert [row["workload"][-9:] for row in document["rows"]] == ["(batch 1)", "(batch 4)"] * 3
+    assert [row["bar"] for row in document["rows"]] == [1.5, 1.5, 1.5, 1.5, 0.95, 0.95]
     for row in document["rows"]:
         assert row["tok_s"] > 0 and row["plain_tok_s"] > 0 and row["ratio"] > 0
         assert 0 <= row["acceptance_rate"] <= 1 and row["tokens_per_pass"] >= 1  # the drafting side drafted

@@ -10,10 +10,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+import llmsample.engine.suffix
 from llmsample.engine.batch import decode_batch
 from llmsample.engine.rows import BatchItem, RowFailed
 from llmsample.engine.speculative import NgramDrafter
-from llmsample.engine.suffix import SuffixDrafter, SuffixPool
+from llmsample.engine.suffix import SURE, SuffixDrafter, SuffixPool
 from llmsample.events import RunStats, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
@@ -76,6 +77,25 @@ def test_a_draft_goes_as_far_as_the_pool_has_seen_it_go_and_no_further_than_the_
     assert SuffixPool(2, 3, min_prob=0.6).confident([1, 2, 3], [4]) == []  # an empty pool drafts nothing
 
 
+def test_the_cut_rises_while_the_pools_drafts_are_rejected_and_falls_back_when_they_pay() -> None:
+    pool = SuffixPool(2, 3, min_prob=0.6, break_even=0.55)
+    assert pool.floor() == 0.6
+    pool.scored(12, 0)
+    assert pool.floor() == 0.6  # under 16 positions measured: no evidence yet
+    pool.scored(8, 10)  # 10 of 20 accepted: 0.5 < 0.55
+    assert pool.floor() == SURE
+    pool.scored(20, 15)  # 25 of 40: 0.625
+    assert pool.floor() == 0.6
+    pool.scored(40, 0)  # 25 of 80
+    assert pool.floor() == SURE
+    for tail in ([5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 9], [5, 6, 7, 9]):
+        pool.extend(pool.open(), [0, 1, 2, 3, 4, *tail], 9)
+    assert pool.confident([1, 2, 3], [4, 5, 6, 7, 8]) == [4, 5, 6, 7]  # 8 at 0.6 < SURE
+    while pool.drafted >= 16:  # proposals without drafts: the evidence fades, and drafting probes again
+        pool.faded()
+    assert pool.floor() == 0.6 and pool.accepted / pool.drafted == pytest.approx(25 / 80)
+
+
 def run(lm, prompts: list[list[int]], cfg: SamplingConfig, maker) -> tuple[dict[int, list[int]], dict[int, object]]:
     items = [BatchItem(i, p, dataclasses.replace(cfg, seed=100 + i), RunStats("t", "t", 100 + i), maker)
              for i, p in enumerate(prompts)]  # fmt: skip
@@ -90,14 +110,18 @@ def run(lm, prompts: list[list[int]], cfg: SamplingConfig, maker) -> tuple[dict[
     return tokens, ends
 
 
-def test_greedy_rows_drafting_from_the_pool_give_the_plain_tokens(tiny_lm) -> None:
+def test_greedy_rows_drafting_from_the_pool_give_the_plain_tokens(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     """(Sampled rows draw their uniforms as their drafts go: the distribution test below.)"""
+    monkeypatch.setattr(llmsample.engine.suffix, "WINDOW", float("inf"))  # the pool's counts never fade
     cfg = SamplingConfig(temperature=0.0, max_tokens=12)
     prompts = [[0, 5, 9, 3, 17], [0, 5, 9, 3, 17], [0, 4, 9, 3, 17], [0, 5, 9, 3, 17]]
     plain, _ = run(tiny_lm, prompts, cfg, None)
     pool = SuffixPool(2, 6)
     drafted, ends = run(tiny_lm, prompts, cfg, lambda: SuffixDrafter(pool, NgramDrafter(32, CPU, 2, 4)))
     assert drafted == plain
+    # Every verified draft was scored in the pool (its acceptance: the cut's evidence).
+    speculation = [end.facts.speculation for end in ends.values()]
+    assert (pool.drafted, pool.accepted) == (sum(s.drafted for s in speculation), sum(s.accepted for s in speculation))
     assert ends[3].facts.speculation.accepted >= 8  # it repeats the first's answer: drafted from the pool
 
 
@@ -107,12 +131,14 @@ def target(tmp_path_factory: pytest.TempPathFactory):
     return load_model(str(path), "cpu", "float32")
 
 
-def test_rows_drafting_from_the_pool_follow_the_target_distribution(target) -> None:
+@pytest.mark.parametrize("break_even", [0.0, 0.15])
+def test_rows_drafting_from_the_pool_follow_the_target_distribution(target, break_even: float) -> None:
     """Every row's two tokens, drafted from what the rows before it wrote (accepted or not),
-    against the plain chain's pair distribution."""
+    against the plain chain's pair distribution. At break-even 0 the pool drafts wherever it
+    matched (the most rejections to keep exact); at 0.15 its cut moves with what other rows kept."""
     samples = 1500
     prompt = [0, 5, 7, 5]
-    pool = SuffixPool(1, 4, min_prob=0.0)  # drafts wherever it matched: the most rejections to keep exact
+    pool = SuffixPool(1, 4, min_prob=0.0, break_even=break_even)
     own = NgramDrafter(VOCAB, CPU, 1, 4)
     names = list(SETTINGS)
     requests = [
@@ -129,7 +155,10 @@ def test_rows_drafting_from_the_pool_follow_the_target_distribution(target) -> N
         else:
             pairs[key[0]].append(tuple(tokens.pop(key)))
             drafted += record.facts.speculation.drafted
-    assert drafted >= len(requests)  # the pool proposed (a prompt alone never repeats its last token)
+    if break_even == 0:
+        assert drafted >= len(requests)  # the pool proposed (a prompt alone never repeats its last token)
+    else:  # 12 % of them accepted: the cut rose, and fell back to probe again
+        assert len(requests) // 20 < drafted < len(requests) // 2
     for name in names:
         expected = expected_pairs(target, prompt, SETTINGS[name]).flatten().double()
         observed = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
