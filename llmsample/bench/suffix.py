@@ -1,5 +1,5 @@
 """``bench --suffix``: ``--draft suffix`` (one pool across requests) against the same batch
-without drafting, on two workloads through the batch path (``decode_batch``, the loop ``batch``
+without drafting, on three workloads through the batch path (``decode_batch``, the loop ``batch``
 and ``serve`` run), side by side in rotating rounds (:mod:`llmsample.bench.timing`), ratios of
 rounds, each workload one request at a time and four at once (:data:`ROWS`). Each round of the
 drafting side starts from an empty pool, as a fresh run does.
@@ -7,8 +7,8 @@ drafting side starts from an empty pool, as a fresh run does.
 - **The same JSON shape**: 16 requests for a person's record as JSON, greedy (at most 96 tokens): the
   drafter's case (each answer drafts the keys, quoting and layout of the next ones'); the
   issue's bar is 1.5x plain.
-- **Edits of the same code**: 8 requests to give back the same functions (each its own order)
-  with a comment line added, greedy (at most 160 tokens): an answer copies its prompt and the
+- **Edits of the same code**: 8 requests to give back the same functions (in four orders, each
+  with two comments) with a comment line added, greedy (at most 160 tokens): an answer copies its prompt and the
   answers before it; the bar is 1.5x.
 - **Open chat**: 16 chat prompts, sampled, every request its own seed, a fixed length (48): little
   repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x."""
@@ -118,7 +118,7 @@ def _items(lm: LoadedModel, prompts: list[list[int]], cfg: Callable[[int], Sampl
 def run_suffix_benchmark(
     lm: LoadedModel, runs: int = 3, tokens: int = 64, log: Callable[[str], None] = lambda step: None
 ) -> list[SuffixRow]:
-    """Both workloads, each drafting side against its plain side in ``runs`` rounds."""
+    """Every workload, each drafting side against its plain side in ``runs`` rounds."""
     records = [encode_prompt(lm, p)[0].tolist() for p in record_prompts(RECORDS)]
     edits = [encode_prompt(lm, p)[0].tolist() for p in rewrite_prompts(EDITS)]
     chats = [encode_prompt(lm, p)[0].tolist() for p in batch_prompts(CHATS)]

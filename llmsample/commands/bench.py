@@ -247,7 +247,7 @@ def bench_workloads(options: dict[str, Any], err: Any) -> None:
 
 
 def bench_suffix(options: dict[str, Any], err: Any) -> None:
-    """``--suffix``: the cross-request drafter on its case and on open chat, ratios in one run."""
+    """``--suffix``: the cross-request drafter on its cases (records, code edits) and on open chat, ratios in one run."""
     from rich.table import Table
 
     from llmsample.bench.results import machine_info, write_results

@@ -57,8 +57,8 @@ class Drafter(Protocol):
         """Up to k tokens after ``seq`` and their draft distributions ``[k, V]``; ``matcher``: the
         row's grammar state, whose masks a drafter that samples applies to q at every position
         (the row cuts drafts at the first the grammar rejects). A drafter may also have
-        ``verified(drafted, accepted)``: after each pass, how much of its draft the target kept
-        (the suffix pool measures its acceptance with it)."""
+        ``verified(drafted, accepted)``: after each pass that verified a draft of its, how much
+        of it the target kept (the suffix pool measures its acceptance with it)."""
         ...
 
 

@@ -5,9 +5,12 @@ first (llama.cpp's ``ngram-mod`` shared hash pool, vLLM's suffix decoding, arXiv
 Requests that edit the same code or emit the same JSON shape draft each other's answers.
 
 Each row also looks up its own sequence (prompt lookup, :class:`llmsample.engine.speculative.NgramDrafter`)
-and the longer proposal wins. Proposals are a function of token sequences only, so q is one-hot
-and the rejection step keeps every sampler exact, as for the prompt-lookup drafter. The pool is
-bounded: past ``max_tokens`` stored tokens the oldest sequences go."""
+and the longer proposal wins. A proposal is a function of what is known before the pass's own
+draws (the token sequences, and how much of the drafts of passes already verified the target
+kept), so q is one-hot and the rejection step keeps every sampler exact, as for the prompt-lookup
+drafter. The pool is bounded: past ``max_tokens`` stored tokens the oldest sequences go. A
+sampled row's drafts, and so its draws, depend on the other rows through the pool: its seed
+gives the same text with the same requests, not in any batch."""
 
 from __future__ import annotations
 
@@ -35,12 +38,15 @@ token), so at batch 4 a position pays only when it is accepted well over half th
 BREAK_EVEN = 0.55
 """A drafted position pays only when the target accepts it more often than this: on the default
 model (llama.cpp F16, 2 cores) one drafted position costs ~8 ms beside a one-row pass of ~15 ms
-(bench/NOTES.md, 2026-12-04 23:30). Open chat's drafts, cut at :data:`MIN_PROB`, were accepted
+(bench/NOTES.md, 2026-12-04 23:20). Open chat's drafts, cut at :data:`MIN_PROB`, were accepted
 47 % of the time there, repeated JSON records' 79 %."""
 
 SURE = 0.9
 """While the pool's drafts are accepted less often than :data:`BREAK_EVEN`, a draft goes on only
 while the pool's estimate stays at least this; those drafts keep measuring the acceptance."""
+
+EVIDENCE = 16
+"""Drafted positions measured (as weighed by :data:`WINDOW`) before the acceptance moves the cut."""
 
 WINDOW = 256
 """Proposals the acceptance is measured over: at each, both counts lose 1/WINDOW of their weight,
@@ -65,7 +71,8 @@ class SuffixPool:
     the longest match, cut where the estimated chance that all of it is accepted (the product of
     each token's frequency after its context, :meth:`confident`) falls below ``min_prob``, and at
     ``MAX_SPEC_FACTOR`` times the match's length. The cut rises to :data:`SURE` while the target
-    accepts the pool's drafts less often than ``break_even`` (:meth:`scored` counts them): where
+    accepts its rows' drafts (the pool's and their own lookup's, :meth:`scored`) less often than
+    ``break_even``, one rate for the whole pool: where
     little repeats (open chat) the estimate is optimistic, and a rejected position costs more
     than an accepted one saves."""
 
@@ -132,8 +139,8 @@ class SuffixPool:
 
     def floor(self) -> float:
         """The joint chance a draft must keep: ``min_prob``, or :data:`SURE` while the drafts
-        measured (16 positions at least) are accepted less often than ``break_even``."""
-        paying = self.drafted < 16 or self.accepted >= self.break_even * self.drafted
+        measured (:data:`EVIDENCE` positions at least) are accepted less often than ``break_even``."""
+        paying = self.drafted < EVIDENCE or self.accepted >= self.break_even * self.drafted
         return self.min_prob if paying else max(self.min_prob, SURE)
 
     def confident(self, seq: list[int], continuation: list[int]) -> list[int]:

@@ -12,7 +12,6 @@ Both libraries are the optional extra ``llmsample[quant]``; without it, one line
 from __future__ import annotations
 
 import importlib.util
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -51,14 +50,6 @@ def library_available(module: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a module set to None in sys.modules: blocked
         return False
-
-
-def quiet_optional_libraries() -> None:
-    """torchao, once installed, is imported by transformers' model code and logs warnings about
-    CUDA-only kernels it could not load (and torch about its enums): noise on stderr for every
-    run, quantized or not. Only errors get through."""
-    for name in ("torchao", "torch.utils._pytree", "bitsandbytes", "accelerate"):
-        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def quantization_config(scheme_name: str, dtype: torch.dtype) -> Any:

@@ -55,11 +55,8 @@ def record_added_tokens(folder: Path) -> None:
 
 
 def quiet_transformers() -> None:
-    """Our own progress display replaces transformers' bars and warnings; the optional
-    quantization libraries are silenced before transformers imports them."""
-    from llmsample.models.quantization import quiet_optional_libraries
-
-    quiet_optional_libraries()
+    """Our own progress display replaces transformers' bars and warnings (the optional
+    quantization libraries were silenced when :mod:`llmsample.models` was imported)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()

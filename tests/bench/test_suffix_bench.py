@@ -17,7 +17,7 @@ from llmsample.errors import UserError
 ROW_KEYS = ["workload", "tok_s", "plain_tok_s", "ratio", "acceptance_rate", "tokens_per_pass", "bar"]
 
 
-def test_bench_suffix_writes_both_workloads(tiny_model_dir, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bench_suffix_writes_every_workload(tiny_model_dir, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llmsample.bench.suffix, "RECORDS", 4)
     monkeypatch.setattr(llmsample.bench.suffix, "CHATS", 2)
     monkeypatch.setattr(llmsample.bench.suffix, "EDITS", 2)

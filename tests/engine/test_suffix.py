@@ -82,9 +82,9 @@ def test_the_cut_rises_while_the_pools_drafts_are_rejected_and_falls_back_when_t
     assert pool.floor() == 0.6
     pool.scored(12, 0)
     assert pool.floor() == 0.6  # under 16 positions measured: no evidence yet
-    pool.scored(8, 10)  # 10 of 20 accepted: 0.5 < 0.55
+    pool.scored(8, 8)  # 8 of 20 accepted: 0.4 < 0.55
     assert pool.floor() == SURE
-    pool.scored(20, 15)  # 25 of 40: 0.625
+    pool.scored(20, 17)  # 25 of 40: 0.625
     assert pool.floor() == 0.6
     pool.scored(40, 0)  # 25 of 80
     assert pool.floor() == SURE

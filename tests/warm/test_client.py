@@ -27,32 +27,29 @@ def test_imports_without_the_model_stack(module: str) -> None:
     assert result.returncode == 0, result.stderr.strip().splitlines()[-1]
 
 
-def test_a_warm_generate_runs_with_the_model_stack_blocked(engine: Engine) -> None:
-    args = ["generate", *engine.load_args, "-p", "w3 w4", "--seed", "3", "-n", "8", "--inspect"]
-    code = f"{BLOCK}from llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
+@pytest.mark.parametrize(
+    ("flag", "also", "failing"),
+    [
+        ("--inspect", (), "sys.argv.append('--local')"),  # in-process, the same command needs torch
+        ("-q", ("rich",), "sys.argv.remove('-q')"),  # the summary line on stderr needs rich
+    ],
+)
+def test_a_warm_generate_runs_with_the_model_stack_blocked(
+    engine: Engine, flag: str, also: tuple[str, ...], failing: str
+) -> None:
+    """A piped ``-q`` run imports no rich either: its first token waits for no console (rich comes
+    with the views that colour or tabulate, and with the summary line after the answer)."""
+    args = ["generate", *engine.load_args, "-p", "w3 w4", "--seed", "3", "-n", "8", flag]
+    block = BLOCK + "".join(f"sys.modules[{name!r}] = None\n" for name in also)
+    code = f"{block}from llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
     blocked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=engine.env,
                              cwd=REPO, timeout=120)  # fmt: skip
     assert blocked.returncode == 0, blocked.stderr
     assert blocked.stdout == engine.generate(*args[1 + len(engine.load_args) :]).stdout
-    # The check can fail: in-process, the same command needs torch.
-    local = subprocess.run([sys.executable, "-c", code.replace("main()", "sys.argv.append('--local'); main()")],
-                           capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=120)  # fmt: skip
-    assert local.returncode != 0
-
-
-def test_a_piped_quiet_warm_generate_imports_no_rich(engine: Engine) -> None:
-    """Its first token waits for no console: rich is imported by the views that colour or
-    tabulate, and by the summary line after the answer, never before the answer's first byte."""
-    args = ["generate", *engine.load_args, "-p", "w3 w4", "--seed", "3", "-n", "8", "-q"]
-    code = f"{BLOCK}sys.modules['rich'] = None\nfrom llmsample.cli import main\nsys.argv = ['llmsample', *{args!r}]\nmain()\n"
-    blocked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=engine.env,
-                             cwd=REPO, timeout=120)  # fmt: skip
-    assert blocked.returncode == 0, blocked.stderr
-    assert blocked.stdout == engine.generate(*args[1 + len(engine.load_args) :]).stdout
-    # The check can fail: the summary line on stderr needs rich.
-    shown = subprocess.run([sys.executable, "-c", code.replace("main()", "sys.argv.remove('-q'); main()")],
-                           capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=120)  # fmt: skip
-    assert shown.returncode != 0
+    # The check can fail: the same command where it needs what is blocked.
+    unblocked = subprocess.run([sys.executable, "-c", code.replace("main()", f"{failing}; main()")],
+                               capture_output=True, text=True, env=engine.env, cwd=REPO, timeout=120)  # fmt: skip
+    assert unblocked.returncode != 0
 
 
 def test_a_warm_chat_runs_with_the_model_stack_blocked(engine: Engine) -> None:
