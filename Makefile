@@ -29,12 +29,12 @@ $(STAMP): $(BASE)
 	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[dev,quant,serve,llamacpp]'
 	touch $(STAMP)
 
-# Without llama-cpp-python the default model runs on transformers (about a third of llama.cpp's
-# speed here); the last line says how to get llama.cpp, and what it costs.
+# Without llama-cpp-python the default model runs on llmsample's own torch forward (about a third
+# of llama.cpp's speed here); the last line says how to get llama.cpp, and what it costs.
 demo: $(BASE)
 	$(BIN)/llmsample generate --preset deterministic --prompt "What is the capital of France?"
 	@$(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llama_cpp') is None)" || \
-		echo "llama.cpp is not installed, so this ran on transformers; \`make llamacpp\` builds it once (~10 CPU minutes) for ~3x the speed" >&2
+		echo "llama.cpp is not installed, so this ran on llmsample's own torch forward; \`make llamacpp\` builds it once (~10 CPU minutes) for ~3x the speed" >&2
 
 llamacpp: $(BASE)
 	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[serve,llamacpp]'
