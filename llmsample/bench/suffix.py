@@ -8,8 +8,8 @@ drafting side starts from an empty pool, as a fresh run does.
   drafter's case (each answer drafts the keys, quoting and layout of the next ones'); the
   issue's bar is 1.5x plain.
 - **Edits of the same code**: 8 requests to give back the same functions (in four orders, each
-  with two comments) with a comment line added, greedy (at most 160 tokens): an answer copies its prompt and the
-  answers before it; the bar is 1.5x.
+  with two comments) with a comment line added, greedy (at most 160 tokens): an answer copies
+  its prompt and the answers before it; the bar is 1.5x.
 - **Open chat**: 16 chat prompts, sampled, every request its own seed, a fixed length (48): little
   repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x."""
 

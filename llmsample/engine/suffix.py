@@ -72,9 +72,8 @@ class SuffixPool:
     each token's frequency after its context, :meth:`confident`) falls below ``min_prob``, and at
     ``MAX_SPEC_FACTOR`` times the match's length. The cut rises to :data:`SURE` while the target
     accepts its rows' drafts (the pool's and their own lookup's, :meth:`scored`) less often than
-    ``break_even``, one rate for the whole pool: where
-    little repeats (open chat) the estimate is optimistic, and a rejected position costs more
-    than an accepted one saves."""
+    ``break_even``, one rate for the whole pool: where little repeats (open chat) the estimate is
+    optimistic, and a rejected position costs more than an accepted one saves."""
 
     def __init__(
         self,

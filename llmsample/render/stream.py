@@ -53,8 +53,11 @@ class ColorRenderer:
     """Appends each token in its band's colour; the screen is never redrawn, so it stays live."""
 
     def __init__(self, console: Console, color_by: str = "sampled") -> None:
+        from rich.text import Text  # once, not at every token
+
         self.console = console
         self.color_by = color_by
+        self.text = Text
 
     def token(self, event: TokenEvent) -> None:
         if not event.text:
@@ -63,9 +66,7 @@ class ColorRenderer:
         style = band_for(prob).style
         if event.source == "draft":
             style = f"{style} underline".strip()
-        from rich.text import Text
-
-        self.console.print(Text(event.text, style=style), end="")
+        self.console.print(self.text(event.text, style=style), end="")
         self.console.file.flush()
 
     def summary(self, summary: Summary) -> None:
