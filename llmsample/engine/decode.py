@@ -187,8 +187,6 @@ def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> 
                 b.rollback(i, len(row.text.seq) - 1)
             row.cached = len(row.text.seq) - 1
     drafts = [row.propose(len(rows)) for row in rows] if backend.ragged else [[] for _ in rows]
-    for row in rows:
-        row.ready = True
     if not any(drafts):
         outputs = [b.step(newest) for b in backends]
         for row in rows:

@@ -115,7 +115,6 @@ class Row:
     drafts: Drafts
     drafting: Drafting | None = None  # None: a plain row
     reference: ReferenceTotals | None = None
-    ready: bool = True  # False: the last pass's logits are not this row's to sample (see start_row)
     matcher: Matcher | None = None  # the constraint's grammar state after ``seq`` (--json-schema, ...)
     failed: UserError | None = None  # its constraint could not start: the row fails at its first step
 
@@ -207,9 +206,9 @@ def start_row(
     watch_names: Sequence[str],
     reference_dtype: str | None,
 ) -> Row:
-    """A row whose cache holds its whole prompt. A plain row draws its first token from the
-    prefill's logits; a speculative row drafts from the start: the loop rolls its cache back by
-    one and feeds the prompt's last token with the first drafts."""
+    """A row whose cache holds its whole prompt; it draws its first token from the prefill's
+    logits, a speculative row too (it drafts after that token: drafting from the prompt's end
+    would feed the prompt's last token again, one pass more for the same tokens)."""
     prompt = torch.tensor([item.prompt_ids], device=lm.sample_device)
     generator = make_generator(item.cfg.seed, lm.sample_device)
     history = TokenHistory.for_config(prompt, vocab, item.cfg, lm.tokenizer, lm.eos_ids)
@@ -232,7 +231,6 @@ def start_row(
         ),
         drafting=drafting,
         reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
-        ready=drafting is None,
         matcher=matcher,
         failed=failed,
     )

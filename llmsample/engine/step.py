@@ -67,19 +67,16 @@ def sample_step(
     agree: Callable[[Tensor], Tensor],
     alone: bool = False,
 ) -> Iterator[Record]:
-    """Yields the step's records; returns a :class:`StepResult`. A row that is not ready emits
-    nothing and feeds its sequence's last token next. ``alone`` (``--deterministic``): every row
+    """Yields the step's records; returns a :class:`StepResult`. ``alone`` (``--deterministic``): every row
     is a group of its own, its chain on its own positions and threads, so its figures are those
     it gets alone to the last bit (a group's softmax over candidates rounds with its widest row)."""
     emitted: list[list[int]] = [[] for _ in rows]
     finished = [False] * len(rows)
     states: list[Tensor | None] = [None] * len(rows)
-    waiting = [row.text.seq[-1] if not row.ready else 0 for row in rows]
-    newest: Tensor | None = None  # made from ``waiting`` only when some row is not in one group of all
+    newest: Tensor | None = None  # assembled group by group when the rows are not one group
     groups: dict[SamplingConfig | int, list[int]] = {}
     for i, row in enumerate(rows):
-        if row.ready:
-            groups.setdefault(i if alone else row.sampler, []).append(i)
+        groups.setdefault(i if alone else row.sampler, []).append(i)
     for members in groups.values():
         with host_threads(step.logits[_positions(rows, members, step)] if alone else step.logits):
             chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
@@ -105,10 +102,9 @@ def sample_step(
         if len(members) == len(rows):
             newest = last
         else:
-            newest = torch.tensor(waiting, device=step.logits.device) if newest is None else newest
+            newest = last.new_zeros(len(rows)) if newest is None else newest
             newest[torch.tensor(members, device=newest.device)] = last
-    if newest is None:  # no row was ready
-        newest = torch.tensor(waiting, device=step.logits.device)
+    assert newest is not None  # every row is in a group
     return StepResult(emitted, finished, newest, states)
 
 

@@ -1,7 +1,7 @@
 """The carried stages in the loop: a row with mirostat or adaptive-p decodes in a batch as it does
-alone (its state its own), and speculation keeps the pair of tokens it samples distributed as
-the plain chain's, whose second token is drawn with the state after the first (χ² against the
-exact joint, with both drafters; seeded, so CI does not depend on luck); the lab's stateless
+alone (its state its own), and speculation keeps the tokens it verifies distributed as the
+plain chain's, each drawn with the state after those before it (χ² against the exact joint, with
+both drafters; seeded, so CI does not depend on luck); the lab's stateless
 stages too, with prompt lookup's drafts (a draft model's are in test_speculative.py)."""
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import sampler_chain
 from tests.conftest import make_tiny_model
-from tests.engine.test_decode import PROMPTS, alone, drafter_for
+from tests.engine.test_decode import PROMPTS, alone, drafter_for, expected_joint, later_pairs
 
 CARRIED = [  # each twice or more in a run of ten rows, with its own seed: rows that share a chain call
     dict(temperature=0.9, mirostat=2, mirostat_tau=2.0, mirostat_eta=0.5),
@@ -76,21 +74,21 @@ def draft_lm(tmp_path_factory: pytest.TempPathFactory):
 
 VOCAB = 12
 SAMPLES = 400
-PROMPT = [3, 2, 11, 2]  # prompt lookup drafts 11, which each setting keeps often
+PROMPT = [4, 9, 3, 2, 11, 2]  # a first token of 4 (likely) has prompt lookup draft 9, often kept
 SETTINGS = {  # each sharp enough that the state after the first token moves the second's distribution
-    "mirostat-v1": SamplingConfig(temperature=0.6, mirostat=1, mirostat_tau=1.5, mirostat_eta=1.0, max_tokens=2),
-    "mirostat-v2": SamplingConfig(temperature=0.6, mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0, max_tokens=2),
-    "adaptive-p": SamplingConfig(temperature=0.4, adaptive_target=0.4, adaptive_decay=0.0, max_tokens=2),
+    "mirostat-v1": SamplingConfig(temperature=0.6, mirostat=1, mirostat_tau=1.5, mirostat_eta=1.0, max_tokens=3),
+    "mirostat-v2": SamplingConfig(temperature=0.6, mirostat=2, mirostat_tau=1.5, mirostat_eta=1.0, max_tokens=3),
+    "adaptive-p": SamplingConfig(temperature=0.4, adaptive_target=0.4, adaptive_decay=0.0, max_tokens=3),
 }
 LAB = {  # the lab's stateless stages, which tests/engine/test_speculative.py checks with a draft model
     "dynatemp-smoothing": SamplingConfig(temperature=1.0, dynatemp_range=0.6, dynatemp_exponent=1.5,
-                                         smoothing_factor=0.3, max_tokens=2),
-    "epsilon-eta-top-a": SamplingConfig(temperature=1.3, epsilon_cutoff=0.02, eta_cutoff=0.01, top_a=0.1, max_tokens=2),
-    "top-h": SamplingConfig(temperature=1.5, top_h=0.8, max_tokens=2),
-    "p-less": SamplingConfig(temperature=1.5, p_less=True, max_tokens=2),
-    "no-repeat-ngram": SamplingConfig(temperature=1.2, no_repeat_ngram_size=2, max_tokens=2),  # bans the draft 11
+                                         smoothing_factor=0.3, max_tokens=3),
+    "epsilon-eta-top-a": SamplingConfig(temperature=1.3, epsilon_cutoff=0.02, eta_cutoff=0.01, top_a=0.1, max_tokens=3),
+    "top-h": SamplingConfig(temperature=1.5, top_h=0.8, max_tokens=3),
+    "p-less": SamplingConfig(temperature=1.5, p_less=True, max_tokens=3),
+    "no-repeat-ngram": SamplingConfig(temperature=1.2, no_repeat_ngram_size=2, max_tokens=3),  # bans the draft 11
     "samplers-order": SamplingConfig(temperature=1.8, top_k=8, min_p=0.2, top_a=0.1,
-                                     samplers="min_p,top_k,temperature,top_a", max_tokens=2),
+                                     samplers="min_p,top_k,temperature,top_a", max_tokens=3),
 }  # fmt: skip
 SETTINGS.update(LAB)
 
@@ -103,20 +101,9 @@ def vocab12(tmp_path_factory: pytest.TempPathFactory):
     return target, draft
 
 
-def expected_pairs(lm, cfg: SamplingConfig) -> torch.Tensor:
-    """P(x1, x2) under the plain chain ``[VOCAB, VOCAB]``, x2 drawn with the state after x1."""
-    history = TokenHistory.stack([TokenHistory.for_config(torch.tensor([PROMPT]), VOCAB, cfg)] * VOCAB)
-    with torch.inference_mode():
-        first = lm.model(torch.tensor([PROMPT])).logits[:, -1].expand(VOCAB, -1)
-        second = lm.model(torch.tensor([[*PROMPT, x] for x in range(VOCAB)])).logits[:, -1]
-    chain = sampler_chain(first, history, cfg)
-    tokens = torch.arange(VOCAB)
-    after = history.advanced(tokens, list(range(VOCAB)), chain.state_after(tokens, cfg))
-    return chain.probs[0][:, None] * sampler_chain(second, after, cfg).probs
-
-
-def sampled_pairs(target, draft, kind: str, names: list[str]) -> dict[str, torch.Tensor]:
-    """Counts of the pairs that speculative rows of each setting emit ``[VOCAB * VOCAB]``."""
+def sampled_triples(target, draft, kind: str, names: list[str]) -> dict[str, torch.Tensor]:
+    """Counts of the three tokens that speculative rows of each setting emit ``[VOCAB ** 3]``: the
+    first drawn from the prefill's logits, the others through verification."""
 
     def drafter():
         if kind == "ngram":
@@ -128,16 +115,15 @@ def sampled_pairs(target, draft, kind: str, names: list[str]) -> dict[str, torch
                   RunStats("t", "t", None), drafter, 2)
         for i in range(len(names) * SAMPLES)
     ]  # fmt: skip
-    counts = {name: torch.zeros(VOCAB * VOCAB, dtype=torch.float64) for name in names}
+    counts = {name: torch.zeros(VOCAB**3, dtype=torch.float64) for name in names}
     tokens: dict[tuple[str, int], list[int]] = {}
     for key, record in decode_batch(target, requests, 64, ignore_eos=True):
         assert not isinstance(record, RowFailed)
         if isinstance(record, TokenEvent):
             tokens.setdefault(key, []).append(record.token_id)
         elif isinstance(record, Summary):
-            x1, x2 = tokens.pop(key)
-            counts[key[0]][x1 * VOCAB + x2] += 1
-            assert record.facts.speculation.drafted >= 1  # the first token came through verification
+            x1, x2, x3 = tokens.pop(key)
+            counts[key[0]][(x1 * VOCAB + x2) * VOCAB + x3] += 1
     return counts
 
 
@@ -148,14 +134,15 @@ def sampled_pairs(target, draft, kind: str, names: list[str]) -> dict[str, torch
     ids=["ngram", "model", "ngram-lab"],
 )  # fmt: skip
 def test_speculation_with_carried_stages_samples_the_plain_joint(vocab12, kind: str, names: list[str]) -> None:
-    """400 rows a setting tell a state not carried along the drafts apart (p below 1e-8 each);
-    the model drafter (a draft cache per row: ~70 ms a row here) runs the three carried ones."""
+    """The second and third tokens (verified) against the plain chain's; the model drafter (a
+    draft cache per row: ~70 ms a row here) runs the three carried ones. That each position sees
+    the state after the drafts before it is checked exactly in tests/sampling/test_carried.py."""
     target, draft = vocab12
     failures = []
-    for name, observed in sampled_pairs(target, draft, kind, names).items():
-        expected = expected_pairs(target, SETTINGS[name]).flatten().double()
-        n = observed.sum().item()
-        assert n == SAMPLES
+    for name, observed in sampled_triples(target, draft, kind, names).items():
+        expected = later_pairs(expected_joint(target, PROMPT, SETTINGS[name]))
+        observed, n = later_pairs(observed), SAMPLES
+        assert observed.sum() == n
         assert observed[expected == 0].sum() == 0  # never a pair the target's truncation forbids
         # χ² over the cells expected at least 5 times, the rest pooled into one.
         big = expected * n >= 5
@@ -167,4 +154,5 @@ def test_speculation_with_carried_stages_samples_the_plain_joint(vocab12, kind: 
         bound = 0.5 * math.sqrt(int((expected > 0).sum()) / n) + math.sqrt(math.log(1e6) / (2 * n))
         if stat.pvalue <= 1e-4 or tv >= bound:
             failures.append((name, stat.pvalue, tv, bound))
+
     assert not failures, (kind, failures)

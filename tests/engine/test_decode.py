@@ -20,7 +20,7 @@ from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import sampling_probs
+from llmsample.sampling.pipeline import sampler_chain
 from tests.conftest import make_tiny_model
 
 PROMPTS = ["w4 w8 w15 w16 w23 w4 w8 w15", "w5 w6 w5 w6 w5", "w9", "w12 w13 w14 w12 w13", "w3 w4 w3 w4 w3 w4"]
@@ -146,10 +146,10 @@ def test_greedy_speculative_rows_equal_plain_rows(tiny_lm, draft_lm) -> None:
 VOCAB = 12
 SAMPLES = 1500
 SETTINGS = {
-    "plain": SamplingConfig(temperature=1.0, max_tokens=2),
-    "filtered": SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, presence_penalty=0.5, max_tokens=2),
+    "plain": SamplingConfig(temperature=1.0, max_tokens=3),
+    "filtered": SamplingConfig(temperature=0.8, top_k=6, top_p=0.9, presence_penalty=0.5, max_tokens=3),
     # Differs from "filtered" only in what RowValues carries: the two share a chain call.
-    "hotter": SamplingConfig(temperature=1.4, top_k=6, top_p=0.8, presence_penalty=0.5, max_tokens=2),
+    "hotter": SamplingConfig(temperature=1.4, top_k=6, top_p=0.8, presence_penalty=0.5, max_tokens=3),
 }
 
 
@@ -161,15 +161,30 @@ def vocab12(tmp_path_factory: pytest.TempPathFactory):
     return target, draft
 
 
-def expected_pairs(lm, prompt: list[int], cfg: SamplingConfig) -> torch.Tensor:
-    """P(x1, x2) under the plain chain: ``[VOCAB, VOCAB]``."""
+def expected_joint(lm, prompt: list[int], cfg: SamplingConfig, length: int = 3) -> torch.Tensor:
+    """P(x1, ..., x_length) under the plain chain, flattened ``[VOCAB ** length]``: each token
+    drawn with the history (and a carried stage's state) after those before it."""
     history = TokenHistory.for_config(torch.tensor([prompt]), VOCAB, cfg, lm.tokenizer, lm.eos_ids)
-    with torch.inference_mode():
-        first = lm.model(torch.tensor([prompt])).logits[:, -1]
-        second = lm.model(torch.tensor([[*prompt, x] for x in range(VOCAB)])).logits[:, -1]
-    p1 = sampling_probs(first, history, cfg)[0]
-    rows = TokenHistory.stack([history] * VOCAB).advanced(torch.arange(VOCAB), list(range(VOCAB)))
-    return p1[:, None] * sampling_probs(second, rows, cfg)
+    seqs: list[list[int]] = [[]]
+    joint = torch.ones(1, dtype=torch.float64)
+    for _ in range(length):
+        with torch.inference_mode():
+            logits = lm.model(torch.tensor([[*prompt, *s] for s in seqs])).logits[:, -1]
+        n = len(seqs)
+        # every sequence once per next token, so the chain's states after each token come from one call
+        wide = TokenHistory.stack([history.rows(slice(i, i + 1)) for i in range(n) for _ in range(VOCAB)])
+        chain = sampler_chain(logits.repeat_interleave(VOCAB, 0), wide, cfg)
+        tokens = torch.arange(VOCAB).repeat(n)
+        joint = joint.repeat_interleave(VOCAB) * chain.probs.double()[torch.arange(n * VOCAB), tokens]
+        history = wide.advanced(tokens, tokens.tolist(), chain.state_after(tokens, cfg))
+        seqs = [[*s, t] for s in seqs for t in range(VOCAB)]
+    return joint
+
+
+def later_pairs(joint: torch.Tensor) -> torch.Tensor:
+    """P(x2, x3) of a three-token joint, flattened: where speculation acts (a row draws its first
+    token from the prefill's logits and drafts after it)."""
+    return joint.view(VOCAB, VOCAB, VOCAB).sum(0).flatten()
 
 
 def tv_bound(categories: int, n: int, delta: float = 1e-6) -> float:
@@ -199,27 +214,34 @@ def test_speculative_rows_of_a_batch_follow_the_target_distribution(vocab12) -> 
         if isinstance(record, TokenEvent):
             tokens.setdefault(key, []).append(record.token_id)
         else:
-            pairs[key[0]].append(tuple(tokens.pop(key)))
-            assert record.facts.speculation.drafted >= 1  # the first token came through verification
+            pairs[key[0]].append(tuple(tokens.pop(key))[1:])
+            assert record.facts.speculation.drafted >= 1  # the second token came through verification
     for name in names:
-        expected = expected_pairs(target, prompt, SETTINGS[name]).flatten().double()
+        expected = later_pairs(expected_joint(target, prompt, SETTINGS[name]))
         observed = torch.zeros(VOCAB * VOCAB, dtype=torch.float64)
-        for x1, x2 in pairs[name]:
-            observed[x1 * VOCAB + x2] += 1
-        n = len(pairs[name])
-        assert n == SAMPLES
-        assert observed[expected == 0].sum() == 0  # never a pair the target's filters forbid
-        for marginal_obs, marginal_exp in (
-            (observed.view(VOCAB, VOCAB).sum(1), expected.view(VOCAB, VOCAB).sum(1)),
-            (observed.view(VOCAB, VOCAB).sum(0), expected.view(VOCAB, VOCAB).sum(0)),
-        ):
-            tv = 0.5 * (marginal_obs / n - marginal_exp).abs().sum().item()
-            assert tv < tv_bound(VOCAB, n), (name, tv)
-            support = marginal_exp > 1e-9
-            stat = chisquare(
-                marginal_obs[support].numpy(), (marginal_exp[support] / marginal_exp[support].sum() * n).numpy()
-            )
-            assert stat.pvalue > 1e-4, (name, stat)
+        for x2, x3 in pairs[name]:
+            observed[x2 * VOCAB + x3] += 1
+        assert len(pairs[name]) == SAMPLES
+        check_pairs(observed, expected, SAMPLES, name)
+
+
+def check_pairs(observed: torch.Tensor, expected: torch.Tensor, n: int, name: str) -> None:
+    """``n`` sampled pairs' counts ``[VOCAB * VOCAB]`` against their distribution: no forbidden
+    pair, then each token's marginal and the pairs (TV within its bound, χ² p above 1e-4)."""
+    assert observed[expected == 0].sum() == 0  # never a pair the target's filters forbid
+    cells = [
+        (observed.view(VOCAB, VOCAB).sum(1), expected.view(VOCAB, VOCAB).sum(1)),
+        (observed.view(VOCAB, VOCAB).sum(0), expected.view(VOCAB, VOCAB).sum(0)),
+        (observed, expected),
+    ]
+    for marginal_obs, marginal_exp in cells:
+        tv = 0.5 * (marginal_obs / n - marginal_exp).abs().sum().item()
+        assert tv < tv_bound(marginal_obs.numel(), n), (name, tv)
+        support = marginal_exp > 1e-9
+        stat = chisquare(
+            marginal_obs[support].numpy(), (marginal_exp[support] / marginal_exp[support].sum() * n).numpy()
+        )
+        assert stat.pvalue > 1e-4, (name, stat)
 
 
 # --- grouping and failures ----------------------------------------------------------------------

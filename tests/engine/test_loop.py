@@ -253,7 +253,9 @@ def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
     with SyncCounter() as counter:
         tokens, summary = run_to_end(events)
     passes = summary.facts.speculation.target_passes
-    assert len(tokens) == 12 and passes < 12 and drafter.calls >= passes - 1
+    # (the prefill's logits give the first token, so its pass drafts nothing; nor may the last)
+    assert (len(tokens) == 12 or summary.stop_reason == "stop") and passes < len(tokens)
+    assert drafter.calls >= passes - 2
     # The prompt's ids (and the sequences' when a stage reads them), then per pass the step's one
     # transfer (figures and accepted counts together) and the drafted ids.
     assert counter.calls == ["tolist"] * (1 + needs_sequences(cfg) + passes + drafter.calls)
