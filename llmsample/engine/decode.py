@@ -142,8 +142,8 @@ def run_rows(
                 yield rows[i].key, RowFailed(rows[i].key, str(exc))
         staying = [i for i, done in enumerate(result.finished) if not done]
         for i, done in enumerate(result.finished):
-            if done:  # its sequence complete, for whoever continues it (a session's next turn)
-                rows[i].text.seq += result.emitted[i]
+            if done:
+                rows[i].end(result.emitted[i])
                 ended.append(rows[i])
         newest = result.newest
         if len(staying) < len(rows):

@@ -191,6 +191,14 @@ class Row:
         if verified is not None and k:
             verified(k, accepted)
 
+    def end(self, emitted: list[int]) -> None:
+        """The row ends with the step's ``emitted`` tokens: its sequence is complete, for whoever
+        continues it (a session's next turn) and for a drafter that keeps it (the suffix pool)."""
+        self.text.seq += emitted
+        finished = getattr(self.drafting.drafter, "finished", None) if self.drafting is not None else None
+        if finished is not None:
+            finished(self.text.seq)
+
     def speculation(self) -> Speculation:
         assert self.drafting is not None
         counts = self.drafting.counts

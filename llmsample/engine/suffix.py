@@ -214,6 +214,10 @@ class SuffixDrafter:
         drafted = torch.tensor(best, dtype=torch.long, device=self.own.device)
         return drafted, torch.nn.functional.one_hot(drafted, self.own.vocab_size).float()
 
+    def finished(self, seq: list[int]) -> None:
+        """The row ended: its last tokens, emitted after its last proposal, join the pool too."""
+        self.pool.extend(self.sid, seq, len(seq))
+
     def verified(self, drafted: int, accepted: int) -> None:
         """The target kept ``accepted`` of the row's last ``drafted``: the pool's acceptance."""
         self.pool.scored(drafted, accepted)

@@ -122,6 +122,8 @@ def test_greedy_rows_drafting_from_the_pool_give_the_plain_tokens(tiny_lm, monke
     speculation = [end.facts.speculation for end in ends.values()]
     assert (pool.drafted, pool.accepted) == (sum(s.drafted for s in speculation), sum(s.accepted for s in speculation))
     assert ends[3].facts.speculation.accepted >= 8  # it repeats the first's answer: drafted from the pool
+    # Every row's whole sequence, the tokens after its last proposal too, is in the pool.
+    assert sorted(pool.sequences.values()) == sorted(p + plain[i] for i, p in enumerate(prompts))
 
 
 @pytest.fixture(scope="module")
