@@ -24,6 +24,7 @@ import socket
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,7 +119,7 @@ def _lock(given: Path, path: Path) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "starting"
+            holder = _holder(fd)
             os.close(fd)
             raise UserError(
                 f"{given} is being written by another llmsample batch ({holder}); "
@@ -135,6 +136,17 @@ def _lock(given: Path, path: Path) -> int | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     return fd
+
+
+def _holder(fd: int, wait: float = 2.0) -> str:
+    """The pid line of the run holding the lock: a run that has just taken it writes that line
+    a moment later, so an empty file is read again for up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while not (text := os.pread(fd, 200, 0).decode("utf-8", "replace").strip()):
+        if time.monotonic() > deadline:
+            return "starting"
+        time.sleep(0.01)
+    return text
 
 
 def _remove_stale_temporaries(path: Path) -> None:

@@ -102,6 +102,21 @@ def test_a_second_claim_is_refused_naming_the_first(tmp_path: Path) -> None:
     claim_output(out).release()
 
 
+def test_a_run_that_has_just_taken_the_lock_is_named_once_it_writes_its_pid(tmp_path: Path) -> None:
+    out = tmp_path / "out.jsonl"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import fcntl, os, time; fd = os.open({str(lock_path(out))!r}, os.O_RDWR | os.O_CREAT); "
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(0.5); "
+         "os.pwrite(fd, b'pid 4242 on elsewhere', 0); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+    with pytest.raises(UserError, match=r"another llmsample batch \(pid 4242 on elsewhere\)"):
+        claim_output(out)
+    holder.kill()
+    holder.wait()
+
+
 def test_a_lock_file_left_by_a_killed_run_blocks_nothing(tmp_path: Path) -> None:
     out = tmp_path / "out.jsonl"
     holder = subprocess.Popen(
