@@ -58,8 +58,10 @@ class Drafter(Protocol):
         row's grammar state, whose masks a drafter that samples applies to q at every position
         (the row cuts drafts at the first the grammar rejects). A drafter may also have
         ``verified(drafted, accepted)``: after each pass that verified a draft of its, how much
-        of it the target kept (the suffix pool measures its acceptance with it); and
-        ``finished(seq)``: the row's whole sequence when it ends (the pool keeps all of it)."""
+        of it the target kept (the suffix pool measures its acceptance with it);
+        ``sharing(rows)``: before a proposal, the rows of the pass it is for (the pool's cut
+        rises with them); and ``finished(seq)``: the row's whole sequence when it ends (the
+        pool keeps all of it)."""
         ...
 
 

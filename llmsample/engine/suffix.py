@@ -14,6 +14,7 @@ gives the same text with the same requests, not in any batch."""
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, OrderedDict
 
 import torch
@@ -29,29 +30,25 @@ POOL_TOKENS = 1 << 20
 
 
 MIN_PROB = 0.6
-"""A draft goes on while the pool's estimate that the target accepts all of it so far stays at
-least this. A drafted position is not free on a CPU: the default model (llama.cpp F16, 2
-cores) is compute-bound, each position costing ~6.5 ms beside a 4-row pass of ~36 ms (9 ms a
-token), so at batch 4 a position pays only when it is accepted well over half the time
-(bench/NOTES.md, 2026-12-04)."""
+"""A draft goes on while the chance that the target accepts all of it so far stays at least this
+(for one row; more rows raise it, :meth:`SuffixPool.floor`). A drafted position is not free on a
+CPU: on the default model (llama.cpp F16, 2 cores) one costs ~8 ms beside a one-row pass of
+~15 ms, so it pays only when accepted more than about half the time (bench/NOTES.md, 2026-12-04)."""
 
-BREAK_EVEN = 0.55
-"""A drafted position pays only when the target accepts it more often than this: on the default
-model (llama.cpp F16, 2 cores) one drafted position costs ~8 ms beside a one-row pass of ~15 ms
-(bench/NOTES.md, 2026-12-04 23:20). Open chat's drafts, cut at :data:`MIN_PROB`, were accepted
-47 % of the time there, repeated JSON records' 79 %."""
+BINS = (0.5, 0.8, 0.95)
+"""Edges of the pool's own estimate of a drafted token (its share of what followed its context):
+the target's acceptance is measured in each bin, because the estimate is right where answers
+repeat and optimistic where little does. On the default model, tokens the pool was 0.99 sure
+of were kept 95 % of the time in repeated JSON records and 77 % in sampled open chat
+(bench/NOTES.md, 2026-12-05)."""
 
-SURE = 0.9
-"""While the pool's drafts are accepted less often than :data:`BREAK_EVEN`, a draft goes on only
-while the pool's estimate stays at least this; those drafts keep measuring the acceptance."""
-
-EVIDENCE = 16
-"""Drafted positions measured (as weighed by :data:`WINDOW`) before the acceptance moves the cut."""
+PRIOR = 4.0
+"""Drafted positions' worth of weight the pool's own estimate keeps in a bin's acceptance: with
+nothing measured (or all of it faded) the estimate is taken as it is, and drafts probe again."""
 
 WINDOW = 256
-"""Proposals the acceptance is measured over: at each, both counts lose 1/WINDOW of their weight,
-so old evidence fades, and a cut that rose falls back to probe again once the drafts it let
-through are too few to count."""
+"""Proposals the acceptance is measured over: at each, every bin's counts lose 1/WINDOW of their
+weight, so old evidence fades."""
 
 MAX_SPEC_FACTOR = 1.0
 """A draft is at most this times the length of the match it follows (SuffixDecoding's alpha)."""
@@ -68,12 +65,11 @@ class SuffixPool:
     pool's n-grams.
 
     A proposal follows SuffixDecoding (arXiv 2411.04975): what followed the latest occurrence of
-    the longest match, cut where the estimated chance that all of it is accepted (the product of
-    each token's frequency after its context, :meth:`confident`) falls below ``min_prob``, and at
-    ``MAX_SPEC_FACTOR`` times the match's length. The cut rises to :data:`SURE` while the target
-    accepts its rows' drafts (the pool's and their own lookup's, :meth:`scored`) less often than
-    ``break_even``, one rate for the whole pool: where little repeats (open chat) the estimate is
-    optimistic, and a rejected position costs more than an accepted one saves."""
+    the longest match, cut at ``MAX_SPEC_FACTOR`` times the match's length and where the chance
+    that all of it is accepted falls below :meth:`floor` (:meth:`confident`). That chance is the
+    product of each token's frequency after its context, as the target has kept such tokens
+    (:meth:`calibrated`): the pool measures how often the target accepts its rows' drafts (the
+    pool's and their own lookup's, :meth:`scored`) by how sure it was of each token."""
 
     def __init__(
         self,
@@ -81,11 +77,13 @@ class SuffixPool:
         ngram_max: int = 6,
         max_tokens: int = POOL_TOKENS,
         min_prob: float = MIN_PROB,
-        break_even: float = BREAK_EVEN,
+        rows_cost: bool = True,
     ) -> None:
+        """``rows_cost``: the floor rises with the rows sharing a pass (:meth:`floor`)."""
         self.ngram_min, self.ngram_max, self.max_tokens = ngram_min, ngram_max, max_tokens
-        self.min_prob, self.break_even = min_prob, break_even
-        self.drafted, self.accepted = 0.0, 0.0
+        self.min_prob, self.rows_cost = min_prob, rows_cost
+        self.tested = [0.0] * (len(BINS) + 1)  # drafted positions the target verified, by bin
+        self.kept = [0.0] * (len(BINS) + 1)  # and those it accepted
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()
         self.index: dict[tuple[int, ...], tuple[int, int]] = {}
         self.counts: Counter[tuple[int, ...]] = Counter()
@@ -113,9 +111,10 @@ class SuffixPool:
         self._count(held, start, 1)
         self._evict(keep=sid)
 
-    def lookup(self, seq: list[int], k: int) -> list[int]:
+    def lookup(self, seq: list[int], k: int, rows: int = 1) -> tuple[list[int], list[float]]:
         """Up to ``k`` tokens that followed the latest occurrence of ``seq``'s last n tokens
-        anywhere in the pool (longest n first), as far as the pool is confident of them."""
+        anywhere in the pool (longest n first), as far as the pool is confident of them for a
+        pass of ``rows`` rows; and its estimate of each (:meth:`confident`)."""
         for n in range(min(self.ngram_max, len(seq)), self.ngram_min - 1, -1):
             found = self.index.get(tuple(seq[-n:]))
             if found is None:
@@ -123,39 +122,56 @@ class SuffixPool:
             held = self.sequences.get(found[0])
             if held is not None and found[1] < len(held):
                 match = _match_length(seq, held, found[1], n)
-                return self.confident(seq, held[found[1] : found[1] + min(k, int(MAX_SPEC_FACTOR * match))])
-        return []
+                return self.confident(seq, held[found[1] : found[1] + min(k, int(MAX_SPEC_FACTOR * match))], rows)
+        return [], []
 
-    def scored(self, drafted: int, accepted: int) -> None:
-        """A draft of ``drafted`` tokens was verified and its first ``accepted`` kept."""
-        self.drafted += drafted
-        self.accepted += accepted
+    def scored(self, chances: list[float], accepted: int) -> None:
+        """A draft whose tokens the pool estimated at ``chances`` was verified and its first
+        ``accepted`` kept: those, and the first rejected, count in their estimates' bins."""
+        for at, chance in enumerate(chances[: accepted + 1]):
+            b = bisect.bisect_right(BINS, chance)
+            self.tested[b] += 1
+            self.kept[b] += at < accepted
 
     def faded(self) -> None:
         """A proposal is made: the evidence so far weighs 1/WINDOW less."""
-        self.drafted *= 1 - 1 / WINDOW
-        self.accepted *= 1 - 1 / WINDOW
+        keep = 1 - 1 / WINDOW
+        self.tested = [n * keep for n in self.tested]
+        self.kept = [n * keep for n in self.kept]
 
-    def floor(self) -> float:
-        """The joint chance a draft must keep: ``min_prob``, or :data:`SURE` while the drafts
-        measured (:data:`EVIDENCE` positions at least) are accepted less often than ``break_even``."""
-        paying = self.drafted < EVIDENCE or self.accepted >= self.break_even * self.drafted
-        return self.min_prob if paying else max(self.min_prob, SURE)
+    def calibrated(self, chance: float) -> float:
+        """How often the target keeps a token the pool estimates at ``chance`` (0 stays 0: a
+        context the pool has seen once is no evidence)."""
+        if chance <= 0:
+            return 0.0
+        b = bisect.bisect_right(BINS, chance)
+        return (self.kept[b] + PRIOR * chance) / (self.tested[b] + PRIOR)
 
-    def confident(self, seq: list[int], continuation: list[int]) -> list[int]:
-        """The first tokens of ``continuation`` (after ``seq``) whose joint chance, as the pool's
-        counts estimate it, is at least :meth:`floor`: each token's share of what followed its
-        longest context seen twice or more (a context seen once is no evidence)."""
-        counts, low, floor = self.counts, max(self.ngram_min - 1, 1), self.floor()
-        context, chance = list(seq[-self.ngram_max :]), 1.0
-        for at, token in enumerate(continuation):
+    def floor(self, rows: int = 1) -> float:
+        """The chance a draft must keep in a pass of ``rows`` rows: ``min_prob`` for one, and
+        with ``rows_cost`` at least ``rows / (rows + 1)`` for more. An accepted token saves one row's share of a
+        pass, which shrinks as rows join, while a drafted position costs about the same (on the
+        default model, 2 cores: ~6.5 ms beside a 4-row pass of ~36 ms); and a row that finishes
+        ahead of the others is replaced by a prompt prefilled alone (bench/NOTES.md, 2026-12-05)."""
+        return max(self.min_prob, rows / (rows + 1)) if self.rows_cost and rows > 1 else self.min_prob
+
+    def confident(self, seq: list[int], continuation: list[int], rows: int = 1) -> tuple[list[int], list[float]]:
+        """The first tokens of ``continuation`` (after ``seq``) whose joint chance (each token's
+        :meth:`calibrated` estimate) is at least :meth:`floor` for ``rows`` rows, and the pool's
+        estimate of each: its share of what followed the token's longest context seen twice or
+        more in the pool."""
+        counts, low, floor = self.counts, max(self.ngram_min - 1, 1), self.floor(rows)
+        context, joint, chances = list(seq[-self.ngram_max :]), 1.0, []
+        for token in continuation:
             lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
             seen = next((key for n in lengths if counts[key := tuple(context[len(context) - n :])] >= 2), None)
-            chance *= counts[(*seen, token)] / counts[seen] if seen is not None else 0.0
-            if chance < floor:
-                return continuation[:at]
+            chance = counts[(*seen, token)] / counts[seen] if seen is not None else 0.0
+            joint *= self.calibrated(chance)
+            if joint < floor:
+                break
+            chances.append(chance)
             context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
-        return continuation
+        return continuation[: len(chances)], chances
 
     def _count(self, held: list[int], start: int, sign: int) -> None:
         """Count (``sign`` 1) or forget (-1) the n-grams of ``held`` that end after ``start``
@@ -194,6 +210,12 @@ class SuffixDrafter:
     def __init__(self, pool: SuffixPool, own: NgramDrafter) -> None:
         self.pool, self.own = pool, own
         self.sid = pool.open()
+        self.rows = 1  # the rows of the pass it drafts for next (:meth:`sharing`)
+        self.chances: list[float] = []  # the pool's estimate of each token of its last proposal
+
+    def sharing(self, rows: int) -> None:
+        """The next proposal is for a pass of ``rows`` rows (the row says, before proposing)."""
+        self.rows = rows
 
     def propose(
         self,
@@ -208,8 +230,9 @@ class SuffixDrafter:
         # otherwise be the row's own end, with nothing after it.
         self.pool.extend(self.sid, seq, len(seq) - 1)
         self.pool.faded()
-        pooled, own = self.pool.lookup(seq, k), self.pool.confident(seq, self.own.lookup(seq, k))
-        best = pooled if len(pooled) >= len(own) else own
+        pooled = self.pool.lookup(seq, k, self.rows)
+        own = self.pool.confident(seq, self.own.lookup(seq, k), self.rows)
+        best, self.chances = pooled if len(pooled[0]) >= len(own[0]) else own
         self.pool.extend(self.sid, seq, len(seq))
         drafted = torch.tensor(best, dtype=torch.long, device=self.own.device)
         return drafted, torch.nn.functional.one_hot(drafted, self.own.vocab_size).float()
@@ -219,5 +242,6 @@ class SuffixDrafter:
         self.pool.extend(self.sid, seq, len(seq))
 
     def verified(self, drafted: int, accepted: int) -> None:
-        """The target kept ``accepted`` of the row's last ``drafted``: the pool's acceptance."""
-        self.pool.scored(drafted, accepted)
+        """The target kept ``accepted`` of the row's last ``drafted`` (its proposal, as the row
+        cut it): the pool's acceptance."""
+        self.pool.scored(self.chances[:drafted], accepted)
