@@ -42,9 +42,12 @@ repeat and optimistic where little does. On the default model, tokens the pool w
 of were kept 95 % of the time in repeated JSON records and 77 % in sampled open chat
 (bench/NOTES.md, 2026-12-05)."""
 
-PRIOR = 4.0
+PRIOR = 1.0
 """Drafted positions' worth of weight the pool's own estimate keeps in a bin's acceptance: with
-nothing measured (or all of it faded) the estimate is taken as it is, and drafts probe again."""
+nothing measured (or all of it faded) the estimate is taken as it is, and drafts probe again.
+One position's worth: a heavier prior lets the drafts that do not pay through again as soon as
+the evidence fades to a few positions (sampled open chat at batch 4 drafted three times as much
+with 4, bench/NOTES.md, 2026-12-05)."""
 
 WINDOW = 256
 """Proposals the acceptance is measured over: at each, every bin's counts lose 1/WINDOW of their
