@@ -16,7 +16,7 @@ ragged tokens with their ids in one ``llama_batch``, ``rollback`` is ``seq_rm``,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -74,6 +74,22 @@ class LayerBackend(Protocol):
     def admit_layers(self, prompt: list[int]) -> Tensor:
         """:meth:`Backend.admit` of one prompt, with the logit lens at its last position
         ``[layers + 1, vocab]`` (embeddings first, the model's own logits last)."""
+        ...
+
+
+@runtime_checkable
+class JoiningBackend(Protocol):
+    """A backend that prefills rows joining in the running rows' pass (llama.cpp's sequences:
+    llama-server's mixed batches), rather than in a pass of their own."""
+
+    def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
+        """Whether :meth:`forward_joining` takes these prompts (``whole``: the indices of those
+        that may not start from a cached prefix)."""
+        ...
+
+    def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """:meth:`Backend.verify` of ``fed``, its logits flat in fed order ``[tokens, vocab]``, then
+        :meth:`Backend.admit` of ``prompts``, its logits, in one pass."""
         ...
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from llmsample.engine.backend import Backend, open_backend
+from llmsample.engine.backend import Backend, JoiningBackend, open_backend
 from llmsample.engine.feed import Feed, IterableFeed
 from llmsample.engine.prompt_cache import CachingBackend, PromptCache, can_cache
 from llmsample.engine.rows import BatchItem, Row, RowFailed, start_row
@@ -78,20 +78,38 @@ def decode(
                 )
             )
 
-        def admit(joining: list[BatchItem]) -> list[torch.Tensor]:
+        def admit(joining: list[BatchItem], prefilled: torch.Tensor | None = None) -> list[torch.Tensor]:
+            """The joining rows' logits: ``prefilled`` in the last pass (:func:`_forward`), or now."""
             if one_prompt:
                 return [b.admit_copies(joining[0].prompt_ids, len(joining)) for b in backends]
             prompts = [item.prompt_ids for item in joining]
-            whole = {i for i, item in enumerate(joining) if not item.cache_prompt}
-            admitted = [
-                b.admit(prompts, whole) if isinstance(b, CachingBackend) else b.admit(prompts) for b in backends
-            ]
+            if prefilled is not None:
+                admitted = [prefilled]
+            else:
+                whole = _whole(joining)
+                admitted = [
+                    b.admit(prompts, whole) if isinstance(b, CachingBackend) else b.admit(prompts) for b in backends
+                ]
             if isinstance(backend, CachingBackend):
                 for item, reused in zip(joining, backend.reused, strict=True):
                     item.stats.note(cache=CacheReuse(reused=reused, prefilled=len(item.prompt_ids) - reused))
             return admitted
 
-        yield from run_rows(lm, backends, feed, first, max_rows, options, admit)  # type: ignore[arg-type]
+        def joins(joining: list[BatchItem]) -> bool:
+            """Whether the joining rows are prefilled in the running rows' next pass."""
+            return (
+                not one_prompt
+                and len(backends) == 1
+                and isinstance(backend, JoiningBackend)
+                and backend.joins([item.prompt_ids for item in joining], _whole(joining))
+            )
+
+        yield from run_rows(lm, backends, feed, first, max_rows, options, admit, joins=joins)  # type: ignore[arg-type]
+
+
+def _whole(joining: list[BatchItem]) -> set[int]:
+    """The joining requests that prefill their whole prompt whatever the cache holds."""
+    return {i for i, item in enumerate(joining) if not item.cache_prompt}
 
 
 def run_rows(
@@ -101,12 +119,15 @@ def run_rows(
     joining: list[BatchItem],
     max_rows: int,
     options: DecodeOptions,
-    admit: Callable[[list[BatchItem]], list[torch.Tensor]],
+    admit: Callable[..., list[torch.Tensor]],
     retain: bool = False,
+    joins: Callable[[list[BatchItem]], bool] | None = None,
 ) -> Generator[Record, None, list[Row]]:
     """The loop over open backends (the model's, then the reference's): ``admit`` prefills rows
-    that join; returns the rows that ended. ``retain``: finished rows keep their cache (a
-    session's one row, continued by the next turn); the caller owns the backends."""
+    that join (or, given their logits, notes them); returns the rows that ended. ``retain``:
+    finished rows keep their cache (a session's one row, continued by the next turn); the caller
+    owns the backends. ``joins``: whether rows that join while others run are prefilled in the
+    running rows' pass (a :class:`JoiningBackend`'s mixed batch)."""
     backend = backends[0]
     watched = WatchIndex.of([token for _, token in options.watch], lm.sample_device)
     names = [name for name, _ in options.watch]
@@ -114,9 +135,10 @@ def run_rows(
     rows: list[Row] = []
     ended: list[Row] = []
     step: StepInput | None = None
+    prefilled: torch.Tensor | None = None  # the joining rows' logits, when the last pass prefilled them
     while True:
         if joining:
-            admitted = admit(joining)
+            admitted = admit(joining) if prefilled is None else admit(joining, prefilled)
             vocab = admitted[0].shape[-1]
             for item in joining:
                 if backend.compile_s:
@@ -156,7 +178,8 @@ def run_rows(
         if not rows:
             step = None
             continue
-        step = _forward(backends, rows, newest)
+        fused = joining if joining and joins is not None and joins(joining) else []
+        step, prefilled = _forward(backends, rows, newest, [item.prompt_ids for item in fused])
 
 
 def _room(backend: Backend, rows: list[Row], max_rows: int) -> bool:
@@ -177,9 +200,13 @@ def _joined(step: StepInput | None, rows: list[Row], admitted: list[torch.Tensor
     return StepInput(torch.cat([step.logits, admitted[0]]), starts, reference)
 
 
-def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> StepInput:
+def _forward(
+    backends: list[Backend], rows: list[Row], newest: torch.Tensor, prompts: list[list[int]]
+) -> tuple[StepInput, torch.Tensor | None]:
     """Roll back what the last pass rejected, draft, and feed every row its newest token (and
-    drafts): a one-token step when nobody drafts, else one ragged verification pass."""
+    drafts): a one-token step when nobody drafts, else one ragged verification pass; with
+    ``prompts`` (rows about to join), one pass of the backend's that prefills them too, and their
+    logits (else None)."""
     backend = backends[0]
     for i, row in enumerate(rows):
         if row.cached > len(row.text.seq) - 1:
@@ -187,19 +214,22 @@ def _forward(backends: list[Backend], rows: list[Row], newest: torch.Tensor) -> 
                 b.rollback(i, len(row.text.seq) - 1)
             row.cached = len(row.text.seq) - 1
     drafts = [row.propose(len(rows)) for row in rows] if backend.ragged else [[] for _ in rows]
-    if not any(drafts):
+    if not any(drafts) and not prompts:
         outputs = [b.step(newest) for b in backends]
         for row in rows:
             row.cached += 1
-        return StepInput(outputs[0], list(range(len(rows))), outputs[1] if len(outputs) > 1 else None)
+        return StepInput(outputs[0], list(range(len(rows))), outputs[1] if len(outputs) > 1 else None), None
     fed = [[row.text.seq[-1], *draft] for row, draft in zip(rows, drafts, strict=True)]
-    outputs = [b.verify(fed) for b in backends]
-    width = outputs[0].shape[1]
-    index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
     starts, at = [], 0
     for row, f in zip(rows, fed, strict=True):
         starts.append(at)
         at += len(f)
         row.cached += len(f)
+    if prompts:  # one backend (``joins`` said so); its logits in fed order already
+        flat, prefilled = backend.forward_joining(fed, prompts)  # type: ignore[attr-defined]
+        return StepInput(flat, starts), prefilled
+    outputs = [b.verify(fed) for b in backends]
+    width = outputs[0].shape[1]
+    index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
     flat = [out.reshape(-1, out.shape[-1])[index.to(out.device)] for out in outputs]
-    return StepInput(flat[0], starts, flat[1] if len(flat) > 1 else None)
+    return StepInput(flat[0], starts, flat[1] if len(flat) > 1 else None), None

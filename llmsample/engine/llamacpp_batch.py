@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 import torch
@@ -79,14 +79,7 @@ class LlamaCppBatch:
 
     def admit(self, prompts: list[list[int]]) -> Tensor:
         """Each prompt under a new sequence id, in one batch; logits at each prompt's last token."""
-        if len(prompts) > len(self.free):
-            raise ValueError(f"{len(prompts)} rows do not fit: room for {len(self.free)} more")
-        seqs = [self.free.pop() for _ in prompts]
-        entries = [(t, i, s, i == len(p) - 1) for p, s in zip(prompts, seqs, strict=True) for i, t in enumerate(p)]
-        logits = self._decode(entries)
-        self.seqs += seqs
-        self.lengths += [len(p) for p in prompts]
-        return logits
+        return self.forward_joining([[] for _ in self.seqs], prompts)[1]
 
     def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
         """One prefill; the copies' sequences share its cells (``seq_cp``)."""
@@ -147,22 +140,13 @@ class LlamaCppBatch:
 
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row at its next position; next-token logits ``[rows, vocab]``."""
-        ids = tokens.view(-1).tolist()
-        logits = self._decode([(t, n, s, True) for t, n, s in zip(ids, self.lengths, self.seqs, strict=True)])
-        self.lengths = [n + 1 for n in self.lengths]
-        return logits
+        return self.forward_joining([[t] for t in tokens.view(-1).tolist()], [])[0]
 
     def verify(self, tokens: list[list[int]]) -> Tensor:
         """Every row's tokens in one batch, logits at each: ``[rows, longest, vocab]`` (zeros past a
         row's own count)."""
-        entries = [
-            (t, n + i, s, True)
-            for row, n, s in zip(tokens, self.lengths, self.seqs, strict=True)
-            for i, t in enumerate(row)
-        ]
-        flat = self._decode(entries)
+        flat = self.forward_joining(tokens, [])[0]
         width = max(len(row) for row in tokens)
-        self.lengths = [n + len(row) for n, row in zip(self.lengths, tokens, strict=True)]
         if all(len(row) == width for row in tokens):
             return flat.view(len(tokens), width, -1)  # no padding: the same memory
         out = flat.new_zeros(len(tokens), width, flat.shape[-1])
@@ -171,6 +155,29 @@ class LlamaCppBatch:
             out[r, : len(row)] = flat[at : at + len(row)]
             at += len(row)
         return out
+
+    def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
+        """Whether :meth:`forward_joining` takes ``prompts`` (always, with room for them)."""
+        return len(prompts) <= len(self.free)
+
+    def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """One batch: each row's ``fed`` tokens at its next positions (logits at every one, in
+        order, ``[fed tokens, vocab]``), then each prompt under a new sequence id, its rows last
+        (logits at its last token, ``[prompts, vocab]``). A request that joins while others
+        decode is prefilled in their pass rather than in one of its own (llama-server's mixed
+        batches): a pass's fixed cost, ~14 ms beside a 3-row step of ~24 ms on the default model
+        (2 cores), is paid once (bench/NOTES.md, 2026-12-05)."""
+        if len(prompts) > len(self.free):
+            raise ValueError(f"{len(prompts)} rows do not fit: room for {len(self.free)} more")
+        seqs = [self.free.pop() for _ in prompts]
+        running = zip(fed, self.lengths, self.seqs, strict=True)
+        entries = [(t, n + i, s, True) for row, n, s in running for i, t in enumerate(row)]
+        entries += [(t, i, s, i == len(p) - 1) for p, s in zip(prompts, seqs, strict=True) for i, t in enumerate(p)]
+        logits = self._decode(entries)
+        self.lengths = [n + len(row) for n, row in zip(self.lengths, fed, strict=True)] + [len(p) for p in prompts]
+        self.seqs += seqs
+        fed_count = len(entries) - sum(map(len, prompts))
+        return logits[:fed_count], logits[fed_count:]
 
     def rollback(self, row: int, length: int) -> None:
         """Row ``row`` forgets its positions from ``length`` on."""

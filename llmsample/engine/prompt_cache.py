@@ -210,6 +210,27 @@ class CachingBackend:
         self.reused = [reused[i] for i in range(len(prompts))]
         return logits
 
+    def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
+        """Whether :meth:`forward_joining` takes ``prompts``: none shares a prefix worth reusing
+        with the cache, a running row or another of them (those are admitted on their own)."""
+        if not hasattr(self.backend, "forward_joining") or not self.backend.joins(prompts):
+            return False
+        return not any(
+            i not in whole
+            and max(self.cache.longest(prompt, touch=False)[1], *(shared_prefix(p, prompt) for p in prompts[:i]), 0)
+            >= MIN_REUSE
+            for i, prompt in enumerate(prompts)
+        )
+
+    def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """The backend's pass of ``fed`` with ``prompts`` joining (:meth:`joins` said yes)."""
+        out = self.backend.forward_joining(fed, prompts)
+        for held, tokens in zip(self.tokens, fed, strict=True):
+            held += tokens
+        self.tokens += [list(prompt) for prompt in prompts]
+        self.reused = [0] * len(prompts)
+        return out
+
     def _source(self, prompt: list[int]) -> tuple[tuple[Saved, bool] | None, int]:
         """Where ``prompt``'s longest cached prefix is (a kept entry, or a running row copied for
         the occasion: temporary) and its length, at most all but the last token (its logits are

@@ -155,6 +155,17 @@ def test_every_seam_operation_gives_the_logits_of_a_full_recomputation(llama_lm,
     seqs = [seqs[1]]
     seqs[0].append(12)
     check(backend.step(torch.tensor([12])))
+    # forward_joining: the running row's tokens and a new prompt in one pass (a mixed batch)
+    joining = ids(llama_lm, "Say it once more")
+    flat, prefilled = backend.forward_joining([[17, 18]], [joining])
+    assert flat.shape[0] == 2 and prefilled.shape[0] == 1
+    assert_close(flat[0], full(hf_lm, seqs[0] + [17]))
+    assert_close(flat[1], full(hf_lm, seqs[0] + [17, 18]))
+    assert_close(prefilled[0], full(hf_lm, joining))
+    seqs = [seqs[0] + [17, 18, 19], [*joining, 20]]
+    check(backend.step(torch.tensor([19, 20])))  # the joined row goes on beside the others
+    backend.keep([0])
+    seqs = [seqs[0]]
     prompt = ids(llama_lm, "Once upon a time")
     copies = backend.admit_copies(prompt, 3)  # replicate: one prefill, three rows
     assert copies.shape[0] == 3
@@ -197,6 +208,35 @@ def test_batch_requests_decode_as_they_do_alone(llama_lm, batch_size: int) -> No
         events, summary = run_to_end(generate(llama_lm, torch.tensor([item.prompt_ids]), item.cfg, stats))
         assert got[item.key] == [e.token_id for e in events], item.key
         assert texts[item.key] == summary.text and summary.facts.backend == "llama.cpp"
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_requests_that_join_while_others_decode_are_prefilled_in_their_pass(
+    llama_lm, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    """Only the first rows are admitted in a pass of their own; each later one rides on the
+    running rows' step (with the prompt cache too: these prompts share no prefix), and every
+    request decodes its tokens alone."""
+    from llmsample.engine.decode import DecodeOptions, decode
+    from llmsample.engine.llamacpp_batch import LlamaCppBatch
+    from llmsample.engine.prompt_cache import PromptCache
+
+    admitted: list[int] = []
+    admit = LlamaCppBatch.admit
+    monkeypatch.setattr(LlamaCppBatch, "admit", lambda self, prompts: admitted.append(len(prompts)) or admit(self, prompts))
+    items = []
+    for i, prompt in enumerate(PROMPTS):
+        cfg = SamplingConfig(**CONFIGS[i], max_tokens=4 + 3 * i)
+        items.append(BatchItem(i, ids(llama_lm, prompt), cfg, RunStats("tiny", "test", cfg.seed)))
+    options = DecodeOptions(prompt_cache=PromptCache(1 << 24) if cached else None)
+    got: dict[int, list[int]] = {item.key: [] for item in items}
+    for key, record in decode(llama_lm, items, 2, options):
+        if not isinstance(record, Summary):
+            got[key].append(record.token_id)
+    assert admitted == [2]
+    for item in items:
+        events, _ = run_to_end(generate(llama_lm, torch.tensor([item.prompt_ids]), item.cfg, RunStats("t", "t", None)))
+        assert got[item.key] == [e.token_id for e in events], item.key
 
 
 def test_greedy_speculation_with_ngram_equals_plain(llama_lm) -> None:
