@@ -10,8 +10,12 @@ drafting side starts from an empty pool, as a fresh run does.
 - **Edits of the same code**: 8 requests to give back the same functions (in four orders, each
   with two comments) with a comment line added, greedy (at most 160 tokens): an answer copies
   its prompt and the answers before it; the bar is 1.5x.
-- **Open chat**: 16 chat prompts, sampled, every request its own seed, a fixed length (48): little
-  repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x."""
+- **Open chat**: 16 chat prompts, sampled, every request its own seed and its own length (from
+  two thirds to four thirds of ``--tokens``, at most 48: 32 to 64 tokens, EOS ignored): little
+  repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x.
+  Real answers end out of step; with one length for all, plain rows would run in lockstep, four
+  prefills at once, which no real traffic does, and one kept draft would put the drafting side
+  out of step (bench/NOTES.md, 2026-12-05)."""
 
 from __future__ import annotations
 
@@ -41,7 +45,7 @@ has room to verify a draft), and four at once, as a server's batch holds them.""
 RECORD_CAP = 96
 """Tokens a record may take: the default model's record reaches its "email" key in about 50 and
 often never ends (an email of "john-john-..."), so a cap keeps the workload's size known:
-16 x 96 + 8 x 160 + 16 x 48 tokens a side and batch size."""
+16 x 96 + 8 x 160 + 758 tokens a side and batch size."""
 EDIT_CAP = 160
 """Tokens an edit may take (its answer, the whole file, runs longer)."""
 
@@ -50,6 +54,12 @@ PEOPLE = [
     ("Liam Walsh", "teacher", "Dublin"), ("Nora Berg", "architect", "Oslo"), ("Omar Haddad", "chef", "Cairo"),
     ("Elena Rossi", "lawyer", "Milan"), ("Ravi Menon", "engineer", "Pune"),
 ]  # fmt: skip
+
+
+def chat_length(i: int, tokens: int) -> int:
+    """Request ``i``'s answer length: spread over two thirds to four thirds of ``tokens``."""
+    third = tokens // 3
+    return tokens - third + (7 * i) % (2 * third + 1)
 
 
 def record_prompts(count: int) -> list[str]:
@@ -126,7 +136,7 @@ def run_suffix_benchmark(
     editing = SamplingConfig(temperature=0.0, max_tokens=EDIT_CAP, seed=0)
 
     def sampled(i: int) -> SamplingConfig:
-        return SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=tokens, seed=1000 + i)
+        return SamplingConfig(temperature=0.7, top_p=0.9, max_tokens=chat_length(i, tokens), seed=1000 + i)
 
     workloads = [
         (f"{RECORDS} records of one JSON shape, greedy (batch {size})", records, lambda i: greedy, False, 1.5, size)
@@ -134,7 +144,10 @@ def run_suffix_benchmark(
     ] + [
         (f"{EDITS} edits of the same code, greedy (batch {size})", edits, lambda i: editing, False, 1.5, size)
         for size in ROWS
-    ] + [(f"{CHATS} open chat prompts, sampled (batch {size})", chats, sampled, True, 0.95, size) for size in ROWS]
+    ] + [
+        (f"{CHATS} open chat prompts of varied lengths, sampled (batch {size})", chats, sampled, True, 0.95, size)
+        for size in ROWS
+    ]
     rows = []
     for name, prompts, cfg, ignore_eos, bar, size in workloads:
         log(f"--draft suffix against no drafting: {name}")

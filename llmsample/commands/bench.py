@@ -108,7 +108,7 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
     "--suffix",
     is_flag=True,
     help="Instead: --draft suffix against no drafting, one request at a time and 4 at once: 16 requests of one JSON shape and 8 edits of "
-    "the same code (greedy), 16 open chat prompts (sampled); on --backend llama.cpp too.",
+    "the same code (greedy), 16 open chat prompts of varied lengths (sampled); on --backend llama.cpp too.",
 )
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
