@@ -139,6 +139,7 @@ def run_rows(
     while True:
         if joining:
             admitted = admit(joining) if prefilled is None else admit(joining, prefilled)
+            prefilled = None
             vocab = admitted[0].shape[-1]
             for item in joining:
                 if backend.compile_s:

@@ -173,7 +173,13 @@ class LlamaCppBatch:
         running = zip(fed, self.lengths, self.seqs, strict=True)
         entries = [(t, n + i, s, True) for row, n, s in running for i, t in enumerate(row)]
         entries += [(t, i, s, i == len(p) - 1) for p, s in zip(prompts, seqs, strict=True) for i, t in enumerate(p)]
-        logits = self._decode(entries)
+        try:
+            logits = self._decode(entries)
+        except BaseException:
+            for seq in seqs:  # the prompts never joined: their ids (and any cells decoded) go back
+                self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+            self.free += reversed(seqs)
+            raise
         self.lengths = [n + len(row) for n, row in zip(self.lengths, fed, strict=True)] + [len(p) for p in prompts]
         self.seqs += seqs
         fed_count = len(entries) - sum(map(len, prompts))

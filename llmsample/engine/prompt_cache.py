@@ -212,7 +212,7 @@ class CachingBackend:
 
     def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
         """Whether :meth:`forward_joining` takes ``prompts``: none shares a prefix worth reusing
-        with the cache, a running row or another of them (those are admitted on their own)."""
+        with a kept entry or with another of them (:meth:`admit` would prefill every one whole)."""
         if not hasattr(self.backend, "forward_joining") or not self.backend.joins(prompts):
             return False
         return not any(

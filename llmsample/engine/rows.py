@@ -147,7 +147,9 @@ class Row:
         # its seed gives the same text in any batch. A greedy row's tokens do not depend on them.
         shared = rows if cfg.is_greedy else 1
         k = min(self.drafting.length.fit(shared), text.emitter.room() - 1)  # never past the length or context
-        sharing = getattr(drafter, "sharing", None)  # a drafter whose cut depends on the pass's rows
+        # A drafter whose cut depends on the pass's rows (the suffix pool, whose drafts depend on
+        # the other requests already: a sampled row's seed gives its text with the same requests).
+        sharing = getattr(drafter, "sharing", None)
         if sharing is not None:
             sharing(rows)
         if k > 0 and self.matcher is not None:

@@ -6,11 +6,11 @@ Requests that edit the same code or emit the same JSON shape draft each other's 
 
 Each row also looks up its own sequence (prompt lookup, :class:`llmsample.engine.speculative.NgramDrafter`)
 and the longer proposal wins. A proposal is a function of what is known before the pass's own
-draws (the token sequences, and how much of the drafts of passes already verified the target
-kept), so q is one-hot and the rejection step keeps every sampler exact, as for the prompt-lookup
+draws (the token sequences, how much of the drafts of passes already verified the target kept,
+and the rows sharing the pass), so q is one-hot and the rejection step keeps every sampler exact, as for the prompt-lookup
 drafter. The pool is bounded: past ``max_tokens`` stored tokens the oldest sequences go. A
 sampled row's drafts, and so its draws, depend on the other rows through the pool: its seed
-gives the same text with the same requests, not in any batch."""
+gives the same text with the same requests at the same batch size, not in any batch."""
 
 from __future__ import annotations
 

@@ -210,33 +210,67 @@ def test_batch_requests_decode_as_they_do_alone(llama_lm, batch_size: int) -> No
         assert texts[item.key] == summary.text and summary.facts.backend == "llama.cpp"
 
 
+def decoded(llama_lm, items: list[BatchItem], rows: int, cached: bool = False) -> dict[int, list[int]]:
+    """Every request's tokens from a batch of ``rows`` (EOS ignored)."""
+    from llmsample.engine.decode import DecodeOptions, decode
+    from llmsample.engine.prompt_cache import PromptCache
+
+    options = DecodeOptions(ignore_eos=True, prompt_cache=PromptCache(1 << 24) if cached else None)
+    got: dict[int, list[int]] = {item.key: [] for item in items}
+    for key, record in decode(llama_lm, items, rows, options):
+        if not isinstance(record, Summary):
+            got[key].append(record.token_id)
+    return got
+
+
+def assert_as_alone(llama_lm, items: list[BatchItem], got: dict[int, list[int]]) -> None:
+    """Each request's tokens are those it decodes alone."""
+    for item in items:
+        alone = generate(llama_lm, torch.tensor([item.prompt_ids]), item.cfg, RunStats("t", "t", None), ignore_eos=True)
+        events, _ = run_to_end(alone)
+        assert got[item.key] == [e.token_id for e in events], item.key
+
+
+@pytest.fixture
+def admitted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many prompts each pass of their own admitted (``LlamaCppBatch.admit``)."""
+    from llmsample.engine.llamacpp_batch import LlamaCppBatch
+
+    calls: list[int] = []
+    admit = LlamaCppBatch.admit
+    monkeypatch.setattr(LlamaCppBatch, "admit", lambda self, prompts: calls.append(len(prompts)) or admit(self, prompts))
+    return calls
+
+
 @pytest.mark.parametrize("cached", [False, True])
 def test_requests_that_join_while_others_decode_are_prefilled_in_their_pass(
-    llama_lm, monkeypatch: pytest.MonkeyPatch, cached: bool
+    llama_lm, admitted: list[int], cached: bool
 ) -> None:
     """Only the first rows are admitted in a pass of their own; each later one rides on the
     running rows' step (with the prompt cache too: these prompts share no prefix), and every
     request decodes its tokens alone."""
-    from llmsample.engine.decode import DecodeOptions, decode
-    from llmsample.engine.llamacpp_batch import LlamaCppBatch
-    from llmsample.engine.prompt_cache import PromptCache
-
-    admitted: list[int] = []
-    admit = LlamaCppBatch.admit
-    monkeypatch.setattr(LlamaCppBatch, "admit", lambda self, prompts: admitted.append(len(prompts)) or admit(self, prompts))
     items = []
     for i, prompt in enumerate(PROMPTS):
         cfg = SamplingConfig(**CONFIGS[i], max_tokens=4 + 3 * i)
         items.append(BatchItem(i, ids(llama_lm, prompt), cfg, RunStats("tiny", "test", cfg.seed)))
-    options = DecodeOptions(prompt_cache=PromptCache(1 << 24) if cached else None)
-    got: dict[int, list[int]] = {item.key: [] for item in items}
-    for key, record in decode(llama_lm, items, 2, options):
-        if not isinstance(record, Summary):
-            got[key].append(record.token_id)
+    got = decoded(llama_lm, items, 2, cached)
     assert admitted == [2]
-    for item in items:
-        events, _ = run_to_end(generate(llama_lm, torch.tensor([item.prompt_ids]), item.cfg, RunStats("t", "t", None)))
-        assert got[item.key] == [e.token_id for e in events], item.key
+    assert_as_alone(llama_lm, items, got)
+
+
+def test_a_joined_row_that_ends_with_the_last_running_one_leaves_nothing_to_the_next(
+    llama_lm, admitted: list[int]
+) -> None:
+    """The third request joins in the second's last pass and ends on its first token as the first
+    one ends: nothing is running, and the next two are admitted in a pass of their own."""
+    lengths = [4, 3, 1, 2, 2]
+    items = [
+        BatchItem(i, ids(llama_lm, PROMPTS[i]), SamplingConfig(temperature=0.0, max_tokens=n), RunStats("t", "t", None))
+        for i, n in enumerate(lengths)
+    ]
+    got = decoded(llama_lm, items, 2)
+    assert admitted == [2, 2]
+    assert_as_alone(llama_lm, items, got)
 
 
 def test_greedy_speculation_with_ngram_equals_plain(llama_lm) -> None:
