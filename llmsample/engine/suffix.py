@@ -7,8 +7,8 @@ Requests that edit the same code or emit the same JSON shape draft each other's 
 Each row also looks up its own sequence (prompt lookup, :class:`llmsample.engine.speculative.NgramDrafter`)
 and the longer proposal wins. A proposal is a function of what is known before the pass's own
 draws (the token sequences, how much of the drafts of passes already verified the target kept,
-and the rows sharing the pass), so q is one-hot and the rejection step keeps every sampler exact, as for the prompt-lookup
-drafter. The pool is bounded: past ``max_tokens`` stored tokens the oldest sequences go. A
+and the rows sharing the pass), so q is one-hot and the rejection step keeps every sampler
+exact, as for the prompt-lookup drafter. The pool is bounded: past ``max_tokens`` stored tokens the oldest sequences go. A
 sampled row's drafts, and so its draws, depend on the other rows through the pool: its seed
 gives the same text with the same requests at the same batch size, not in any batch."""
 
@@ -151,11 +151,12 @@ class SuffixPool:
         return (self.kept[b] + PRIOR * chance) / (self.tested[b] + PRIOR)
 
     def floor(self, rows: int = 1) -> float:
-        """The chance a draft must keep in a pass of ``rows`` rows: ``min_prob`` for one, and
-        with ``rows_cost`` at least ``rows / (rows + 1)`` for more. An accepted token saves one row's share of a
-        pass, which shrinks as rows join, while a drafted position costs about the same (on the
-        default model, 2 cores: ~6.5 ms beside a 4-row pass of ~36 ms); and a row that finishes
-        ahead of the others is replaced by a prompt prefilled alone (bench/NOTES.md, 2026-12-05)."""
+        """The chance a draft must keep in a pass of ``rows`` rows: ``min_prob`` for one, and with
+        ``rows_cost`` at least ``rows / (rows + 1)`` for more. An accepted token saves one row's
+        share of a pass, which shrinks as rows join, while a drafted position costs about the
+        same (on the default model, 2 cores: ~6.5 ms beside a 4-row pass of ~36 ms); and a row
+        that finishes ahead of the others is replaced by a prompt prefilled alone
+        (bench/NOTES.md, 2026-12-05)."""
         return max(self.min_prob, rows / (rows + 1)) if self.rows_cost and rows > 1 else self.min_prob
 
     def confident(self, seq: list[int], continuation: list[int], rows: int = 1) -> tuple[list[int], list[float]]:
