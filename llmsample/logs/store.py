@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -104,13 +105,31 @@ def connect(path: Path | None = None, create: bool = True) -> Iterator[sqlite3.C
     db.row_factory = sqlite3.Row
     try:
         if create:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # WAL stays whole; a power cut may lose the last run
-            db.executescript(SCHEMA)
-            _add_columns(db)
+            _patiently(lambda: _prepare(db))
         yield db
     finally:
         db.close()
+
+
+def _prepare(db: sqlite3.Connection) -> None:
+    if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")  # WAL stays whole; a power cut may lose the last run
+    db.executescript(SCHEMA)
+    _add_columns(db)
+
+
+def _patiently(step: Callable[[], None]) -> None:
+    """Run ``step`` again while the database is locked, for up to ``BUSY_MS``: SQLite answers a
+    change of journal mode at once, without waiting, while the last writer before it closes."""
+    deadline = time.monotonic() + BUSY_MS / 1000
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _add_columns(db: sqlite3.Connection) -> None:

@@ -4,6 +4,7 @@ each token's record), never at the cost of the run, safe with several writers at
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmsample.logs import store
+from llmsample.logs.store import LoggedRun
 from tests.conftest import cli_env
 
 
@@ -74,6 +76,26 @@ def test_several_writers_at_once_lose_nothing(tmp_path: Path) -> None:
     assert all(w.wait(timeout=120) == 0 for w in writers), [w.stderr.read() for w in writers]
     runs = store.recent(1000, path=tmp_path / "logs.db")
     assert len(runs) == 150 and len({r.prompt for r in runs}) == 150 and len({r.id for r in runs}) == 150
+
+
+def test_a_database_locked_while_another_writer_closes_is_tried_again(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """SQLite refuses a change of journal mode at once, without its busy wait, while the last writer
+    before it checkpoints and closes (seen with six writers at once): the connection tries again."""
+    prepare, refusals = store._prepare, []
+
+    def refused_twice(db) -> None:
+        if len(refusals) < 2:
+            refusals.append(1)
+            raise sqlite3.OperationalError("database is locked")
+        prepare(db)
+
+    monkeypatch.setattr(store, "_prepare", refused_twice)
+    store.add(LoggedRun("generate", "m", None, None, 1, "p", None, {}, "t", "length", 1, {}, [{}]), tmp_path / "l.db")
+    assert len(refusals) == 2 and len(store.recent(5, path=tmp_path / "l.db")) == 1
+    monkeypatch.setattr(store, "_prepare", lambda db: (_ for _ in ()).throw(sqlite3.OperationalError("disk I/O error")))
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O"):  # anything else is not waited out
+        store.add(LoggedRun("generate", "m", None, None, 1, "p", None, {}, "t", "length", 1, {}, [{}]), tmp_path / "l.db")
 
 
 def logs(*args: str) -> subprocess.CompletedProcess:
