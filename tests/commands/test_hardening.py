@@ -8,7 +8,6 @@ import math
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -200,17 +199,28 @@ PARIS = [sys.executable, "-m", "llmsample", "generate", "--preset", "determinist
          "What is the capital of France?", "-n", "12"]  # fmt: skip
 
 
+# The conversion killed (SIGKILL) at an exact point: its weights written to the staging folder,
+# its tokenizer and the rename not yet. (Polling for the staging folder's first file and killing
+# then raced the conversion, which gets from that file to the rename in well under a second.)
+KILLED_HALFWAY = """
+import os, signal
+import llmsample.models.conversion as conversion
+conversion.record_dtype = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
+from llmsample.cli import main
+main()
+"""
+
+
 @pytest.mark.model
 def test_conversion_killed_halfway_is_redone(tmp_path: Path) -> None:
     env = cli_env(LLMSAMPLE_HOME=str(tmp_path))
     args = PARIS
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killed = subprocess.run([sys.executable, "-c", KILLED_HALFWAY, *args[3:]], env=env, capture_output=True,
+                            timeout=600)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
     models = tmp_path / "models"
-    deadline = time.time() + 120
-    while time.time() < deadline and not any(models.glob(".*partial-*/*")):
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    (staging,) = models.glob(".*partial-*")
+    assert (staging / "model.safetensors").exists() and not (staging / "tokenizer.json").exists()
     assert not (models / "SmolLM2-135M-Instruct").exists()  # never a half-written checkpoint
     result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0 and "Paris" in result.stdout, result.stderr
