@@ -13,7 +13,7 @@ from llmsample.bench.prompts import PROMPTS
 from llmsample.bench.results import Bandwidth, StageCost, Workload
 from llmsample.bench.timing import synchronize
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.step import host_threads
+from llmsample.engine.step import step_compute
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import step_figures
@@ -103,7 +103,7 @@ def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context
     history = TokenHistory.for_config(ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
     generator = make_generator(0, lm.device)
     sampler_chain(logits, history, cfg)  # tables built once per run: not a step's cost
-    with host_threads(logits):  # the threads the loop's step runs with
+    with step_compute(logits):  # the threads the loop's step runs with
         start = time.perf_counter()
         for _ in range(steps):
             chain = sampler_chain(logits, history, cfg)

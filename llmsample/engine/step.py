@@ -78,7 +78,7 @@ def sample_step(
     for i, row in enumerate(rows):
         groups.setdefault(i if alone else row.sampler, []).append(i)
     for members in groups.values():
-        with host_threads(step.logits[_positions(rows, members, step)] if alone else step.logits):
+        with step_compute(step.logits[_positions(rows, members, step)] if alone else step.logits):
             chain, tokens, counts, starts = _draw_group(rows, members, step, agree)
             figures = step_figures(chain, tokens, top_n, watched, counts)
             scored = None
@@ -109,18 +109,21 @@ def sample_step(
 
 
 @contextlib.contextmanager
-def host_threads(logits: Tensor) -> Iterator[None]:
-    """One torch thread while a small CPU step computes (:data:`ONE_THREAD_ELEMENTS`), the
-    caller's count again after it (set back before the step yields to its consumer)."""
+def step_compute(logits: Tensor) -> Iterator[None]:
+    """What a step computes in: inference mode (no autograd bookkeeping: about a tenth of a CPU
+    step's ~60 small torch calls), on one torch thread while a small CPU step computes
+    (:data:`ONE_THREAD_ELEMENTS`), the caller's count again after it. Both are set back before
+    the step yields to its consumer."""
     threads = torch.get_num_threads()
-    if not logits.is_cpu or threads == 1 or logits.numel() > ONE_THREAD_ELEMENTS:
-        yield
-        return
-    torch.set_num_threads(1)
+    one = logits.is_cpu and threads > 1 and logits.numel() <= ONE_THREAD_ELEMENTS
+    if one:
+        torch.set_num_threads(1)
     try:
-        yield
+        with torch.inference_mode():
+            yield
     finally:
-        torch.set_num_threads(threads)
+        if one:
+            torch.set_num_threads(threads)
 
 
 def _positions(rows: list[Row], members: list[int], step: StepInput) -> Tensor | slice:
