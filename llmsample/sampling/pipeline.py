@@ -306,7 +306,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     names = [info.name for info in infos]
     for at, info in enumerate(infos[1:], 1):
         scaled = (
-            _scaled_top_k(logits, history, cfg, values, stages[0] if logits is stages[0].values else None)
+            _scaled_top_k(logits, cfg, values, stages[0] if logits is stages[0].values else None)
             if ids is None
             and names[at : at + 2] == ["temperature", "top_k"]
             and not cfg.has_dynatemp
@@ -350,22 +350,27 @@ def _stage(name: str, logits: Tensor, history: TokenHistory, cfg: SamplingConfig
 
 
 def _scaled_top_k(
-    logits: Tensor, history: TokenHistory, cfg: SamplingConfig, values: RowValues | None, raw: Stage | None
+    logits: Tensor, cfg: SamplingConfig, values: RowValues | None, raw: Stage | None
 ) -> tuple[Tensor, Tensor] | None:
     """The temperature stage on the tokens top-k keeps after it, ``(values, ids)`` in ascending id
     order, from one ranking of the row before it: dividing by a positive temperature keeps the
     order, so the k + 1 largest before it are the k + 1 largest after it, and when the k-th of them
     stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
     first k are top-k's set, each with the value the whole row's division gives it. None
-    otherwise (then the whole row). Saves the division and range check over the vocabulary and
-    top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its ranking
+    otherwise (then the whole row), and when the division overflowed or met +inf or NaN (then the
+    stage clamps). Saves the division and range check over the vocabulary and top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its ranking
     serves the step's figures too)."""
     k = cfg.top_k
     top, order = blocks.top(logits, k + 1) if raw is None else raw.top(k + 1)
     top, order = top[..., : k + 1], order[..., : k + 1]
-    scaled = _stage("temperature", top, history, cfg, values)
-    # Read on the host (a CPU's: the chain narrows only there), one call for the checks' eight.
-    if not all(row[k - 1] > row[k] and not any(v != v for v in row) for row in scaled.tolist()):
+    scaled = top / (cfg.temperature if values is None else values.temperature)
+    # Read on the host (a CPU's: the chain narrows only there), two calls for the checks' dozen.
+    # Where the division made nothing but finite values (and -inf from -inf), the temperature
+    # stage's clamp (keep_finite) has nothing to do: the division is what the stage computes.
+    if not all(
+        row[k - 1] > row[k] and all(math.isfinite(v) or v == b == -math.inf for v, b in zip(row, before, strict=True))
+        for row, before in zip(scaled.tolist(), top.tolist(), strict=True)
+    ):
         return None
     ids, at = order[..., :k].sort(-1)
     return scaled[..., :k].gather(-1, at), ids

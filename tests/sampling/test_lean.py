@@ -24,7 +24,8 @@ INERT = TokenHistory(None, None)
 
 @st.composite
 def rows(draw: st.DrawFn) -> torch.Tensor:
-    """Rows of spread values or of few distinct ones (ties at every place), specials dropped in."""
+    """Rows of spread values or of few distinct ones (ties at every place), specials dropped in (a
+    logit near float32's limit overflows at a temperature below 1), or most of the row removed."""
     batch, vocab = draw(st.integers(1, 3)), 4096
     generator = torch.Generator().manual_seed(draw(st.integers(0, 2**31)))
     if draw(st.booleans()):
@@ -33,8 +34,10 @@ def rows(draw: st.DrawFn) -> torch.Tensor:
         x = torch.randint(0, draw(st.integers(1, 6)), (batch, vocab), generator=generator).float()
     for _ in range(draw(st.integers(0, 4))):
         x[draw(st.integers(0, batch - 1)), draw(st.integers(0, vocab - 1))] = draw(
-            st.sampled_from([-math.inf, math.inf, math.nan])
+            st.sampled_from([-math.inf, math.inf, math.nan, 3e38, -3e38])
         )
+    if draw(st.booleans()):  # fewer tokens left than top-k keeps (a grammar's mask)
+        x[:, draw(st.integers(0, 60)) :] = -math.inf
     return x
 
 
