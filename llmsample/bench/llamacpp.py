@@ -13,7 +13,7 @@ in one process on one GGUF, EOS ignored, the same sampling settings on every sid
 Medians of rotating rounds, ratios paired by round (:mod:`llmsample.bench.timing`'s reasoning: a
 noisy neighbour slows every side of a round alike); each figure counts prefill and decode. ``model_share`` is the
 part of our single stream's time spent inside ``llama_decode`` (the backend's ``on_forward``);
-the rest is the loop: sampling chain, figures, records."""
+the rest is the loop: sampling chain, figures, records (``host_ms``: that rest a token)."""
 
 from __future__ import annotations
 
@@ -70,6 +70,7 @@ class LlamaCppBench:
     hub_ours_tok_s: float  # the small hub-format Llama: our loop on llama.cpp (its converted GGUF)
     hub_transformers_tok_s: float  # transformers' generate on its folder, as transformers loads it
     model_share: float  # of our single stream's time, the share inside llama_decode
+    host_ms: float  # our single stream's work between two llama_decode calls, ms a token (sampled)
     ratios: dict[str, float]  # each the median of the rounds' own ratios
     start_llama_cpp_s: float | None  # a fresh process to its first token (and exit); None: it failed
     start_transformers_s: float | None
@@ -178,12 +179,13 @@ def run_llamacpp_benchmark(
     ours_timed(lm, ids, 8)  # warm-up: first touch of the weights and buffers on every side
     theirs(prompt, 8)
     ours(hf, ids, settings(8))
-    shares = []
+    shares, host = [], []
 
     def single(greedy: bool) -> float:
         count, wall, forward = ours_timed(lm, ids, tokens, greedy)
         if not greedy:
             shares.append(forward / wall)
+            host.append((wall - forward) / count * 1e3)
         return count / wall
 
     log(f"{runs} rotating rounds")
@@ -215,7 +217,7 @@ def run_llamacpp_benchmark(
     return LlamaCppBench(
         lm.name, lm.quantization, tokens, runs, threads, median(mine), median(peer), median(mine_greedy),
         median(peer_greedy), median(batched), median(hf_rates), str(hf.dtype).removeprefix("torch."),
-        median(hub_ours), median(hub_theirs), median(shares), ratios,
+        median(hub_ours), median(hub_theirs), median(shares), median(host), ratios,
         start_up(model, "llama.cpp", gguf_type), start_up(model, "transformers"),
     )  # fmt: skip
 
@@ -258,6 +260,7 @@ def table(result: LlamaCppBench) -> str:
     lines += [f"| {name} | {format_number(value, 1)} |" for name, value in sides]
     lines += [f"| {name} | {value:.2f}x |" for name, value in result.ratios.items()]
     lines.append(f"| our single stream inside llama_decode | {result.model_share:.0%} |")
+    lines.append(f"| our work between two decodes, sampled (target ≤ 0.5 ms) | {result.host_ms:.2f} ms |")
     for backend, seconds in (("llama.cpp", result.start_llama_cpp_s), ("transformers", result.start_transformers_s)):
         lines.append(f"| fresh process to first token, {backend} | {format_number(seconds, 2)} s |")
     return "\n".join(lines)
