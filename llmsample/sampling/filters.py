@@ -15,6 +15,10 @@ from llmsample.sampling.blocks import count_true
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
 
+NUCLEUS_WIDTH = 256
+"""Up to this many tokens top-p ranks with one stable sort (a chain's few candidates); a wider row
+first takes this many with ``topk``."""
+
 TOP_P_ULPS = 4 * torch.finfo(torch.float32).eps
 """Cumulative mass within a few float32 ulps of the running total counts as reaching p: the
 softmax of log [.1, .2, .3, .4] gives .4 + .3 a hair under .7 in float32, and the article's rule
@@ -214,6 +218,8 @@ def top_p_kept(logits: Tensor, p: float | Tensor, limit: int) -> tuple[Tensor, T
     if (cpu and bool(whole.all())) if per_row else whole:  # (off the CPU: no host sync)
         return logits, None
     probs = logits.float().softmax(-1)
+    if cpu and not limit and probs.shape[-1] <= NUCLEUS_WIDTH:  # a chain's few candidates
+        return remove(logits, _outside_nucleus(probs, p)), None
     if cpu:
         # A row that keeps everything must not widen the search for the others (its mask is
         # all kept below).
@@ -242,6 +248,23 @@ def _kept_prefix(top: Tensor, p: float | Tensor) -> Tensor:
     return keep
 
 
+def _outside_nucleus(probs: Tensor, p: float | Tensor) -> Tensor:
+    """The tokens top-p removes from a few candidates, ranked by one stable sort and walked on the
+    host: :func:`_kept_prefix`'s float64 sums and test, token by token (the running total, then
+    the mass before a token as that total minus it, as the cumulative sum and the subtraction give
+    it), in five torch calls for its eleven. A row whose p is 1 or more keeps everything."""
+    top, order = probs.sort(dim=-1, descending=True, stable=True)
+    rows = p.view(-1).tolist() if isinstance(p, Tensor) else [p] * probs.shape[0]
+    dropped = []
+    for values, ids, row_p in zip(top.tolist(), order.tolist(), rows, strict=True):
+        drop, total = [False] * len(values), 0.0
+        for j, (value, token) in enumerate(zip(values, ids, strict=True)):
+            total += value
+            drop[token] = j > 0 and row_p < 1.0 and not (total - value) * (1 + TOP_P_ULPS) < row_p
+        dropped.append(drop)
+    return torch.tensor(dropped, device=probs.device)
+
+
 def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The top tokens, descending, ties in id order, enough of them to hold the nucleus and every
     token tied with its last one, and which of them it keeps (:func:`_kept_prefix`). Sorting the whole vocabulary costs milliseconds per token on a
@@ -250,7 +273,7 @@ def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tenso
     widest row of a batch decides: with the whole tie at the cut inside the candidates and ties
     put in id order, a row keeps the same tokens in any batch (bf16 logits tie often)."""
     vocab = probs.shape[-1]
-    k = min(vocab, 256)
+    k = min(vocab, NUCLEUS_WIDTH)
     while True:
         if k == vocab:  # every token (a chain's few candidates): one stable sort ranks them
             top, order = probs.sort(dim=-1, descending=True, stable=True)
