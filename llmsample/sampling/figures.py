@@ -196,11 +196,12 @@ def _figures_of(row: list[float], layout: Layout) -> StepFigures:
     )
 
 
-def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor | None) -> Tensor:
+def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor | None) -> Tensor | list[int]:
     """:func:`blocks.count_above` (the drawn token's rank minus one), read off the raw row's top
     list ``top`` (descending) when the row's token is at least its last value: every token above
     it is then in the list. Nearly every drawn token is; the blocks' search costs a dozen calls.
-    A CPU's (where the top list is asked): per row on the host, the search for a row that needs it."""
+    A CPU's (where the top list is asked): per row on the host, the search for a row that needs it,
+    and host numbers, which :func:`fetch_rows` takes as they are."""
     if top is None or not filters.host_syncs_are_free(raw):
         return blocks.count_above(raw, value, maxima)
     counts = []
@@ -210,7 +211,7 @@ def count_above(raw: Tensor, value: Tensor, maxima: Tensor | None, top: Tensor |
         else:
             row = slice(r, r + 1)
             counts.append(int(blocks.count_above(raw[row], value[row], None if maxima is None else maxima[row])))
-    return torch.tensor(counts, dtype=torch.int32)
+    return counts
 
 
 def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float | list[Any]], tuple[int, ...]]:

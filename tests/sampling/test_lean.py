@@ -48,7 +48,8 @@ def test_the_rank_from_the_top_list_is_a_full_count(x: torch.Tensor, m: int, at:
     top = blocks.top(x, m)[0]
     column = blocks.top(x, 1 + at % m)[1][:, -1:] if ranked else torch.full((x.shape[0], 1), at)
     value = x.gather(-1, column)
-    assert torch.equal(count_above(x, value, blocks.block_maxima(x), top), blocks.count_true(x > value))
+    counted = torch.as_tensor(count_above(x, value, blocks.block_maxima(x), top), dtype=torch.int32)
+    assert torch.equal(counted, blocks.count_true(x > value))
 
 
 @settings(max_examples=100, deadline=None)
