@@ -100,7 +100,7 @@ def sample_step(
             else tokens[[s + accepted[i] for i, s in zip(members, starts, strict=True)]]
         )
         if len(members) == len(rows):
-            newest = last
+            newest = last.clone()  # an ordinary tensor: a compiled step warmed up on them takes it as one
         else:
             newest = last.new_zeros(len(rows)) if newest is None else newest
             newest[torch.tensor(members, device=newest.device)] = last

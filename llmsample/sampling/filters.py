@@ -262,7 +262,7 @@ def _outside_nucleus(probs: Tensor, p: float | Tensor) -> Tensor:
             total += value
             drop[token] = j > 0 and row_p < 1.0 and not (total - value) * (1 + TOP_P_ULPS) < row_p
         dropped.append(drop)
-    return torch.tensor(dropped, device=probs.device)
+    return torch.tensor(dropped, dtype=torch.bool, device=probs.device)
 
 
 def _nucleus_candidates(probs: Tensor, p: float | Tensor) -> tuple[Tensor, Tensor, Tensor]:

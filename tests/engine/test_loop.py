@@ -282,3 +282,29 @@ def test_a_small_step_computes_on_one_thread_and_gives_the_count_back(tiny_lm, m
         assert seen == [2, 2, 2]
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_step_computes_in_inference_mode_and_hands_back_ordinary_tokens(tiny_lm, monkeypatch) -> None:
+    """Inference mode spares the step's small calls autograd's bookkeeping, and ends before its
+    consumer runs; the tokens it hands back are fed to the model, where a compiled step warmed up
+    on ordinary tensors would compile a second graph for inference tensors."""
+    from llmsample.engine import decode, step
+
+    modes: list[bool] = []
+    newest: list[torch.Tensor] = []
+    chain = step.sampler_chain
+    monkeypatch.setattr(
+        step, "sampler_chain", lambda *a, **k: modes.append(torch.is_inference_mode_enabled()) or chain(*a, **k)
+    )
+
+    def watched(*args, **kwargs):
+        result = yield from step.sample_step(*args, **kwargs)
+        newest.append(result.newest)
+        return result
+
+    monkeypatch.setattr(decode, "sample_step", watched)
+    cfg = SamplingConfig(max_tokens=3, seed=1)
+    events = generate(tiny_lm, encode_prompt(tiny_lm, PROMPT, raw=True), cfg, RunStats("tiny", "test", 1))
+    consumer = [torch.is_inference_mode_enabled() for _ in events]
+    assert modes == [True] * 3 and consumer == [False] * 4
+    assert len(newest) == 3 and not any(tokens.is_inference() for tokens in newest)

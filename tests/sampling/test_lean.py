@@ -153,3 +153,8 @@ def test_greedy_on_the_raw_rows_block_maxima_keeps_argmax(x: torch.Tensor) -> No
     assert chain.support is not None  # it narrowed to the one token
     assert torch.equal(chain.draw(None), x.argmax(-1))
     assert torch.equal(chain.final.nan_to_num(), filters.keep_argmax(x).nan_to_num())
+
+
+def test_top_p_on_no_rows_keeps_their_shape() -> None:
+    for width in (40, 4096):  # a chain's few candidates (ranked on the host), a wide row
+        assert keep_top_p(torch.zeros(0, width), 0.5).shape == (0, width)
