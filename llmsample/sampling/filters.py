@@ -262,6 +262,8 @@ def _outside_nucleus(probs: Tensor, p: float | Tensor) -> Tensor:
             total += value
             drop[token] = j > 0 and row_p < 1.0 and not (total - value) * (1 + TOP_P_ULPS) < row_p
         dropped.append(drop)
+    if not dropped:  # no rows: no list to tell the width
+        return torch.zeros_like(probs, dtype=torch.bool)
     return torch.tensor(dropped, dtype=torch.bool, device=probs.device)
 
 
