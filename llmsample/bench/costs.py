@@ -103,7 +103,7 @@ def pipeline_cost(lm: LoadedModel, cfg: SamplingConfig, steps: int = 50, context
     history = TokenHistory.for_config(ids, vocab, cfg, lm.tokenizer, lm.eos_ids)
     generator = make_generator(0, lm.device)
     sampler_chain(logits, history, cfg)  # tables built once per run: not a step's cost
-    with step_compute(logits):  # the threads the loop's step runs with
+    with step_compute(logits):  # what the loop's step computes in (threads, inference mode)
         start = time.perf_counter()
         for _ in range(steps):
             chain = sampler_chain(logits, history, cfg)

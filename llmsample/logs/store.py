@@ -112,6 +112,7 @@ def connect(path: Path | None = None, create: bool = True) -> Iterator[sqlite3.C
 
 
 def _prepare(db: sqlite3.Connection) -> None:
+    """WAL mode (set only where the file is not in it yet), the schema and any missing column."""
     if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")  # WAL stays whole; a power cut may lose the last run

@@ -358,8 +358,9 @@ def _scaled_top_k(
     stays strictly above the next one (no tie made by the division straddles the cut, no NaN) the
     first k are top-k's set, each with the value the whole row's division gives it. None
     otherwise (then the whole row), and when the division overflowed or met +inf or NaN (then the
-    stage clamps). Saves the division and range check over the vocabulary and top-k's own ranking. ``raw``: the raw stage when ``logits`` are its values (its ranking
-    serves the step's figures too)."""
+    stage clamps). Saves the division and range check over the vocabulary and top-k's own
+    ranking. ``raw``: the raw stage when ``logits`` are its values (its ranking serves the step's
+    figures too)."""
     k = cfg.top_k
     top, order = blocks.top(logits, k + 1) if raw is None else raw.top(k + 1)
     top, order = top[..., : k + 1], order[..., : k + 1]
