@@ -1,0 +1,108 @@
+"""What a step between two real llama.cpp decodes costs, against the least a step of torch calls
+can cost there: the default model's F16 GGUF, one row, 128 decodes a run, this thread's CPU time
+between each decode and the next (medians). Sides, their order rotating from round to round:
+
+- ``nothing``: the decodes alone, nothing between them (the clock's own cost);
+- ``minimal``: the fewest torch calls a step with a full record makes on a 49k row: the top 41
+  through the block maxima (five calls), the raw row's ``log_softmax``, one uniform, a softmax of
+  the 41 and three host reads; no stage, no record;
+- ``chain``: our chain, draw and figures on the same logits (the sampled settings of
+  ``llmsample bench --backend llama.cpp``);
+- ``loop``: the whole loop (``ours_timed``: records, text, bookkeeping), its wall time minus
+  the backend's forward time, sampled and greedy.
+
+A pass streams the weights through the caches, so the calls after it start cold.
+``PYTHONPATH=. python bench/step_floor.py [--rounds 3]``."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from llmsample.bench.llamacpp import PROMPT, ours_timed, settings
+from llmsample.engine.backend import open_backend
+from llmsample.engine.prompt import encode_prompt
+from llmsample.engine.step import step_compute
+from llmsample.models.loading import LoadedModel, load_model
+from llmsample.sampling.figures import step_figures
+from llmsample.sampling.history import TokenHistory
+from llmsample.sampling.pipeline import make_generator, sampler_chain
+
+TOKENS = 128
+WIDTH = 41  # top-k 40 and the next token, as the chain's top-k ranks them
+
+
+def minimal(row: torch.Tensor, generator: torch.Generator) -> None:
+    """The floor: one pass for the top candidates, the raw log-probabilities, a uniform, the
+    candidates' softmax, the host reads."""
+    maxima = row.unflatten(-1, (-1, 64)).amax(-1)
+    ids = torch.add(torch.arange(64), maxima.topk(WIDTH).indices.unsqueeze(-1), alpha=64).flatten(-2)
+    values, at = row.gather(-1, ids).topk(WIDTH)
+    logprobs = row.log_softmax(-1)
+    uniform = torch.rand(1, generator=generator)
+    (values / 0.8).softmax(-1).tolist(), ids.gather(-1, at).tolist(), uniform.item()
+    logprobs.gather(-1, ids[:, :6]).tolist()
+
+
+def between_decodes(lm: LoadedModel, prompt: list[int], side: str) -> float:
+    """Median CPU ms of ``side``'s work between two decodes (the same token fed at each)."""
+    generator = make_generator(0)
+    backend = open_backend(lm, 1, len(prompt) + TOKENS + 2, one_prompt=True)
+    times = []
+    try:
+        logits, fed = backend.admit([prompt]), torch.tensor([prompt[-1]])
+        history = TokenHistory.for_config(torch.tensor([prompt]), logits.shape[-1], settings(TOKENS))
+        work: dict[str, Callable[[torch.Tensor], object]] = {
+            "nothing": lambda row: None,
+            "minimal": lambda row: minimal(row, generator),
+            "chain": lambda row: _chain(row, history, generator),
+        }
+        for _ in range(TOKENS):
+            start = time.thread_time()
+            work[side](logits)
+            times.append(time.thread_time() - start)
+            logits = backend.step(fed)
+    finally:
+        backend.close()
+    return statistics.median(times) * 1e3
+
+
+def _chain(row: torch.Tensor, history: TokenHistory, generator: torch.Generator) -> None:
+    with step_compute(row):
+        chain = sampler_chain(row, history, settings(TOKENS))
+        step_figures(chain, chain.draw([generator]), 5)
+
+
+def whole_loop(lm: LoadedModel, ids: torch.Tensor, greedy: bool) -> float:
+    """Wall ms a token outside the forward passes, in the real loop."""
+    count, wall, forward = ours_timed(lm, ids, TOKENS, greedy)
+    return (wall - forward) / count * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    lm = load_model(None, "cpu", "auto", backend="llama.cpp")
+    ids = encode_prompt(lm, PROMPT)
+    prompt = ids[0].tolist()
+    sides: dict[str, Callable[[], float]] = {
+        **{side: (lambda side=side: between_decodes(lm, prompt, side)) for side in ("nothing", "minimal", "chain")},
+        "loop sampled": lambda: whole_loop(lm, ids, greedy=False),
+        "loop greedy": lambda: whole_loop(lm, ids, greedy=True),
+    }
+    figures: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(args.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            figures[name].append(sides[name]())
+    for name, runs in figures.items():
+        print(f"{name:13s} {statistics.median(runs):6.3f} ms  ({', '.join(f'{v:.3f}' for v in runs)})")
+
+
+if __name__ == "__main__":
+    main()
