@@ -9,19 +9,20 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.model_options import load_model_with_progress, model_options
+from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import (
-    check_utf8_option,
-    constraint_options,
     deterministic_option,
     draft_options,
     end_rank,
     keeps_log,
-    load_model_with_progress,
     log_option,
-    model_options,
     prompt_cache_option,
     quiet_option,
     reference_option,
+)
+from llmsample.commands.sampling_options import (
+    constraint_options,
     resolve_sampling,
     sampling_options,
     sampling_overrides,

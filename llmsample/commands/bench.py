@@ -11,7 +11,7 @@ import click
 
 from llmsample.bench.quant import DEFAULT_VARIANTS
 from llmsample.commands.help import GroupedCommand
-from llmsample.commands.options import model_options
+from llmsample.commands.model_options import model_options
 from llmsample.errors import UserError
 from llmsample.render.numbers import format_number
 

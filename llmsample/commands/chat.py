@@ -10,21 +10,10 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
-from llmsample.commands.options import (
-    check_utf8_option,
-    constraint_options,
-    deterministic_option,
-    draft_options,
-    keeps_log,
-    load_model_with_progress,
-    log_option,
-    model_options,
-    output_options,
-    placement_options,
-    resolve_sampling,
-    resolve_watch,
-    sampling_options,
-)
+from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
+from llmsample.commands.option_group import check_utf8_option
+from llmsample.commands.options import deterministic_option, draft_options, keeps_log, log_option, output_options
+from llmsample.commands.sampling_options import constraint_options, resolve_sampling, resolve_watch, sampling_options
 from llmsample.commands.warm import with_engine_options
 from llmsample.errors import UserError
 

@@ -78,7 +78,7 @@ def start_on(target: Target, options: dict[str, Any], views: Views, settings: Ch
     """The chat on ``target``: the engine's model must have a chat template, as in-process."""
     from llmsample.client.connection import get_json
     from llmsample.client.wire import ENGINE_PATH
-    from llmsample.commands.options import resolve_sampling
+    from llmsample.commands.sampling_options import resolve_sampling
 
     preset, cfg = resolve_sampling(options)
     status = get_json(target, ENGINE_PATH)

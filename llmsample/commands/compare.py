@@ -10,20 +10,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
 from llmsample.commands.options import (
-    constraint_from,
-    constraint_options,
     deterministic_option,
     format_option,
     html_option,
-    load_model_with_progress,
-    model_options,
     no_color_option,
-    placement_options,
     prompt_options,
     quiet_option,
     read_prompt,
 )
+from llmsample.commands.sampling_options import constraint_from, constraint_options
 from llmsample.commands.warm import with_engine_options
 from llmsample.errors import UserError
 from llmsample.render.numbers import format_number

@@ -8,20 +8,17 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.model_options import check_device, load_model_with_progress
+from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import (
-    SAMPLING_KEYS,
-    _check_device,
-    check_utf8_option,
     format_option,
     html_option,
-    load_model_with_progress,
     no_color_option,
     prompt_options,
     quiet_option,
     read_prompt,
-    resolve_sampling,
-    sampling_options,
 )
+from llmsample.commands.sampling_options import SAMPLING_KEYS, resolve_sampling, sampling_options
 from llmsample.errors import Interrupted, UserError, ignore_further_interrupts
 
 if TYPE_CHECKING:
@@ -44,7 +41,7 @@ DEFAULT_NAME = "default"  # -m default: the default model (SmolLM2-135M-Instruct
     help="Give it twice: A, then B. 'default' is the default model.",
 )
 @click.option(
-    "--device", default="auto", show_default=True, callback=_check_device, help="auto, cpu, cuda, cuda:N or mps (both)."
+    "--device", default="auto", show_default=True, callback=check_device, help="auto, cpu, cuda, cuda:N or mps (both)."
 )
 @click.option(
     "--dtype",

@@ -19,7 +19,8 @@ import click
 
 from llmsample.client import registry
 from llmsample.commands.help import GroupedCommand
-from llmsample.commands.options import model_options, quiet_option
+from llmsample.commands.model_options import model_options
+from llmsample.commands.options import quiet_option
 from llmsample.errors import RuntimeFailure, UserError
 
 START_TIMEOUT_S = 900  # converting the default model on a first run takes tens of seconds; a big one, minutes

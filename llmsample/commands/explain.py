@@ -7,18 +7,18 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
+from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import (
-    check_utf8_option,
-    constraint_options,
     format_option,
     html_option,
-    load_model_with_progress,
-    model_options,
     no_color_option,
-    placement_options,
     prompt_options,
     quiet_option,
     read_prompt,
+)
+from llmsample.commands.sampling_options import (
+    constraint_options,
     resolve_sampling,
     resolve_watch,
     sampling_options,

@@ -10,15 +10,9 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.help import GroupedCommand
-from llmsample.commands.options import (
-    end_rank,
-    generation_options,
-    load_model_with_progress,
-    read_prompt,
-    reference_option,
-    resolve_sampling,
-    resolve_watch,
-)
+from llmsample.commands.model_options import load_model_with_progress
+from llmsample.commands.options import end_rank, generation_options, read_prompt, reference_option
+from llmsample.commands.sampling_options import resolve_sampling, resolve_watch
 from llmsample.commands.warm import with_engine_options
 from llmsample.errors import Interrupted, RuntimeFailure, UserError, ignore_further_interrupts, signals_deferred
 
@@ -220,7 +214,7 @@ def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
 def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
     """``--reference``: the same checkpoint in float32, unquantized, placed like the model (on
     llama.cpp: the same GGUF dequantized on transformers, which measures the quantized kernels)."""
-    from llmsample.commands.options import placement_from_options
+    from llmsample.commands.model_options import placement_from_options
     from llmsample.models.loading import load_model
 
     if lm.quantization and not options.get("quantize") and lm.backend != "llama.cpp":

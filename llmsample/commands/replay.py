@@ -22,7 +22,7 @@ def replay_options(options: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, 
     """The logged run's options (the model, dtype, device and backend it ran on, unless given
     here), its preset, settings (with the sampling flags given here on top) and prompt, and the
     check that compares the new tokens with it."""
-    from llmsample.commands.options import sampling_overrides
+    from llmsample.commands.sampling_options import sampling_overrides
     from llmsample.logs import store
     from llmsample.logs.replay import ReplayCheck
     from llmsample.sampling.config import ConfigError, SamplingConfig

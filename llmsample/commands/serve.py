@@ -10,19 +10,16 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.model_options import load_model_with_progress, model_options
 from llmsample.commands.options import (
     deterministic_option,
     draft_options,
     keeps_log,
-    load_model_with_progress,
     log_option,
-    model_options,
     prompt_cache_option,
     quiet_option,
-    resolve_sampling,
-    sampling_options,
-    sampling_overrides,
 )
+from llmsample.commands.sampling_options import resolve_sampling, sampling_options, sampling_overrides
 from llmsample.errors import UserError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from llmsample.commands.options import option_group
+from llmsample.commands.option_group import option_group
 
 with_engine_options = option_group(
     click.option(
