@@ -85,7 +85,7 @@ def read_config(source: str, name: str) -> Any:
     except OSError as exc:
         raise UserError(_not_found_message(name, exc)) from exc
     except StrictDataclassError as exc:  # e.g. a hidden size that is no multiple of the head count
-        raise UserError(_mismatch_message(name, str(exc).strip().splitlines()[-1].strip())) from exc
+        raise UserError(mismatch_message(name, str(exc).strip().splitlines()[-1].strip())) from exc
     except (ValueError, KeyError) as exc:
         raise UserError(
             f"model {name!r} has an architecture this transformers {transformers_version()} does not know "
@@ -139,11 +139,11 @@ def read_weights(source: str, config: Any, dtype: torch.dtype, name: str, **load
     if info["mismatched_keys"]:
         key, saved, expected = sorted(info["mismatched_keys"])[0]
         raise UserError(
-            _mismatch_message(name, f"{key} is {list(saved)} in the weights, {list(expected)} by config.json")
+            mismatch_message(name, f"{key} is {list(saved)} in the weights, {list(expected)} by config.json")
         )
     if info["missing_keys"]:  # transformers would initialise them at random
         missing = sorted(info["missing_keys"])
-        raise UserError(_mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
+        raise UserError(mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
     return tokenizer, model
 
 
@@ -153,7 +153,8 @@ def transformers_version() -> str:
     return transformers.__version__
 
 
-def _mismatch_message(name: str, detail: str) -> str:
+def mismatch_message(name: str, detail: str) -> str:
+    """The one line for weights that do not fit their config.json, from either loader."""
     return (
         f"the weights of model {name!r} do not match its config.json ({detail}); "
         "use the config.json saved with these weights, or save the model again"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
 from llmsample.models import llamacpp
-from llmsample.models.checkpoint import _mismatch_message
+from llmsample.models.checkpoint import mismatch_message
 from llmsample.models.conversion import DEFAULT_MODEL, is_complete_conversion, models_dir
 from llmsample.models.llamacpp import KeptConfig, checkpoint_folder
 
@@ -139,7 +139,7 @@ def read_native(folder: Path, name: str, dtype: torch.dtype) -> tuple[NativeCaus
     heads, hidden = getattr(config, "num_attention_heads", 1), getattr(config, "hidden_size", 0)
     if isinstance(heads, int) and isinstance(hidden, int) and heads and hidden % heads:
         detail = f"ValueError: The hidden size ({hidden}) is not a multiple of the number of attention heads ({heads})."
-        raise UserError(_mismatch_message(name, detail))  # as transformers' config class says it
+        raise UserError(mismatch_message(name, detail))  # as transformers' config class says it
     why = problem(folder)
     if why is not None:
         raise UserError(f"cannot run {name} on --backend torch: {why}; use --backend transformers")
@@ -210,11 +210,11 @@ def read_tensors(folder: Path, name: str, expected: dict[str, tuple[int, ...]]) 
     if wrong:
         key = wrong[0]
         raise UserError(
-            _mismatch_message(
+            mismatch_message(
                 name, f"{key} is {list(state[key].shape)} in the weights, {list(expected[key])} by config.json"
             )
         )
     missing = sorted(expected.keys() - state.keys())
     if missing:
-        raise UserError(_mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
+        raise UserError(mismatch_message(name, f"{len(missing)} weights are missing, e.g. {missing[0]}"))
     return state
