@@ -6,13 +6,14 @@ between each decode and the next (medians). Sides, their order rotating from rou
 - ``minimal``: the fewest torch calls a step with a full record makes on a 49k row: the top 41
   through the block maxima (five calls), the raw row's ``log_softmax``, one uniform, a softmax of
   the 41 and three host reads; no stage, no record;
+- ``minimal-hot``: the same calls again and again on one row, no decode between them;
 - ``chain``: our chain, draw and figures on the same logits (the sampled settings of
   ``llmsample bench --backend llama.cpp``);
-- ``loop``: the whole loop (``ours_timed``: records, text, bookkeeping), its wall time minus
+- ``loop-sampled``, ``loop-greedy``: the whole loop (``ours_timed``: records, text, bookkeeping), its wall time minus
   the backend's forward time, sampled and greedy.
 
 A pass streams the weights through the caches, so the calls after it start cold.
-``PYTHONPATH=. python bench/step_floor.py [--rounds 3]``."""
+``PYTHONPATH=. python bench/step_floor.py [--rounds 3] [--sides chain,loop-sampled]``."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def minimal(row: torch.Tensor, generator: torch.Generator) -> None:
 
 
 def between_decodes(lm: LoadedModel, prompt: list[int], side: str) -> float:
-    """Median CPU ms of ``side``'s work between two decodes (the same token fed at each)."""
+    """Median CPU ms of ``side``'s work between two decodes (the same token fed at each; for
+    ``minimal-hot``, on the prompt's logits with no decode between)."""
     generator = make_generator(0)
     backend = open_backend(lm, 1, len(prompt) + TOKENS + 2, one_prompt=True)
     times = []
@@ -59,13 +61,15 @@ def between_decodes(lm: LoadedModel, prompt: list[int], side: str) -> float:
         work: dict[str, Callable[[torch.Tensor], object]] = {
             "nothing": lambda row: None,
             "minimal": lambda row: minimal(row, generator),
+            "minimal-hot": lambda row: minimal(row, generator),
             "chain": lambda row: _chain(row, history, generator),
         }
         for _ in range(TOKENS):
             start = time.thread_time()
             work[side](logits)
             times.append(time.thread_time() - start)
-            logits = backend.step(fed)
+            if side != "minimal-hot":
+                logits = backend.step(fed)
     finally:
         backend.close()
     return statistics.median(times) * 1e3
@@ -86,17 +90,18 @@ def whole_loop(lm: LoadedModel, ids: torch.Tensor, greedy: bool) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--sides", help="comma-separated: the sides to run [default: all]")
     args = parser.parse_args()
     lm = load_model(None, "cpu", "auto", backend="llama.cpp")
     ids = encode_prompt(lm, PROMPT)
     prompt = ids[0].tolist()
     sides: dict[str, Callable[[], float]] = {
-        **{side: (lambda side=side: between_decodes(lm, prompt, side)) for side in ("nothing", "minimal", "chain")},
-        "loop sampled": lambda: whole_loop(lm, ids, greedy=False),
-        "loop greedy": lambda: whole_loop(lm, ids, greedy=True),
+        **{side: (lambda side=side: between_decodes(lm, prompt, side)) for side in ("nothing", "minimal", "minimal-hot", "chain")},
+        "loop-sampled": lambda: whole_loop(lm, ids, greedy=False),
+        "loop-greedy": lambda: whole_loop(lm, ids, greedy=True),
     }
-    figures: dict[str, list[float]] = {name: [] for name in sides}
-    names = list(sides)
+    names = args.sides.split(",") if args.sides else list(sides)
+    figures: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.rounds):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             figures[name].append(sides[name]())

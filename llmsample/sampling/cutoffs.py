@@ -16,14 +16,14 @@ import torch
 from torch import Tensor
 
 from llmsample.sampling.config import GREEDY_TEMPERATURE
-from llmsample.sampling.filters import apply_temperature, keep_finite, kept_count, remove
+from llmsample.sampling.filters import apply_temperature, float32, keep_finite, kept_count, remove
 
 TOP_H_CANDIDATES = 100
 """transformers' ``TopHLogitsWarper.top_n``: top-h looks at the 100 most likely tokens only."""
 
 
 def _probs(logits: Tensor) -> Tensor:
-    return logits.float().softmax(-1)
+    return float32(logits).softmax(-1)
 
 
 def _entropy(probs: Tensor) -> Tensor:
@@ -34,7 +34,7 @@ def _entropy(probs: Tensor) -> Tensor:
 def _entropy_of_logits(logits: Tensor) -> Tensor:
     """:func:`_entropy` of their softmax, from the log-softmax: a third of ``entr``'s time on a
     49k CPU row (a removed token's ``-inf`` clamped so that 0 x it is 0)."""
-    logprobs = logits.float().log_softmax(-1)
+    logprobs = float32(logits).log_softmax(-1)
     return -(logprobs.exp() * logprobs.clamp_min(torch.finfo(torch.float32).min)).sum(-1, keepdim=True)
 
 

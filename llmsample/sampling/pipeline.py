@@ -297,7 +297,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
     the candidates as on a row where every other token is ``-inf``, at a fraction of the passes
     over a 49k vocabulary. ``values``: the rows' own temperatures, top-p and min-p
     (:class:`RowValues`), when they differ."""
-    logits = logits.float()
+    logits = filters.float32(logits)
     vocab = logits.shape[-1]
     stages = [Stage("raw", logits)]
     ids: Tensor | None = None
@@ -363,7 +363,8 @@ def _scaled_top_k(
     figures too)."""
     k = cfg.top_k
     top, order = blocks.top(logits, k + 1) if raw is None else raw.top(k + 1)
-    top, order = top[..., : k + 1], order[..., : k + 1]
+    if top.shape[-1] > k + 1:  # a wider ranking (the step's top list's); a slice of all of it is still a call
+        top, order = top[..., : k + 1], order[..., : k + 1]
     scaled = top / (cfg.temperature if values is None else values.temperature)
     # Read on the host (a CPU's: the chain narrows only there), two calls for the checks' dozen.
     # Where the division made nothing but finite values (and -inf from -inf), the temperature
