@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
 from llmsample.models.loading import LoadedModel, load_model

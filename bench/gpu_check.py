@@ -277,13 +277,13 @@ def build_model(directory: Path, shape: dict[str, Any], device: str) -> Path:
 
 
 def measure_batches(step: Step, out: Path, name: str, model_dir: Path, device: str, profile: Profile) -> None:
-    """``llmsample bench``'s batch section (``llmsample.bench.batch``: ``decode_batch`` against
+    """``llmsample bench``'s batch section (``llmsample.bench.batch_sizes``: ``decode_batch`` against
     transformers' left-padded batch ``generate``, greedy, EOS ignored) with one full batch per
     size: B prompts at batch size B. (``bench --batch-sizes`` decodes a fixed queue of 32 prompts
     at every size: batch 64 would hold 32 rows, and batch 1 would take 32 sequential runs.)"""
     import torch
 
-    from llmsample.bench.batch import rows_to_dict, run_batch_benchmark
+    from llmsample.bench.batch_sizes import rows_to_dict, run_batch_benchmark
     from llmsample.bench.results import machine_info
     from llmsample.models.device import dtype_name
     from llmsample.models.loading import load_model
@@ -314,8 +314,8 @@ def measure_batches(step: Step, out: Path, name: str, model_dir: Path, device: s
 
 NO_GGUF = (
     "import sys; sys.modules['gguf'] = None\n"  # makes `import gguf` fail, as on a machine without it
-    "import llmsample.cli, llmsample.bench.single, llmsample.engine.batch, llmsample.models.loading\n"
-    "import llmsample.models.conversion, llmsample.models.compiled, llmsample.models.attention\n"
+    "import llmsample.cli, llmsample.bench.single, llmsample.engine.continuous_batch, llmsample.models.loading\n"
+    "import llmsample.models.gguf_to_hf, llmsample.models.compiled, llmsample.models.attention\n"
     "import pytest\n"
     "sys.exit(pytest.main(sys.argv[1:]))\n"
 )

@@ -15,11 +15,11 @@ from typing import Any
 
 import torch
 
-from llmsample.bench.llamacpp import PROMPT, SETTINGS
+from llmsample.bench.llamacpp_peers import PROMPT, SETTINGS
 from llmsample.engine.decode import DecodeOptions, run_rows
 from llmsample.engine.feed import IterableFeed
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 from llmsample.events import RunStats, Summary
 from llmsample.models.loading import LoadedModel, load_model
 from llmsample.sampling import presets

@@ -111,7 +111,7 @@ def load(model: str) -> Any:
 
 def decode_all(lm: Any, compiled: list[tuple[Outcome, Any]], rows: int, max_tokens: int, temperature: float) -> None:
     """Every compiled schema's ``rows`` outputs, eight rows a step, each judged by ``jsonschema``."""
-    from llmsample.engine.batch import BatchItem, decode_batch
+    from llmsample.engine.continuous_batch import BatchItem, decode_batch
     from llmsample.engine.prompt import encode_prompt
     from llmsample.events import RunStats, Summary
     from llmsample.sampling.config import SamplingConfig

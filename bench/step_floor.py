@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from llmsample.bench.llamacpp import PROMPT, ours_timed, settings
+from llmsample.bench.llamacpp_peers import PROMPT, ours_timed, settings
 from llmsample.engine.backend import open_backend
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.step import step_compute

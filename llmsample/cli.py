@@ -53,7 +53,7 @@ COMMANDS = {
     "chat": "chat:chat",
     "speculate": "speculate:speculate",
     "explain": "explain:explain",
-    "compare-presets": "compare:compare_presets",
+    "compare-presets": "compare_presets:compare_presets",
     "batch": "batch:batch",
     "compare-models": "compare_models:compare_models",
     "presets": "presets:presets",

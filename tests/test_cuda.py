@@ -16,7 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
 from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.runner import ModelRunner
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter

@@ -58,9 +58,9 @@ def offenders(
 
 
 def test_the_walk_sees_the_package() -> None:
-    assert {"llmsample.cli", "llmsample.commands.compare", "llmsample.engine.loop"} <= set(MODULES)
+    assert {"llmsample.cli", "llmsample.commands.compare_presets", "llmsample.engine.loop"} <= set(MODULES)
     assert "click" in MODULES["llmsample.cli"]  # and it does see imports
-    assert "llmsample.render.jsonout.strict_json" in MODULES["llmsample.commands.compare"]  # a lazy one too
+    assert "llmsample.render.jsonout.strict_json" in MODULES["llmsample.commands.compare_presets"]  # a lazy one too
 
 
 def test_relative_imports_resolve(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,7 +132,7 @@ def test_the_client_stands_apart_from_the_model_stack() -> None:
     the server, and the server's warm endpoints read the client's wire format, not the reverse."""
     heavy = ("llmsample.engine", "llmsample.models", "llmsample.serve", "llmsample.commands", "llmsample.batch.run")
     assert offenders(("llmsample.client",), heavy) == {}
-    assert "llmsample.client.wire" in MODULES["llmsample.serve.warm"]
+    assert "llmsample.client.wire" in MODULES["llmsample.serve.job_endpoint"]
 
 
 def circles(modules: dict[str, set[str]]) -> list[list[str]]:
@@ -172,7 +172,7 @@ BENCH = ("single", "batch", "workloads", "quant", "results")
 def test_the_benchmarks_are_one_package() -> None:
     assert {f"llmsample.bench.{name}" for name in BENCH} <= set(MODULES)
     assert [m for m in MODULES if m.startswith("llmsample.bench_")] == []  # no stragglers beside it
-    assert "llmsample.engine.batch" in MODULES["llmsample.bench.batch"]  # the bench drives the engine
+    assert "llmsample.engine.continuous_batch" in MODULES["llmsample.bench.batch_sizes"]  # the bench drives the engine
     # The command reads and writes results without the model stack.
     assert offenders(("llmsample.bench.results",), LOWER) == {}
 

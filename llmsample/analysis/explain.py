@@ -77,7 +77,7 @@ def constrained_history(
 ) -> TokenHistory:
     """With a constraint: the grammar's allowed tokens at the start and after each of ``tokens``
     (a token the grammar rejects leaves nothing allowed after it)."""
-    from llmsample.engine.rows import start_matcher
+    from llmsample.engine.row_state import start_matcher
 
     matcher = start_matcher(lm, cfg, vocab)
     if matcher is None:

@@ -27,7 +27,7 @@ as it does in OpenAI's API. Messages take the roles ``system``, ``developer`` (r
 ``system``), ``user``, ``assistant`` (with ``tool_calls``, its content may be null) and ``tool``
 (with ``tool_call_id``); ``content`` is a string or a list of ``{"type": "text", "text"}``
 parts, joined with newlines. OpenAI chat bodies also take ``tools``, ``tool_choice`` and
-``parallel_tool_calls`` (:mod:`llmsample.batch.tools`). Values are checked with
+``parallel_tool_calls`` (:mod:`llmsample.batch.tool_requests`). Values are checked with
 ``SamplingConfig``'s own ranges, so a line is refused exactly when ``--temperature`` & co. would
 refuse the same value (``top_p`` 0, which OpenAI accepts, is refused: use ``temperature`` 0).
 
@@ -52,7 +52,7 @@ from llmsample.batch.constraints import KEYS as CONSTRAINT_KEYS
 from llmsample.batch.constraints import STRICT_KEY, ConstraintError, request_constraint, response_format, strict_schema
 from llmsample.errors import UserError
 from llmsample.sampling.config import ConfigError, SamplingConfig
-from llmsample.sampling.tools import Tool, parse_tool_choice, parse_tools
+from llmsample.sampling.tool_grammar import Tool, parse_tool_choice, parse_tools
 
 SAMPLING_KEYS = tuple(key for key in SamplingConfig.keys() if key != "description")  # noqa: SIM118 (a classmethod)
 OUR_KEYS = ("custom_id", "prompt", "messages", "system", "raw", "preset", *SAMPLING_KEYS, *CONSTRAINT_KEYS, STRICT_KEY)

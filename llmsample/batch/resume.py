@@ -30,7 +30,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from llmsample.batch.responses import dumps
+from llmsample.batch.result_lines import dumps
 from llmsample.errors import OutputFailed, UserError
 
 OutputFormat = Literal["jsonl", "openai"]

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsample.batch.requests import Request, RequestError
-from llmsample.batch.responses import (
+from llmsample.batch.result_lines import (
     error_record,
     openai_error_record,
     openai_result_record,
     result_record,
 )
 from llmsample.batch.settings import BatchSettings, request_config, request_recorder
-from llmsample.batch.tools import PLAIN, ChatShape, chat_shape, tool_prompt, with_tools
-from llmsample.engine.batch import BatchItem, RowFailed, decode_batch, default_batch_size
+from llmsample.batch.tool_requests import PLAIN, ChatShape, chat_shape, tool_prompt, with_tools
+from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch, default_batch_size
 from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
 from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.speculative import Drafter

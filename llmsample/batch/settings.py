@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from llmsample.batch.requests import Request
-from llmsample.batch.responses import TokenLevel
+from llmsample.batch.result_lines import TokenLevel
 from llmsample.errors import UserError
 from llmsample.events import TokenEvent
 from llmsample.logs.recorder import LogRecorder

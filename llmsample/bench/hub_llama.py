@@ -1,7 +1,7 @@
 """A small Llama in the hub's format, written by the llama.cpp benchmark: a config, its weights
 in safetensors and the default model's tokenizer, as a user's checkpoint folder holds them. Our
 loop runs it on llama.cpp through the GGUF ``--backend llama.cpp`` writes from it
-(:mod:`llmsample.models.to_gguf`), against transformers' ``generate`` on the folder itself."""
+(:mod:`llmsample.models.hf_to_gguf`), against transformers' ``generate`` on the folder itself."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def write_small_llama(folder: Path, seed: int = 0) -> Path:
     converted once and found in the model cache afterwards)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from llmsample.models.conversion import default_model_path
+    from llmsample.models.gguf_to_hf import default_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(default_model_path())
     config = LlamaConfig(

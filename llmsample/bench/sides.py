@@ -84,7 +84,7 @@ def reference_model(model: str | None, device: torch.device, dtype: torch.dtype 
     default when None (float32 before transformers 5; the config's dtype, ``"auto"``, since)."""
     from transformers import AutoModelForCausalLM
 
-    from llmsample.models.conversion import default_model_path
+    from llmsample.models.gguf_to_hf import default_model_path
     from llmsample.models.loading import read_config
 
     source = default_model_path() if model is None else model

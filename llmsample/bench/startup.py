@@ -12,7 +12,7 @@ import time
 
 from llmsample.bench.results import StartUp
 from llmsample.errors import RuntimeFailure
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.models.loading import load_model
 
 WARM_START = """

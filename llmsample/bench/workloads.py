@@ -16,7 +16,7 @@ from typing import Any
 
 from llmsample.bench.prompts import batch_prompts, rewrite_prompts
 from llmsample.bench.timing import paired_ratio, rounds
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.events import RunStats, TokenEvent

@@ -19,7 +19,7 @@ from llmsample.sampling.config import fresh_seed
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from llmsample.chat.replay import Replayed
+    from llmsample.chat.reply_replay import Replayed
     from llmsample.engine.speculative import Drafter
     from llmsample.models.loading import LoadedModel
     from llmsample.sampling.config import SamplingConfig
@@ -140,7 +140,7 @@ class Chat:
         the saved conversation before it (a reply that differs does not carry into the next), and
         none of them kept in the run log; interrupted replies are skipped (where the interrupt
         landed is not in the seed)."""
-        from llmsample.chat.replay import Replayed, compare
+        from llmsample.chat.reply_replay import Replayed, compare
 
         results: list[Replayed] = []
         turns, thread, self.log_thread = self.conversation.turns, self.log_thread, None
@@ -210,7 +210,7 @@ class Chat:
     def _decode(self, cfg: SamplingConfig, prefix: list[int], stats: RunStats) -> tuple[list[int], Generator[Any, None, None]]:
         """The rendered conversation's ids (the oldest exchanges dropped to leave room for the
         reply) and the reply's ``(key, record)`` pairs, decoded by this process's session."""
-        from llmsample.engine.rows import BatchItem
+        from llmsample.engine.row_state import BatchItem
 
         limit = self.lm.context_length or 0
         room = min(cfg.max_tokens, limit // 2) + len(prefix)
@@ -305,7 +305,7 @@ class Chat:
 def failures_raised(records: Generator[Any, None, None]) -> Generator[Any, None, None]:
     """The session's ``(key, record)`` pairs, a row that failed (NaN logits...) raised as the
     one-line failure it carries; closing this closes the session's turn."""
-    from llmsample.engine.rows import RowFailed
+    from llmsample.engine.row_state import RowFailed
 
     try:
         for key, record in records:

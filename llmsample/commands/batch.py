@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.model_options import load_model_with_progress, model_options
 from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import (
@@ -27,7 +28,6 @@ from llmsample.commands.sampling_options import (
     sampling_options,
     sampling_overrides,
 )
-from llmsample.commands.warm import with_engine_options
 from llmsample.errors import RuntimeFailure, UserError
 
 

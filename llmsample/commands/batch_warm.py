@@ -54,7 +54,7 @@ def record_writer(output: Path | None) -> Iterator[Callable[[dict[str, Any]], No
     """Where a batch run's records go, in-process or on an engine alike: ``output`` through an
     :class:`Appender`, else stdout a flushed line each. Ctrl-C exits 130 and an interruption
     with its own code, the records written so far kept (a rerun with ``-o`` resumes after them)."""
-    from llmsample.batch.responses import dumps
+    from llmsample.batch.result_lines import dumps
     from llmsample.batch.resume import Appender
 
     appender = Appender(output) if output is not None else None
@@ -160,7 +160,7 @@ def _record(
     outcome: Outcome, log: bool,
 ) -> Record:  # fmt: skip
     """A request's output record from its row's records (an error record for a refused or failed row)."""
-    from llmsample.batch.responses import result_record
+    from llmsample.batch.result_lines import result_record
     from llmsample.sampling.constraint import incomplete_message
 
     if isinstance(answer, UserError):
@@ -181,7 +181,7 @@ def _record(
 
 
 def _error(item: Request | RequestError, message: str, code: str = "invalid_request") -> Record:
-    from llmsample.batch.responses import error_record
+    from llmsample.batch.result_lines import error_record
 
     error = item if isinstance(item, RequestError) else RequestError(item.line, item.custom_id, message, code)
     return error_record(error)

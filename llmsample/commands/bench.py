@@ -196,7 +196,7 @@ def bench_quant(options: dict[str, Any], err: Any) -> None:
 def bench_llamacpp(options: dict[str, Any], err: Any) -> None:
     """``--backend llama.cpp``: our loop on llama.cpp against llama-cpp-python's own generation,
     our batch and our transformers path, on the same GGUF."""
-    from llmsample.bench.llamacpp import run_llamacpp_benchmark, table, write
+    from llmsample.bench.llamacpp_peers import run_llamacpp_benchmark, table, write
 
     result = run_llamacpp_benchmark(
         options["model"],
@@ -251,7 +251,7 @@ def bench_suffix(options: dict[str, Any], err: Any) -> None:
     from rich.table import Table
 
     from llmsample.bench.results import machine_info, write_results
-    from llmsample.bench.suffix import rows_to_dict, run_suffix_benchmark
+    from llmsample.bench.suffix_drafting import rows_to_dict, run_suffix_benchmark
     from llmsample.models.loading import load_model
     from llmsample.terminal import stdout_console, use_color
 
@@ -278,7 +278,7 @@ def bench_batch(options: dict[str, Any], err: Any) -> None:
     """``--batch-sizes``: the batch section alone (it takes minutes of its own)."""
     from rich.table import Table
 
-    from llmsample.bench.batch import rows_to_dict, run_batch_benchmark
+    from llmsample.bench.batch_sizes import rows_to_dict, run_batch_benchmark
     from llmsample.bench.results import machine_info, write_results
     from llmsample.bench.sides import as_transformers_loads
     from llmsample.models.loading import load_model

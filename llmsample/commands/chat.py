@@ -10,11 +10,11 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
 from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import deterministic_option, draft_options, keeps_log, log_option, output_options
 from llmsample.commands.sampling_options import constraint_options, resolve_sampling, resolve_watch, sampling_options
-from llmsample.commands.warm import with_engine_options
 from llmsample.errors import UserError
 
 
@@ -131,7 +131,7 @@ def continue_from(talk: Any, thread: str, model: str, conversation: Any) -> None
 
 def replay(talk: Any) -> None:
     """Every saved reply decoded again; a line for each that differs (where, and why), then the count."""
-    from llmsample.chat.replay import summary_line
+    from llmsample.chat.reply_replay import summary_line
 
     for line in summary_line(talk.replay()):
         talk.note(line)

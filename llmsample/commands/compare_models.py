@@ -197,7 +197,7 @@ def generate_with(
 
 
 def show(tokens: list[Any], summary: Any, options: dict[str, Any]) -> None:
-    from llmsample.render.drift import drift_legend, drift_page, drift_report
+    from llmsample.render.drift_view import drift_legend, drift_page, drift_report
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
     if options["fmt"] == "jsonl":

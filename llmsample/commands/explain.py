@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
 from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import (
@@ -24,7 +25,6 @@ from llmsample.commands.sampling_options import (
     sampling_options,
     watch_option,
 )
-from llmsample.commands.warm import with_engine_options
 
 MAX_DEPTH, MAX_WIDTH, MAX_LEAVES = 6, 5, 256
 
@@ -128,7 +128,7 @@ def show_view(options: dict[str, Any], cfg: Any) -> None:
     if options["layers"] and options["backend"] == "auto":  # llama.cpp does not expose the layers (torch does: asked for)
         options = {**options, "backend": "transformers"}
     if options["layers"] and options["backend"] == "llama.cpp":  # said before the model loads
-        from llmsample.engine.lens import ON_LLAMA_CPP
+        from llmsample.engine.logit_lens import ON_LLAMA_CPP
         from llmsample.errors import UserError
 
         raise UserError(ON_LLAMA_CPP)

@@ -25,9 +25,9 @@ def show_layers(
     console: Any,
 ) -> None:
     """The lens at the position after the prompt and ``fed`` (``--continuation``'s tokens)."""
-    from llmsample.analysis.lens import explain_layers
+    from llmsample.analysis.lens_records import explain_layers
     from llmsample.render.jsonout import strict_json
-    from llmsample.render.lens import layers_page, layers_table
+    from llmsample.render.lens_view import layers_page, layers_table
 
     report = explain_layers(lm, prompt_ids, cfg, options["top_n"] or 5, watch, fed)
     if options["html"]:
@@ -50,7 +50,7 @@ def show_tree(
     """The tree of the model's own probabilities (the preset does not shape it)."""
     from llmsample.engine.tree import continuation_tree
     from llmsample.render.jsonout import strict_json
-    from llmsample.render.lens import tree_page, tree_view
+    from llmsample.render.lens_view import tree_page, tree_view
 
     depth, width = options["tree"], options["tree_width"]
     branches = continuation_tree(lm, prompt_ids[0].tolist(), depth, width)

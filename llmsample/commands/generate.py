@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.model_options import load_model_with_progress
 from llmsample.commands.options import end_rank, generation_options, read_prompt, reference_option
 from llmsample.commands.sampling_options import resolve_sampling, resolve_watch
-from llmsample.commands.warm import with_engine_options
 from llmsample.errors import Interrupted, RuntimeFailure, UserError, ignore_further_interrupts, signals_deferred
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ def generate(**options: Any) -> None:
     from llmsample.client.route import choose
 
     if options.get("replay") is not None:
-        from llmsample.commands.replay import replay_options
+        from llmsample.commands.generate_replay import replay_options
 
         options, asked, check = replay_options(options)
         run(options, asked, check)
@@ -242,12 +242,12 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Draf
             return NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
 
         if options["draft"] == "suffix":  # one pool for the run (a server's: every request's)
-            from llmsample.engine.suffix import SuffixDrafter, SuffixPool
+            from llmsample.engine.suffix_pool import SuffixDrafter, SuffixPool
 
             pool = SuffixPool(options["ngram_min"], max(options["ngram_max"], 6))
             return lambda: SuffixDrafter(pool, ngram())
         return ngram
-    from llmsample.models.llamacpp import gguf_file
+    from llmsample.models.llamacpp_load import gguf_file
 
     if gguf_file(options["draft"]) is not None and lm.sample_device.type == "cpu":
         draft = load_model(options["draft"], "cpu", backend="auto")  # llama.cpp where it is installed
@@ -313,7 +313,7 @@ def build_renderers(options: dict[str, Any], asked: tuple[str, dict[str, Any]] |
         from llmsample.logs.store import logging_on
 
         if logging_on():
-            from llmsample.commands.replay import logged_flags
+            from llmsample.commands.generate_replay import logged_flags
             from llmsample.logs.recorder import LogRecorder
 
             command = click.get_current_context().info_name or "generate"

@@ -11,7 +11,7 @@ from llmsample.commands.help import GroupedCommand
 def models() -> None:
     """The default model (and whether it is converted yet), the cached models, and staging
     directories of conversions (abandoned ones are removed here, and said so)."""
-    from llmsample.models import conversion as model_store
+    from llmsample.models import gguf_to_hf as model_store
 
     model_store.check_cache()
     removed = model_store.remove_abandoned_staging()

@@ -78,14 +78,14 @@ def serve(**options: Any) -> None:
     Every answered request is kept in the run log (`llmsample logs`) unless --no-log.
     """
     from llmsample.batch.run import BatchSettings
-    from llmsample.engine.batch import default_batch_size
+    from llmsample.engine.continuous_batch import default_batch_size
     from llmsample.sampling import presets as preset_store
     from llmsample.serve.access import AccessLog
     from llmsample.serve.app import create_app
     from llmsample.serve.engine import Engine
+    from llmsample.serve.job_endpoint import Idle, add_routes
     from llmsample.serve.server import bind, exposure_warning, serve_forever
     from llmsample.serve.state import ServeState
-    from llmsample.serve.warm import Idle, add_routes
 
     if options["compile_model"]:
         raise UserError(
@@ -97,7 +97,7 @@ def serve(**options: Any) -> None:
         click.echo(warning, err=True)
     if options["engine"]:
         from llmsample.client import registry
-        from llmsample.serve.warm import bind_unix
+        from llmsample.serve.job_endpoint import bind_unix
 
         directory = registry.runtime_dir()
         sock_path = registry.socket_path(directory, registry.engine_id(registry.spec_of(options)))
@@ -157,7 +157,7 @@ def tcp_ready(options: dict[str, Any], sock: Any, name: str, batch_size: int) ->
 def engine_ready(options: dict[str, Any], state: Any, idle: Any, directory: Any, sock_path: Any) -> Callable[[], None]:
     """A warm engine is ready once its record is written (``llmsample start`` waits for it); from
     then on its keep-alive counts."""
-    from llmsample.serve.warm import keep_alive, register
+    from llmsample.serve.job_endpoint import keep_alive, register
 
     def ready() -> None:
         register(directory, options, state, sock_path, options["keep_alive"])

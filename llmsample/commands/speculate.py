@@ -8,8 +8,8 @@ import click
 
 from llmsample.commands.generate import generate_on, run
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.options import generation_options, reference_option
-from llmsample.commands.warm import with_engine_options
 
 
 @click.command(cls=GroupedCommand)

@@ -19,7 +19,7 @@ import torch
 from llmsample.engine.backend import Backend, JoiningBackend, open_backend
 from llmsample.engine.feed import Feed, IterableFeed
 from llmsample.engine.prompt_cache import CachingBackend, PromptCache, can_cache
-from llmsample.engine.rows import BatchItem, Row, RowFailed, start_row
+from llmsample.engine.row_state import BatchItem, Row, RowFailed, start_row
 from llmsample.engine.speculative import DraftLength
 from llmsample.engine.step import Record, StepInput, sample_step
 from llmsample.errors import RuntimeFailure

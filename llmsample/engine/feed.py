@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 
 
 class Feed(Protocol):

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from llmsample.engine.decode import DecodeOptions, decode
-from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from llmsample.engine.growth import Growing, NativeCache
+from llmsample.engine.kv_growth import Growing, NativeCache
 from llmsample.errors import RuntimeFailure
 from llmsample.models.compiled import cache_arg
 from llmsample.models.placement import input_device
@@ -56,10 +56,10 @@ class PaddedBatch:
     def supports(model: Any) -> bool:
         """Whether every layer's cache can be padded: full attention, or a sliding window (kept
         whole, the mask applying the window); not linear attention or other kinds. llmsample's own
-        models (:mod:`llmsample.models.native`) always can."""
+        models (:mod:`llmsample.models.native_llama`) always can."""
         if native(model):
             return True
-        from llmsample.engine.growing_cache import GrowingLayer, growing_cache
+        from llmsample.engine.hf_growing_cache import GrowingLayer, growing_cache
 
         return all(type(layer) is GrowingLayer for layer in growing_cache(model.config).layers)
 
@@ -106,9 +106,9 @@ class PaddedBatch:
     def admit_layers(self, prompt: list[int]) -> Tensor:
         """:meth:`admit` of one prompt that also reads the residual stream at its last position
         after the embeddings and after each layer through the final norm and the head (the
-        logit lens, :mod:`llmsample.models.lens`): ``[layers + 1, vocab]`` on the sample device,
+        logit lens, :mod:`llmsample.models.lens_readout`): ``[layers + 1, vocab]`` on the sample device,
         the last row the admitted row's next-token logits."""
-        from llmsample.models.lens import norm_inputs, read_out
+        from llmsample.models.lens_readout import norm_inputs, read_out
 
         hidden: list[Tensor] = []
         try:
@@ -330,17 +330,17 @@ class SavedRow:
 
 
 def native(model: Any) -> bool:
-    """Whether ``model`` is llmsample's own (:mod:`llmsample.models.native`), whose cache is a
-    :class:`~llmsample.engine.growth.NativeCache`."""
+    """Whether ``model`` is llmsample's own (:mod:`llmsample.models.native_llama`), whose cache is a
+    :class:`~llmsample.engine.kv_growth.NativeCache`."""
     return getattr(model, "is_native", False) is True
 
 
 def new_cache(model: Any) -> Any:
     """An empty cache whose layers grow in place: the model's own, else transformers' for its config
-    (:mod:`llmsample.engine.growing_cache`, imported only then)."""
+    (:mod:`llmsample.engine.hf_growing_cache`, imported only then)."""
     if native(model):
         return NativeCache(model.config.num_hidden_layers)
-    from llmsample.engine.growing_cache import growing_cache
+    from llmsample.engine.hf_growing_cache import growing_cache
 
     return growing_cache(model.config)
 

@@ -11,7 +11,7 @@ import torch
 from llmsample.engine.backend import Backend, open_backend
 from llmsample.engine.decode import DecodeOptions, run_rows
 from llmsample.engine.feed import IterableFeed
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 from llmsample.engine.step import Record
 from llmsample.events import CacheReuse
 from llmsample.models.loading import LoadedModel

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from llmsample.engine.reference import reference_figures
-from llmsample.engine.rows import Row, RowFailed
+from llmsample.engine.row_state import Row, RowFailed
 from llmsample.engine.speculative import accept_drafts
 from llmsample.errors import RuntimeFailure
 from llmsample.events import ConstraintOutcome, StepFigures, Summary, TokenEvent

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models.conversion import DEFAULT_HUB_ID, WEIGHT_FILES
+from llmsample.models.gguf_to_hf import DEFAULT_HUB_ID, WEIGHT_FILES
 
 if TYPE_CHECKING:
     import torch

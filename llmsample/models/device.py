@@ -45,7 +45,7 @@ def checkpoint_dtype(config: Any, default_model: bool = False) -> str | None:
     model is upstream's (bf16) whatever a conversion from before it was recorded says (float32,
     the dtype its dequantized weights are stored in)."""
     if default_model:
-        from llmsample.models.conversion import DEFAULT_DTYPE
+        from llmsample.models.gguf_to_hf import DEFAULT_DTYPE
 
         return DEFAULT_DTYPE
     for key in ("dtype", "torch_dtype"):

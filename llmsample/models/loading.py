@@ -18,7 +18,8 @@ from llmsample.models.checkpoint import (
     read_config,
     read_weights,
 )
-from llmsample.models.conversion import (
+from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
+from llmsample.models.gguf_to_hf import (
     DEFAULT_MODEL,
     cache_home,
     converted_gguf,
@@ -26,7 +27,6 @@ from llmsample.models.conversion import (
     models_dir,
     remove_abandoned_staging,
 )
-from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
 from llmsample.models.placement import Placement
 from llmsample.models.token_bytes import TokenBytes
 from llmsample.models.tokenizer import quiet_transformers
@@ -113,11 +113,11 @@ def load_model(
 
     ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
     ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
-    ``auto``, ``transformers``, ``llama.cpp`` (:mod:`llmsample.models.llamacpp`) or ``torch``
-    (:mod:`llmsample.models.native`; auto's choice: :mod:`llmsample.models.native_load`); ``gguf_type``:
-    llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.to_gguf`)."""
+    ``auto``, ``transformers``, ``llama.cpp`` (:mod:`llmsample.models.llamacpp_load`) or ``torch``
+    (:mod:`llmsample.models.native_llama`; auto's choice: :mod:`llmsample.models.native_checkpoint`); ``gguf_type``:
+    llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.hf_to_gguf`)."""
     from llmsample.models.lean_imports import lean_imports
-    from llmsample.models.native_load import pick_backend
+    from llmsample.models.native_checkpoint import pick_backend
 
     with lean_imports(quantize):  # until transformers' model classes are imported
         keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
@@ -162,9 +162,9 @@ def load_llama_cpp(
     checkpoint folder written to GGUF once, which keeps its own tokenizer and config."""
     import torch
 
-    from llmsample.models.llamacpp import checkpoint_folder, gguf_file, read_sidecar
+    from llmsample.models.hf_to_gguf import checkpoint_gguf, file_type, requantized
+    from llmsample.models.llamacpp_load import checkpoint_folder, gguf_file, read_sidecar
     from llmsample.models.llamacpp_model import LlamaCppModel
-    from llmsample.models.to_gguf import checkpoint_gguf, file_type, requantized
 
     if gguf_type is not None:
         file_type(gguf_type)  # an unknown name is one line before any work
@@ -194,8 +194,8 @@ def load_native(
     spec: str | None, name: str, device: torch.device, dtype_name: str, progress: Progress | None = None
 ) -> LoadedModel:
     """What ``spec`` names (a local checkpoint folder, or the converted default model) run by
-    llmsample's own forward (:mod:`llmsample.models.native`), read without transformers."""
-    from llmsample.models.native_load import read_native
+    llmsample's own forward (:mod:`llmsample.models.native_llama`), read without transformers."""
+    from llmsample.models.native_checkpoint import read_native
 
     source = default_model_path(progress) if spec is None else str(Path(spec).expanduser())
     folder = Path(source)
@@ -203,7 +203,7 @@ def load_native(
         raise UserError(f"--backend torch runs local checkpoints, and {source!r} is a hub id; use --backend transformers")
     check_local_model(folder)
     check_tokenizer_files(folder)
-    from llmsample.models.llamacpp import KeptConfig
+    from llmsample.models.llamacpp_load import KeptConfig
 
     try:
         config = KeptConfig.read(folder / "config.json")

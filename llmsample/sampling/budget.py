@@ -16,11 +16,11 @@ from torch import Tensor
 
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.tools import Reasoning
+from llmsample.sampling.tool_grammar import Reasoning
 from llmsample.sampling.vocabulary import Vocabulary
 
 BLOCK = Reasoning()
-"""The block's texts (the ones :func:`llmsample.sampling.tools.reasoning_of` reads in templates)."""
+"""The block's texts (the ones :func:`llmsample.sampling.tool_grammar.reasoning_of` reads in templates)."""
 
 
 @functools.lru_cache(maxsize=16)

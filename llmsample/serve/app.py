@@ -18,19 +18,19 @@ from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
-from llmsample.batch.responses import dumps
-from llmsample.engine.rows import RowFailed
+from llmsample.batch.result_lines import dumps
+from llmsample.engine.row_state import RowFailed
 from llmsample.errors import first_line
 from llmsample.events import TokenEvent
 from llmsample.serve import messages_api, responses_api
 from llmsample.serve.access import TOKENS
+from llmsample.serve.api_errors import ApiError
 from llmsample.serve.compat import log_ignored
-from llmsample.serve.errors import ApiError
+from llmsample.serve.completion_bodies import DONE, Answer
 from llmsample.serve.flow import failure, gather, off_loop, read_json, records, submit
 from llmsample.serve.mailbox import Mailbox
-from llmsample.serve.metrics import CountStatuses
 from llmsample.serve.parsing import parse_body
-from llmsample.serve.responses import DONE, Answer
+from llmsample.serve.prometheus import CountStatuses
 from llmsample.serve.state import ServeState
 
 Handler = Callable[[HttpRequest], Awaitable[Response]]
@@ -152,7 +152,7 @@ async def health(state: ServeState, request: HttpRequest) -> Response:
 
 
 async def metrics(state: ServeState, request: HttpRequest) -> Response:
-    """Prometheus' text format (:mod:`llmsample.serve.metrics`); behind the key, as vLLM's is."""
+    """Prometheus' text format (:mod:`llmsample.serve.prometheus`); behind the key, as vLLM's is."""
     figures = state.engine.figures()
     text = state.engine.metrics.render(figures["in_flight"] - figures["queued"], figures["queued"])
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -21,7 +21,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmsample.serve.errors import ApiError
+from llmsample.serve.api_errors import ApiError
 
 ALIASES = {
     "n_predict": "max_tokens",  # llama-server

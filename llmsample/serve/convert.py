@@ -14,11 +14,11 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from llmsample.batch.requests import CHAT_URL
-from llmsample.batch.tools import ChatShape
+from llmsample.batch.tool_requests import ChatShape
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.access import TOKENS
+from llmsample.serve.api_errors import ApiError
 from llmsample.serve.compat import log_ignored
-from llmsample.serve.errors import ApiError
 from llmsample.serve.flow import gather, read_json, submit
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest, parse_body

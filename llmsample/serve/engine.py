@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.feed import QueueFeed
 from llmsample.engine.prompt_cache import PromptCache
-from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.errors import first_line
 from llmsample.events import Summary
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.mailbox import Mailbox, post
-from llmsample.serve.metrics import ServeMetrics
+from llmsample.serve.prometheus import ServeMetrics
 
 if TYPE_CHECKING:
     from llmsample.serve.journal import ServeLog

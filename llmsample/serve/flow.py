@@ -14,14 +14,14 @@ from typing import Any
 from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 
-from llmsample.batch.tools import ChatShape
-from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.batch.tool_requests import ChatShape
+from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.events import Summary, TokenEvent
+from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.engine import Busy, Closing
-from llmsample.serve.errors import ApiError, bad_request
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest, load_json
-from llmsample.serve.rows import build_items, prompt_texts
+from llmsample.serve.request_rows import build_items, prompt_texts
 from llmsample.serve.state import READ_TIMEOUT_S, ServeState
 
 _TOKENIZING = ThreadPoolExecutor(1, thread_name_prefix="llmsample-tokenize")

@@ -9,7 +9,7 @@ from typing import Any
 
 from llmsample.batch.requests import Request
 from llmsample.batch.run import request_recorder
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 from llmsample.events import Summary, TokenEvent
 from llmsample.logs.recorder import BackgroundLog
 

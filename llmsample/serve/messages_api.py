@@ -14,20 +14,20 @@ from typing import Any
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 
-from llmsample.batch.responses import dumps
-from llmsample.batch.tools import ChatShape, tool_prompt
-from llmsample.engine.rows import RowFailed
+from llmsample.batch.result_lines import dumps
+from llmsample.batch.tool_requests import ChatShape, tool_prompt
+from llmsample.engine.row_state import RowFailed
 from llmsample.errors import UserError
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve import convert
 from llmsample.serve.access import TOKENS
-from llmsample.serve.errors import ApiError
+from llmsample.serve.api_errors import ApiError
+from llmsample.serve.completion_bodies import cached_tokens, extension, token_records
 from llmsample.serve.flow import failure, off_loop, read_json, records
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest
-from llmsample.serve.responses import cached_tokens, extension, token_records
 from llmsample.serve.state import ServeState
-from llmsample.serve.tools import Block, Blocks, Step, whole_blocks
+from llmsample.serve.tool_stream import Block, Blocks, Step, whole_blocks
 
 OWN = ("messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "metadata", "thinking",
        "service_tier", "top_k", "stream")  # fmt: skip

@@ -25,9 +25,9 @@ from llmsample.batch.requests import (
     Request,
     openai_body,
 )
-from llmsample.batch.responses import TOKEN_LEVELS, TokenLevel
+from llmsample.batch.result_lines import TOKEN_LEVELS, TokenLevel
+from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.compat import translate
-from llmsample.serve.errors import ApiError, bad_request
 
 SERVER_KEYS = (
     "n", "stream", "stream_options", "user", "preset", "llmsample",

@@ -9,8 +9,8 @@ from typing import Any
 from llmsample.batch.run import BatchSettings
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
+from llmsample.serve.completion_bodies import fingerprint
 from llmsample.serve.engine import Engine
-from llmsample.serve.responses import fingerprint
 
 MAX_BODY_BYTES = 4 * 2**20
 READ_TIMEOUT_S = 30.0

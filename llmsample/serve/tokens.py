@@ -9,7 +9,7 @@ from llmsample.batch.requests import _LineError, _messages
 from llmsample.engine.prompt import encode_messages
 from llmsample.errors import UserError
 from llmsample.models.loading import LoadedModel
-from llmsample.serve.errors import ApiError, bad_request
+from llmsample.serve.api_errors import ApiError, bad_request
 
 
 def _keys(body: Any, allowed: tuple[str, ...]) -> dict[str, Any]:

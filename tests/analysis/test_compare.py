@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from llmsample.analysis import compare as comparing
-from llmsample.analysis.compare import Comparison, aggregate, compare
-from llmsample.analysis.metrics import cross_sample_diversity, mean_pairwise_overlap
+from llmsample.analysis import preset_comparison as comparing
+from llmsample.analysis.preset_comparison import Comparison, aggregate, compare
+from llmsample.analysis.text_metrics import cross_sample_diversity, mean_pairwise_overlap
 from llmsample.engine import loop
 from llmsample.engine.prompt import encode_prompt
 from llmsample.errors import Interrupted

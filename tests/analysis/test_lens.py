@@ -15,10 +15,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from llmsample.analysis.lens import explain_layers
+from llmsample.analysis.lens_records import explain_layers
 from llmsample.cli import main
 from llmsample.engine.forcing import forced_logits
-from llmsample.engine.lens import layer_logits
+from llmsample.engine.logit_lens import layer_logits
 from llmsample.engine.tree import continuation_tree
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.sampling.config import SamplingConfig
@@ -97,7 +97,7 @@ def test_a_backend_without_layers_is_refused_and_closed(deep_lm, monkeypatch: py
         def close(self) -> None:
             closed.append(True)
 
-    monkeypatch.setattr("llmsample.engine.lens.open_backend", lambda *args, **kwargs: Plain())
+    monkeypatch.setattr("llmsample.engine.logit_lens.open_backend", lambda *args, **kwargs: Plain())
     with pytest.raises(UserError, match="--layers reads the layers on the padded batch"):
         layer_logits(deep_lm, PROMPT)
     assert closed == [True]
@@ -105,7 +105,7 @@ def test_a_backend_without_layers_is_refused_and_closed(deep_lm, monkeypatch: py
 
 def test_a_head_the_lens_cannot_reproduce_fails_in_one_line(deep_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     """A head that does more than norm and a linear map (a soft cap, say) is caught, not shown."""
-    from llmsample.models import lens
+    from llmsample.models import lens_readout as lens
 
     real = lens.read_out
     monkeypatch.setattr(lens, "read_out", lambda model, streams: real(model, streams) * 2)

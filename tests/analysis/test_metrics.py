@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from llmsample.analysis.metrics import (
+from llmsample.analysis.text_metrics import (
     cross_sample_diversity,
     distinct_n,
     divergence_index,
@@ -122,7 +122,7 @@ def test_unknown_preset_fails_before_loading_the_model() -> None:
 
 @pytest.mark.model
 def test_creative_has_higher_entropy_than_deterministic(default_lm) -> None:
-    from llmsample.analysis.compare import compare
+    from llmsample.analysis.preset_comparison import compare
     from llmsample.sampling.presets import load
 
     ids = encode_prompt(default_lm, "Write a short story about a robot.")

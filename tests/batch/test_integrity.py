@@ -33,7 +33,7 @@ from llmsample.batch import run as run_module
 from llmsample.batch.distributed import Ranks, existing_parts, my_share, part_path
 from llmsample.batch.output import OutputClaim, claim_output, consolidate, record_position
 from llmsample.batch.requests import read_requests
-from llmsample.batch.responses import dumps
+from llmsample.batch.result_lines import dumps
 from llmsample.batch.resume import Appender, read_records
 from llmsample.cli import main
 

@@ -196,7 +196,7 @@ def test_world_size_without_a_launcher_is_refused(monkeypatch: pytest.MonkeyPatc
 
 
 def test_openai_records_are_ordered_too(tmp_path: Path) -> None:
-    from llmsample.batch.responses import dumps, openai_error_record
+    from llmsample.batch.result_lines import dumps, openai_error_record
     from tests.batch.test_resume import theirs
 
     lines = ['{"custom_id": "b", "prompt": "p"}', "{bad", '{"custom_id": "a", "prompt": "p"}']

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from llmsample.batch.requests import Request, RequestError, read_requests
-from llmsample.batch.responses import (
+from llmsample.batch.result_lines import (
     dumps,
     error_record,
     openai_error_record,
@@ -321,7 +321,7 @@ def test_ids_follow_the_request_not_the_run() -> None:
 def test_ids_are_the_same_in_another_process() -> None:
     """No salted hash() or randomness: a rerun (another process) writes the same ids."""
     code = (
-        "from llmsample.batch.requests import Request; from llmsample.batch.responses import request_digest; "
+        "from llmsample.batch.requests import Request; from llmsample.batch.result_lines import request_digest; "
         "print(request_digest(Request(line=3, custom_id='q1', prompt='Capital of France?', overrides={'stop': ('a',)})))"
     )
     digests = set()

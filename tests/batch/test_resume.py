@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from llmsample.batch.requests import Request, RequestError
-from llmsample.batch.responses import dumps, error_record, openai_error_record, openai_result_record, result_record
+from llmsample.batch.result_lines import dumps, error_record, openai_error_record, openai_result_record, result_record
 from llmsample.batch.resume import Appender, ResumeState, prepare_resume
 from llmsample.errors import UserError
 from llmsample.events import Summary

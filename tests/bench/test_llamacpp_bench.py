@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from tests.engine.tiny_gguf import write_tiny_gguf
 
 pytest.importorskip("llama_cpp")
@@ -22,7 +22,7 @@ def test_every_round_of_llama_cpp_python_prefills_its_whole_prompt(
     only its last one: a benchmark round must not inherit the previous round's prefill."""
     from llama_cpp import Llama
 
-    from llmsample.bench.llamacpp import llama_cpp_python
+    from llmsample.bench.llamacpp_peers import llama_cpp_python
 
     fed: list[int] = []
     real_eval = Llama.eval
@@ -46,7 +46,7 @@ def test_llama_cpps_own_ceiling_decodes_every_row_with_nothing_between(
 ) -> None:
     """The ceiling side prefills each row once and then steps every row together: rows x tokens
     made, one decode per step for all of them, and the backend's cache given back."""
-    from llmsample.bench.llamacpp import decode_only
+    from llmsample.bench.llamacpp_peers import decode_only
     from llmsample.engine import llamacpp_batch
     from llmsample.models.loading import load_model
 

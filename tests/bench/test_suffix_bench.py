@@ -9,7 +9,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import llmsample.bench.suffix
+import llmsample.bench.suffix_drafting
 from llmsample.cli import main
 from llmsample.commands.bench import check_sections
 from llmsample.errors import UserError
@@ -18,11 +18,11 @@ ROW_KEYS = ["workload", "tok_s", "plain_tok_s", "ratio", "acceptance_rate", "tok
 
 
 def test_bench_suffix_writes_every_workload(tiny_model_dir, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(llmsample.bench.suffix, "RECORDS", 4)
-    monkeypatch.setattr(llmsample.bench.suffix, "CHATS", 2)
-    monkeypatch.setattr(llmsample.bench.suffix, "EDITS", 2)
-    monkeypatch.setattr(llmsample.bench.suffix, "EDIT_CAP", 12)
-    monkeypatch.setattr(llmsample.bench.suffix, "RECORD_CAP", 12)
+    monkeypatch.setattr(llmsample.bench.suffix_drafting, "RECORDS", 4)
+    monkeypatch.setattr(llmsample.bench.suffix_drafting, "CHATS", 2)
+    monkeypatch.setattr(llmsample.bench.suffix_drafting, "EDITS", 2)
+    monkeypatch.setattr(llmsample.bench.suffix_drafting, "EDIT_CAP", 12)
+    monkeypatch.setattr(llmsample.bench.suffix_drafting, "RECORD_CAP", 12)
     out = tmp_path / "results"
     args = ["bench", "--suffix", "-m", str(tiny_model_dir), "--runs", "2", "--tokens", "8", "--out", str(out)]
     result = CliRunner().invoke(main, args, catch_exceptions=False)

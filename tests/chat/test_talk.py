@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from llmsample.chat.talk import failures_raised
-from llmsample.engine.rows import RowFailed
+from llmsample.engine.row_state import RowFailed
 from llmsample.errors import RuntimeFailure
 
 

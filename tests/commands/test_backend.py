@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from llmsample.cli import main
-from llmsample.models import llamacpp
+from llmsample.models import llamacpp_load as llamacpp
 
 
 def test_llama_cpp_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -136,7 +136,7 @@ def test_compare_accepts_every_seed_the_config_does(tiny_model_dir: Path) -> Non
 
 
 def test_compare_table_has_a_key_for_every_metric(tiny_model_dir: Path) -> None:
-    from llmsample.commands.compare import METRIC_KEY
+    from llmsample.commands.compare_presets import METRIC_KEY
 
     args = ("compare-presets", "-m", str(tiny_model_dir), "--raw", "-p", "w3", "-n", "3", "-q", "--samples", "2")
     result = invoke(*args, "--presets", "balanced,deterministic")

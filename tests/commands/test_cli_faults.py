@@ -68,12 +68,12 @@ def test_strict_json_names_the_non_finite_field() -> None:
 
 NON_FINITE = {
     "generate": ("llmsample.events.TokenEvent.to_dict", lambda self: {"type": "token", "prob": math.nan}, []),
-    "compare-presets": ("llmsample.analysis.metrics.perplexity", lambda logprob: math.inf, ["--presets", "deterministic"]),
+    "compare-presets": ("llmsample.analysis.text_metrics.perplexity", lambda logprob: math.inf, ["--presets", "deterministic"]),
     "explain": ("llmsample.analysis.explain.ChainReport.to_dict", lambda self: {"entropy": math.nan}, []),
     "explain --continuation": (
         "llmsample.analysis.explain.ScoredToken.to_dict", lambda self: {"prob": -math.inf}, ["--continuation", "w5 w6"]
     ),
-    "explain --layers": ("llmsample.analysis.lens.LayerReport.to_dict", lambda self: {"probs": [math.nan]}, ["--layers"]),
+    "explain --layers": ("llmsample.analysis.lens_records.LayerReport.to_dict", lambda self: {"probs": [math.nan]}, ["--layers"]),
     "explain --tree": ("llmsample.engine.tree.Branch.to_dict", lambda self: {"path_prob": math.nan}, ["--tree", "2"]),
 }  # fmt: skip
 

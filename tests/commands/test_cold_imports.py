@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from tests.conftest import cli_env
 from tests.engine.tiny_gguf import write_tiny_gguf
 

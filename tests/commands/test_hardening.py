@@ -204,7 +204,7 @@ PARIS = [sys.executable, "-m", "llmsample", "generate", "--preset", "determinist
 # then raced the conversion, which gets from that file to the rename in well under a second.)
 KILLED_HALFWAY = """
 import os, signal
-import llmsample.models.conversion as conversion
+import llmsample.models.gguf_to_hf as conversion
 conversion.record_dtype = lambda *args: os.kill(os.getpid(), signal.SIGKILL)
 from llmsample.cli import main
 main()

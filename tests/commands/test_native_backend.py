@@ -1,4 +1,4 @@
-"""``--backend torch`` (llmsample's own forward, models/native.py) from the command line: the
+"""``--backend torch`` (llmsample's own forward, models/native_llama.py) from the command line: the
 greedy tokens, speculation, batch records and logit lens of ``--backend transformers`` on the
 same checkpoint; no transformers import on its path; auto's choice per flag combination; the
 refusals, one line each."""
@@ -16,8 +16,8 @@ import torch
 from click.testing import CliRunner
 
 from llmsample.cli import main
-from llmsample.models import llamacpp
-from llmsample.models.native_load import pick_backend
+from llmsample.models import llamacpp_load as llamacpp
+from llmsample.models.native_checkpoint import pick_backend
 from tests.commands.test_cold_imports import imported
 from tests.conftest import cli_env, make_tiny_model
 from tests.models.test_native import MODELS, save_tiny
@@ -93,7 +93,7 @@ def test_a_torch_run_imports_no_transformers(llama: Path, tmp_path: Path) -> Non
     for command in (["generate"], ["speculate", "--draft", str(llama)]):
         modules = imported(tmp_path, *command, "-m", str(llama), "--backend", "torch", "-p", "w3", "-n", "2", "-q",
                            "--no-log", "--local")  # fmt: skip
-        assert "llmsample.models.native" in modules and "tokenizers" in modules
+        assert "llmsample.models.native_llama" in modules and "tokenizers" in modules
         assert [m for m in modules if m == "transformers" or m.startswith("transformers.")] == []
 
 
@@ -128,8 +128,8 @@ def test_auto_runs_the_converted_default_model_on_torch_without_llama_cpp(
 ) -> None:
     import shutil
 
-    from llmsample.models import native_load
-    from llmsample.models.conversion import DEFAULT_MODEL
+    from llmsample.models import native_checkpoint as native_load
+    from llmsample.models.gguf_to_hf import DEFAULT_MODEL
 
     monkeypatch.setattr(llamacpp, "installed", lambda: False)
     monkeypatch.setattr(native_load, "models_dir", lambda: tmp_path)

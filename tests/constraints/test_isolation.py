@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter

@@ -14,7 +14,7 @@ from llmsample.errors import UserError
 from llmsample.events import ConstraintOutcome, RunFacts
 from llmsample.sampling import constraint as constraints
 from llmsample.sampling import lenient
-from llmsample.serve.errors import ApiError
+from llmsample.serve.api_errors import ApiError
 from llmsample.serve.parsing import parse_body
 from tests.constraints.test_cli import run
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency
 
-from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
 from llmsample.engine.loop import generate, generate_rows, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter

@@ -1,4 +1,4 @@
-"""Tool calls' grammar and their text read back (llmsample.sampling.tools): the format table, what
+"""Tool calls' grammar and their text read back (llmsample.sampling.tool_grammar): the format table, what
 each grammar takes and refuses byte by byte, calls written in each format read back as written,
 a stream's prefixes never releasing what the whole answer takes back, the grammar exact under
 speculation, and a batch OpenAI line that calls a tool."""
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.sampling import tools as T
+from llmsample.sampling import tool_grammar as T
 from llmsample.sampling.constraint import _BYTES, _probe
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],

@@ -13,7 +13,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from llmsample.engine.batch import BatchItem, RowFailed, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary, TokenEvent

@@ -91,7 +91,7 @@ def test_compare_presets_samples_stop_at_the_context(short_model: Path) -> None:
 def test_llama_cpp_stops_at_the_context(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The GGUF's own context (llama.cpp's n_ctx_train) ends the row, plain and speculative."""
     pytest.importorskip("llama_cpp")
-    from llmsample.models.conversion import gguf_path
+    from llmsample.models.gguf_to_hf import gguf_path
     from tests.engine.tiny_gguf import write_tiny_gguf
 
     if gguf_path() is None:

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from llmsample.engine.feed import QueueFeed
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 
 
 def test_an_idle_loop_runs_a_call_and_goes_on_waiting() -> None:

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.engine import growth as growing_cache_module
-from llmsample.engine.growing_cache import GrowingLayer, growing_cache
-from llmsample.engine.growth import NativeLayer
+from llmsample.engine import kv_growth as growing_cache_module
+from llmsample.engine.hf_growing_cache import GrowingLayer, growing_cache
+from llmsample.engine.kv_growth import NativeLayer
 from llmsample.engine.padded import PaddedBatch
 from tests.conftest import make_tiny_model
 

@@ -19,12 +19,12 @@ from click.testing import CliRunner
 from scipy.stats import chisquare
 
 from llmsample.cli import main
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.events import RunStats, Summary
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory
@@ -467,7 +467,7 @@ def test_the_default_model_on_llama_cpp_decodes_as_llama_cpp_python(monkeypatch:
     llama.cpp's plain Q4_1 kernels, the other way round on transformers, and llama.cpp's greedy
     answer is then "L'Étoile, ...".)"""
     from llmsample.engine.llamacpp_batch import LlamaCppBatch
-    from llmsample.models.llamacpp import plain_llama
+    from llmsample.models.llamacpp_load import plain_llama
 
     monkeypatch.setattr("llmsample.models.llamacpp_model.CACHE_TYPE", 1)  # F16, as llama-cpp-python's
     lm = load_model(None, "cpu", "auto", backend="llama.cpp", gguf_type="Q4_1")  # the shipped file itself

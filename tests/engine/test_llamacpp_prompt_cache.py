@@ -11,7 +11,7 @@ import torch
 
 from llmsample.engine.llamacpp_batch import LlamaCppBatch
 from llmsample.engine.prompt_cache import CachingBackend, PromptCache
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.sampling.config import SamplingConfig
 from tests.engine.test_prompt_cache import BIG, GREEDY, SAMPLED, SYSTEM, CancelFirst, items, run
 from tests.engine.tiny_gguf import write_tiny_gguf

@@ -14,7 +14,7 @@ import torch
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.padded import PaddedBatch
 from llmsample.engine.prompt_cache import MIN_REUSE, CachingBackend, PromptCache
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from llmsample.engine.forcing import forced_logits
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.models.loading import load_model
 from tests.engine.tiny_gguf import write_tiny_gguf
 

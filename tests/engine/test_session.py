@@ -8,7 +8,7 @@ import pytest
 from llmsample.engine.decode import DecodeOptions
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 from llmsample.engine.session import Session
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig

@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 import torch
 
-import llmsample.engine.suffix
-from llmsample.engine.batch import decode_batch
-from llmsample.engine.rows import BatchItem, RowFailed
+import llmsample.engine.suffix_pool
+from llmsample.engine.continuous_batch import decode_batch
+from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.engine.speculative import NgramDrafter
-from llmsample.engine.suffix import PRIOR, SuffixDrafter, SuffixPool
+from llmsample.engine.suffix_pool import PRIOR, SuffixDrafter, SuffixPool
 from llmsample.events import RunStats, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
@@ -125,7 +125,7 @@ def run(lm, prompts: list[list[int]], cfg: SamplingConfig, maker) -> tuple[dict[
 
 def test_greedy_rows_drafting_from_the_pool_give_the_plain_tokens(tiny_lm, monkeypatch: pytest.MonkeyPatch) -> None:
     """(Sampled rows draw their uniforms as their drafts go: the distribution test below.)"""
-    monkeypatch.setattr(llmsample.engine.suffix, "WINDOW", float("inf"))  # the pool's counts never fade
+    monkeypatch.setattr(llmsample.engine.suffix_pool, "WINDOW", float("inf"))  # the pool's counts never fade
     cfg = SamplingConfig(temperature=0.0, max_tokens=12)
     prompts = [[0, 5, 9, 3, 17], [0, 5, 9, 3, 17], [0, 4, 9, 3, 17], [0, 5, 9, 3, 17]]
     plain, _ = run(tiny_lm, prompts, cfg, None)

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from llmsample.cli import main
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.loop import generate, run_to_end, speculative_generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter

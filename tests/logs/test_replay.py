@@ -12,7 +12,7 @@ from pathlib import Path
 
 from llmsample.events import Candidate, TokenEvent
 from llmsample.logs import store
-from llmsample.logs.replay import where_they_part
+from llmsample.logs.rerun import where_they_part
 from tests.conftest import cli_env
 from tests.logs.test_store import run
 

@@ -14,8 +14,8 @@ import torch
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.events import RunStats
 from llmsample.models import device as device_module
-from llmsample.models.conversion import DEFAULT_DTYPE, record_dtype
 from llmsample.models.device import checkpoint_dtype, resolve_dtype
+from llmsample.models.gguf_to_hf import DEFAULT_DTYPE, record_dtype
 from llmsample.models.loading import load_model
 from llmsample.render.stream import summary_lines
 from llmsample.sampling.config import SamplingConfig

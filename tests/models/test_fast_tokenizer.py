@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from llmsample.errors import UserError
-from llmsample.models.conversion import gguf_path
 from llmsample.models.fast_tokenizer import FastTokenizer, fast_tokenizer
-from llmsample.models.llamacpp import transformers_sidecar, write_sidecar
+from llmsample.models.gguf_to_hf import gguf_path
+from llmsample.models.llamacpp_load import transformers_sidecar, write_sidecar
 from llmsample.models.token_bytes import TokenBytes
 from tests.conftest import with_chat_template
 
@@ -249,7 +249,7 @@ def test_a_post_processor_that_adds_bos(tiny_model_dir: Path, tmp_path: Path) ->
 def test_the_kept_configs_answer_as_transformers_config_classes(default_pair: Any, tmp_path: Path) -> None:
     """What the llama.cpp path reads of the configs: the same from plain JSON as from
     ``PretrainedConfig`` and ``GenerationConfig``, also for a generation config without EOS."""
-    from llmsample.models.llamacpp import KeptConfig
+    from llmsample.models.llamacpp_load import KeptConfig
 
     folder = tmp_path / "kept"
     write_sidecar(gguf_path(), folder, None)

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.models import conversion as store
+from llmsample.models import gguf_to_hf as store
 from llmsample.models.loading import load_model
 from tests.conftest import make_tiny_model
 
@@ -271,7 +271,7 @@ def test_cache_missing_its_weights_is_converted_again(home: Path, damage: str) -
 def staging_of_killed_process(target: Path) -> Path:
     """A staging directory whose owner was really killed with SIGKILL mid-way."""
     code = (
-        "import sys, time; from pathlib import Path; from llmsample.models.conversion import new_staging_dir\n"
+        "import sys, time; from pathlib import Path; from llmsample.models.gguf_to_hf import new_staging_dir\n"
         "p = new_staging_dir(Path(sys.argv[1])); (p / 'model.safetensors').write_bytes(b'x' * 4096)\n"
         "print(p, flush=True); time.sleep(600)"
     )

@@ -1,4 +1,4 @@
-"""llmsample's own forward (``--backend torch``, models/native.py) against transformers' on the same
+"""llmsample's own forward (``--backend torch``, models/native_llama.py) against transformers' on the same
 weights (the real peer): tiny random Llama (untied; tied with Llama 3.1's rope scaling; with
 attention and MLP biases), Qwen2 (q/k/v biases) and Mistral (a 4-position sliding window) through every operation of the padded
 batch: ragged prefill, steps, ragged verification and rollback holes, a join mid-decode, rows
@@ -61,7 +61,7 @@ def folder(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def pair(folder: Path, dtype: str) -> tuple[Any, Any]:
     """The folder loaded by both backends. Only the forward passes are compared here, so Qwen2's
     tokenizer (refused on torch: tests/commands/test_native_backend.py) is let through."""
-    from llmsample.models import native_load
+    from llmsample.models import native_checkpoint as native_load
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(native_load, "OWN_TOKENIZER_CLASS", {})
@@ -119,7 +119,7 @@ def test_hidden_states_and_the_logit_lens_are_transformers(folder: Path) -> None
 
 
 def test_a_tied_head_is_the_embedding_and_an_untied_one_its_own(tmp_path: Path) -> None:
-    from llmsample.models.native_load import read_native
+    from llmsample.models.native_checkpoint import read_native
 
     tied = read_native(MODELS["llama-tied-llama3"](tmp_path / "tied"), "tied", torch.float32)[0]
     assert tied.lm_head.weight is tied.model.embed_tokens.weight

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints written to GGUF (:mod:`llmsample.models.to_gguf`): tiny random Llama,
+"""Hugging Face checkpoints written to GGUF (:mod:`llmsample.models.hf_to_gguf`): tiny random Llama,
 Qwen2 and Mistral checkpoints built here, with the default model's byte-level BPE tokenizer,
 give llama.cpp the logits transformers gives on the same weights (float32 file, float32 KV
 cache) and the same token ids; the cache rebuilds a folder that lost its file, and a
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from llmsample.models import to_gguf
-from llmsample.models.conversion import gguf_path, models_dir
+from llmsample.models import hf_to_gguf as to_gguf
+from llmsample.models.gguf_to_hf import gguf_path, models_dir
 from tests.conftest import cli_env
 
 pytest.importorskip("llama_cpp")
@@ -135,7 +135,7 @@ def test_a_folder_that_lost_its_file_is_converted_again(tmp_path: Path, tokenize
 KILLED = """
 import sys, time
 from pathlib import Path
-from llmsample.models import to_gguf
+from llmsample.models import hf_to_gguf as to_gguf
 real = to_gguf.add_tensors
 def slow(*args):
     out = real(*args)
@@ -158,7 +158,7 @@ def test_a_conversion_killed_midway_leaves_nothing_loadable(tmp_path: Path, toke
     assert not to_gguf.is_complete_gguf(models_dir() / f"llama-{key}-OWN")
     left = [p for p in models_dir().iterdir() if key in p.name]
     assert left and all(p.name.startswith(".") for p in left)  # only the staging folder
-    from llmsample.models.conversion import remove_abandoned_staging
+    from llmsample.models.gguf_to_hf import remove_abandoned_staging
 
     time.sleep(0.1)
     assert {p for p, _ in remove_abandoned_staging()} >= set(left)

@@ -30,7 +30,7 @@ def splits_a_character(pieces: list[bytes | None]) -> bool:
 
 
 def test_the_default_models_byte_level_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llmsample.models.conversion import default_model_path
+    from llmsample.models.gguf_to_hf import default_model_path
     from llmsample.models.tokenizer import saved_tokenizer
 
     monkeypatch.setenv("LLMSAMPLE_HOME", str(TEST_HOME))

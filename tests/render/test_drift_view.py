@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from llmsample.analysis.drift_records import DriftToken, TopToken, summarize
-from llmsample.render.drift import DRIFT_BANDS, drift_band, drift_page, drift_report, drift_text, format_kl
+from llmsample.render.drift_view import DRIFT_BANDS, drift_band, drift_page, drift_report, drift_text, format_kl
 from tests.conftest import REPO
 
 
@@ -70,6 +70,6 @@ def test_page_is_self_contained_and_escaped() -> None:
 
 
 def test_imports_without_torch() -> None:
-    code = "import sys; sys.modules['torch'] = None; import llmsample.render.drift, llmsample.analysis.drift_records"
+    code = "import sys; sys.modules['torch'] = None; import llmsample.render.drift_view, llmsample.analysis.drift_records"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert result.returncode == 0, result.stderr.strip().splitlines()[-1]

@@ -19,7 +19,7 @@ MODULES = [
     "llmsample.render.stream",
     "llmsample.sampling.stages",
     "llmsample.batch.requests",
-    "llmsample.batch.responses",
+    "llmsample.batch.result_lines",
     "llmsample.batch.resume",
     "llmsample.batch.output",
     "llmsample.batch.distributed",

@@ -18,7 +18,7 @@ from llmsample.models.loading import LoadedModel, load_model
 from llmsample.serve.engine import Busy, Engine
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import parse_body
-from llmsample.serve.rows import build_items
+from llmsample.serve.request_rows import build_items
 from llmsample.serve.state import ServeState
 from tests.conftest import make_tiny_model
 

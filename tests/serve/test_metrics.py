@@ -7,7 +7,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from llmsample.events import CacheReuse, RunFacts, Speculation, Summary
-from llmsample.serve.metrics import Histogram, ServeMetrics
+from llmsample.serve.prometheus import Histogram, ServeMetrics
 from tests.serve.conftest import NO_EOS, Server
 
 

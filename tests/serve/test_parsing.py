@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llmsample.batch.requests import CHAT_URL, COMPLETIONS_URL
-from llmsample.serve.errors import ApiError
+from llmsample.serve.api_errors import ApiError
 from llmsample.serve.parsing import load_json, parse_body
 from llmsample.serve.server import exposure_warning
 
@@ -93,8 +93,8 @@ def test_exposure_warning() -> None:
 @pytest.mark.parametrize("usage", [False, True])
 def test_a_plain_token_chunk_is_the_dumped_chunk(url: str, usage: bool) -> None:
     """Plain token chunks are made from a template per choice: the same bytes as dumping the chunk."""
-    from llmsample.batch.responses import dumps
-    from llmsample.serve.responses import Answer
+    from llmsample.batch.result_lines import dumps
+    from llmsample.serve.completion_bodies import Answer
 
     chat = url == CHAT_URL
     body = CHAT if chat else {"prompt": "hi"}

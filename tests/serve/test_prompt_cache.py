@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from llmsample.models.conversion import gguf_path
+from llmsample.models.gguf_to_hf import gguf_path
 from tests.engine.tiny_gguf import write_tiny_gguf
 from tests.serve.conftest import NO_EOS, Server, start_server
 

@@ -17,7 +17,7 @@ from llmsample.errors import RuntimeFailure
 from llmsample.models.loading import load_model
 from llmsample.serve.engine import Engine
 from llmsample.serve.parsing import parse_body
-from llmsample.serve.rows import build_items
+from llmsample.serve.request_rows import build_items
 from llmsample.serve.server import bind, serve_forever
 from llmsample.serve.state import ServeState
 from tests.conftest import make_tiny_model

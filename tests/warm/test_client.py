@@ -15,7 +15,7 @@ from tests.conftest import REPO
 from tests.warm.conftest import Engine
 
 BLOCK = "import sys\nfor name in ('torch', 'transformers', 'llama_cpp'):\n    sys.modules[name] = None\n"
-CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.warm", "llmsample.cli",
+CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.host_options", "llmsample.cli",
           "llmsample.commands.chat_warm", "llmsample.chat.repl", "llmsample.commands.explain",
           "llmsample.analysis.explain_records"]
 

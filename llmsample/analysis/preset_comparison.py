@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmsample.analysis.metrics import SampleMetrics, cross_sample_diversity, mean_pairwise_overlap, sample_metrics
+from llmsample.analysis.text_metrics import SampleMetrics, cross_sample_diversity, mean_pairwise_overlap, sample_metrics
 from llmsample.errors import Interrupted, ignore_further_interrupts
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig

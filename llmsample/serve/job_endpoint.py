@@ -40,13 +40,13 @@ from llmsample.client.wire import (
     job_from_json,
 )
 from llmsample.engine.prompt import fit_exchanges, has_chat_template, message_id_list, prompt_id_list
-from llmsample.engine.rows import BatchItem
+from llmsample.engine.row_state import BatchItem
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats
 from llmsample.models.device import dtype_name
+from llmsample.serve.api_errors import ApiError
 from llmsample.serve.app import _endpoint
 from llmsample.serve.engine import Closing
-from llmsample.serve.errors import ApiError
 from llmsample.serve.flow import enqueue, off_loop, read_json, records
 from llmsample.serve.state import ServeState
 

@@ -1,6 +1,6 @@
 """``generate --replay ID``: a logged generate or speculate run decoded again with its prompt,
 settings, seed, model and flags, printed as any run is, then one stderr line: matched, or where
-the two first part and why (:mod:`llmsample.logs.replay`)."""
+the two first part and why (:mod:`llmsample.logs.rerun`)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def replay_options(options: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, 
     check that compares the new tokens with it."""
     from llmsample.commands.sampling_options import sampling_overrides
     from llmsample.logs import store
-    from llmsample.logs.replay import ReplayCheck
+    from llmsample.logs.rerun import ReplayCheck
     from llmsample.sampling.config import ConfigError, SamplingConfig
 
     run = store.get(options["replay"])

@@ -2,7 +2,7 @@
 rendered with the tools (:func:`tool_prompt`), the call grammar on the row's settings
 (:func:`with_tools`), and the answer's text split into OpenAI's ``message`` fields
 (:func:`message`). Batch OpenAI lines and the server share it; the call formats and grammars
-are :mod:`llmsample.sampling.tools`'s."""
+are :mod:`llmsample.sampling.tool_grammar`'s."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 from llmsample.batch.requests import Request
 from llmsample.errors import UserError
 from llmsample.sampling.config import SamplingConfig
-from llmsample.sampling.tools import (
+from llmsample.sampling.tool_grammar import (
     GENERIC,
     CallFormat,
     Reasoning,

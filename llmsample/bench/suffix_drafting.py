@@ -28,10 +28,10 @@ from typing import Any
 
 from llmsample.bench.prompts import batch_prompts, rewrite_prompts
 from llmsample.bench.timing import paired_ratio, rounds
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
-from llmsample.engine.suffix import SuffixDrafter, SuffixPool
+from llmsample.engine.suffix_pool import SuffixDrafter, SuffixPool
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig

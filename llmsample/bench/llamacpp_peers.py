@@ -37,11 +37,11 @@ from llmsample.bench.sides import as_transformers_loads, ours
 from llmsample.bench.sides import theirs as theirs_generate
 from llmsample.bench.timing import paired_ratio, rounds, timed_tokens_per_s
 from llmsample.engine.backend import open_backend
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
-from llmsample.models.llamacpp import plain_llama
+from llmsample.models.llamacpp_load import plain_llama
 from llmsample.models.loading import LoadedModel, load_model
 from llmsample.sampling.config import SamplingConfig
 

@@ -9,13 +9,13 @@ from typing import Any
 
 from llmsample.batch.requests import Request
 from llmsample.batch.run import prompt_ids, request_config, shaped
-from llmsample.batch.tools import PLAIN, ChatShape
-from llmsample.engine.rows import BatchItem
+from llmsample.batch.tool_requests import PLAIN, ChatShape
+from llmsample.engine.row_state import BatchItem
 from llmsample.errors import UserError
 from llmsample.events import RunStats
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.vocabulary import Vocabulary
-from llmsample.serve.errors import ApiError, bad_request
+from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.state import ServeState
 

@@ -1,7 +1,7 @@
 """A streamed chat answer's deltas when its text is more than content: ``reasoning_content``
 apart from ``content``, and ``tool_calls`` (each call's id and name once, then its
 ``function.arguments`` in pieces), as OpenAI streams them. The text so far is read whole at
-each token (:func:`llmsample.sampling.tools.split_tool_calls` and ``split_reasoning`` with
+each token (:func:`llmsample.sampling.tool_grammar.split_tool_calls` and ``split_reasoning`` with
 ``final=False``: what may still become a tag or a call is held back), and only what grew since
 the last token goes out, so the deltas add up to the whole answer's fields. The Responses and
 Messages APIs read the same deltas as :class:`Blocks` (reasoning, text, each call), their output
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmsample.batch.tools import ChatShape, call_id
-from llmsample.sampling.tools import split_reasoning, split_tool_calls
+from llmsample.batch.tool_requests import ChatShape, call_id
+from llmsample.sampling.tool_grammar import split_reasoning, split_tool_calls
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.prompt_cache import PromptCache
-from llmsample.engine.rows import BatchItem, RowFailed
+from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.events import Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models.conversion import (
+from llmsample.models.gguf_to_hf import (
     GGUF_READ_ERRORS,
     gguf_key,
     gguf_path,
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
     from rich.progress import Progress
 
-BACKENDS = ("auto", "transformers", "llama.cpp", "torch")  # torch: models/native_load.py
+BACKENDS = ("auto", "transformers", "llama.cpp", "torch")  # torch: models/native_checkpoint.py
 EXTRA = "pip install 'llmsample[llamacpp]'"
 SIDECAR_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
 
@@ -65,11 +65,11 @@ def checkpoint_folder(spec: str | None) -> Path | None:
 def choose_backend(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
     """``auto``: llama.cpp on a CPU, when the extra is installed and nothing only transformers does
     was asked for (``plain``: no --dtype, --compile, --quantize, placement, --tp), for the default
-    model (its GGUF rewritten at F16, :mod:`llmsample.models.to_gguf`), a GGUF file, or a local
+    model (its GGUF rewritten at F16, :mod:`llmsample.models.hf_to_gguf`), a GGUF file, or a local
     checkpoint llama.cpp can run once written to GGUF; transformers otherwise (a hub id, custom
     code, a tokenizer llama.cpp has no model for). An explicit ``llama.cpp`` that cannot run is
     one line saying why."""
-    from llmsample.models.to_gguf import unconvertible
+    from llmsample.models.hf_to_gguf import unconvertible
 
     if requested == "transformers":
         return requested

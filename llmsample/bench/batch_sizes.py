@@ -15,7 +15,7 @@ import torch
 
 from llmsample.bench.prompts import batch_prompts
 from llmsample.bench.timing import paired_ratio, rounds
-from llmsample.engine.batch import BatchItem, decode_batch
+from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats, Summary
 from llmsample.models.loading import LoadedModel

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.help import GroupedCommand
+from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
 from llmsample.commands.options import (
     deterministic_option,
@@ -21,12 +22,11 @@ from llmsample.commands.options import (
     read_prompt,
 )
 from llmsample.commands.sampling_options import constraint_from, constraint_options
-from llmsample.commands.warm import with_engine_options
 from llmsample.errors import UserError
 from llmsample.render.numbers import format_number
 
 if TYPE_CHECKING:
-    from llmsample.analysis.compare import PresetAggregate, PresetRun, Rows
+    from llmsample.analysis.preset_comparison import PresetAggregate, PresetRun, Rows
     from llmsample.client.connection import Target
 
 
@@ -54,7 +54,7 @@ def compare_presets(**options: Any) -> None:
 
     A warm engine of the same model (llmsample start) decodes the samples instead of this process.
     """
-    from llmsample.analysis.compare import compare_rows, local_rows
+    from llmsample.analysis.preset_comparison import compare_rows, local_rows
     from llmsample.client.route import choose_deterministic
     from llmsample.render.jsonout import strict_json
     from llmsample.sampling import presets as preset_store
@@ -194,7 +194,7 @@ def show(runs: list[PresetRun], samples: int, no_color: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from llmsample.analysis.compare import aggregate
+    from llmsample.analysis.preset_comparison import aggregate
     from llmsample.render.bands import band_for
     from llmsample.render.stream import legend
     from llmsample.terminal import stdout_console, use_color

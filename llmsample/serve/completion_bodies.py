@@ -1,7 +1,7 @@
 """Answers in OpenAI's shapes: ``chat.completion`` and ``text_completion`` bodies, their stream
 chunks (``chat.completion.chunk``; completions stream ``text_completion`` objects), ``usage``,
 ``finish_reason`` and ``system_fingerprint``. Log probabilities are the batch command's
-(:mod:`llmsample.batch.responses`: the raw model's, as OpenAI and vLLM report them). Our own
+(:mod:`llmsample.batch.result_lines`: the raw model's, as OpenAI and vLLM report them). Our own
 figures go under the key ``llmsample`` of each choice when the request asked for them."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from itertools import accumulate
 from typing import Any
 
 from llmsample import __version__
-from llmsample.batch.responses import (
+from llmsample.batch.result_lines import (
     FINISH_REASONS,
     TokenLevel,
     _chat_logprobs,
@@ -24,10 +24,10 @@ from llmsample.batch.responses import (
     _full,
     dumps,
 )
-from llmsample.batch.tools import PLAIN, ChatShape, call_start, message
+from llmsample.batch.tool_requests import PLAIN, ChatShape, call_start, message
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.parsing import ServeRequest
-from llmsample.serve.tools import StreamSplit
+from llmsample.serve.tool_stream import StreamSplit
 
 
 def fingerprint(model: str, dtype: str, device: str) -> str:

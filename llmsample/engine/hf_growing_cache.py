@@ -1,5 +1,5 @@
 """A transformers KV cache whose full-attention layers append in place: transformers'
-``DynamicLayer`` with the growth of :mod:`llmsample.engine.growth` (the scheme and its
+``DynamicLayer`` with the growth of :mod:`llmsample.engine.kv_growth` (the scheme and its
 measurements are described there)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from llmsample.engine.growth import Growing
+from llmsample.engine.kv_growth import Growing
 
 
 def growing_cache(config: Any) -> DynamicCache:

@@ -1,7 +1,7 @@
 """Hugging Face checkpoints written to GGUF once, for llama.cpp (``--backend llama.cpp``, and
 ``auto`` on a CPU): the checkpoint's own precision, or ``--gguf-type`` through llama.cpp's own
 quantizer; cached in the model cache with the conversion's staging-and-rename rules
-(:mod:`llmsample.models.conversion`), so a killed conversion leaves nothing loadable and a
+(:mod:`llmsample.models.gguf_to_hf`), so a killed conversion leaves nothing loadable and a
 folder that lost its file is converted again. The default model's GGUF is the wheel's Q4_1 file
 rewritten by llama.cpp's quantizer at F16 (:func:`requantized`; Q4_1's 8-bit activations answer "L'Étoile" for the
 capital of France; F16 answers Paris)."""
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models.conversion import WEIGHT_FILES, gguf_key, install, models_dir, staging_beside
+from llmsample.models.gguf_to_hf import WEIGHT_FILES, gguf_key, install, models_dir, staging_beside
 from llmsample.models.gguf_vocab import add_tokenizer, matching_pre, tokenizer_kind
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Reading a checkpoint folder for llmsample's own forward (``--backend torch``,
-:mod:`llmsample.models.native`) without transformers: config.json and generation_config.json as
-plain JSON (:class:`~llmsample.models.llamacpp.KeptConfig`), the tokenizer with ``tokenizers``
+:mod:`llmsample.models.native_llama`) without transformers: config.json and generation_config.json as
+plain JSON (:class:`~llmsample.models.llamacpp_load.KeptConfig`), the tokenizer with ``tokenizers``
 (:mod:`llmsample.models.fast_tokenizer`), the weights from safetensors by their own names, refused
 in the transformers path's words (:mod:`llmsample.models.checkpoint`) when they do not fit.
 
@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models import llamacpp
+from llmsample.models import llamacpp_load
 from llmsample.models.checkpoint import mismatch_message
-from llmsample.models.conversion import DEFAULT_MODEL, is_complete_conversion, models_dir
-from llmsample.models.llamacpp import KeptConfig, checkpoint_folder
+from llmsample.models.gguf_to_hf import DEFAULT_MODEL, is_complete_conversion, models_dir
+from llmsample.models.llamacpp_load import KeptConfig, checkpoint_folder
 
 if TYPE_CHECKING:
     import torch
 
     from llmsample.models.fast_tokenizer import FastTokenizer
-    from llmsample.models.native import NativeCausalLM
+    from llmsample.models.native_llama import NativeCausalLM
 
 TORCH_ONLY_FOR = "--compile, --quantize, --device-map and --tp"
 OWN_TOKENIZER_CLASS = {"qwen2": "Qwen2Tokenizer"}
@@ -38,13 +38,13 @@ reading of tokenizer.json, so not :mod:`llmsample.models.fast_tokenizer`'s."""
 def pick_backend(requested: str, spec: str | None, device: torch.device, dtype_given: bool, simple: bool) -> str:
     """``torch``, ``llama.cpp`` or ``transformers``. ``simple``: none of --compile, --quantize,
     --device-map, --tp (transformers' own); ``dtype_given``: a --dtype (llama.cpp runs its file's).
-    ``auto``: llama.cpp where :func:`~llmsample.models.llamacpp.choose_backend` picks it, else
+    ``auto``: llama.cpp where :func:`~llmsample.models.llamacpp_load.choose_backend` picks it, else
     torch on a CPU for a local checkpoint (or the converted default model) that :func:`problem`
     finds nothing wrong with, else transformers. An explicit ``torch`` that cannot run is one line."""
     if requested == "torch":
         check_torch(spec, device, simple)
         return requested
-    chosen = llamacpp.choose_backend(requested, spec, device, simple and not dtype_given)  # looked up: tests replace it
+    chosen = llamacpp_load.choose_backend(requested, spec, device, simple and not dtype_given)  # looked up: tests replace it
     if requested != "auto" or chosen != "transformers" or device.type != "cpu" or not simple:
         return chosen
     folder = native_folder(spec)
@@ -77,7 +77,7 @@ def native_folder(spec: str | None) -> Path | None:
 
 def problem(folder: Path) -> str | None:
     """Why the native forward would not run ``folder`` as transformers does (None: it would)."""
-    from llmsample.models.native import shape_of
+    from llmsample.models.native_llama import shape_of
 
     try:
         config = read_json_config(folder / "config.json")
@@ -159,7 +159,7 @@ def build(folder: Path, name: str, config: Any, generation_config: Any, dtype: t
     """The model made without memory (meta), then given the checkpoint's tensors in ``dtype``."""
     import torch
 
-    from llmsample.models.native import NativeCausalLM, rope_frequencies, shape_of
+    from llmsample.models.native_llama import NativeCausalLM, rope_frequencies, shape_of
 
     shape = shape_of(config)
     with torch.device("meta"), uninitialised():

@@ -1,12 +1,12 @@
 """``chat --replay``: a saved reply against the same reply decoded again, and where and why
-the two part (:func:`llmsample.logs.replay.where_they_part`)."""
+the two part (:func:`llmsample.logs.rerun.where_they_part`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmsample.logs.replay import where_they_part
+from llmsample.logs.rerun import where_they_part
 
 if TYPE_CHECKING:
     from llmsample.chat.conversation import Reply

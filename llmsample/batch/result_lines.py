@@ -61,7 +61,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmsample.batch.requests import Request, RequestError
-from llmsample.batch.tools import PLAIN, ChatShape, message
+from llmsample.batch.tool_requests import PLAIN, ChatShape, message
 
 if TYPE_CHECKING:  # events.py imports torch; these records are only read here
     from llmsample.events import Summary, TokenEvent

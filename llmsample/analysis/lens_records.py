@@ -1,5 +1,5 @@
 """``explain --layers``: the chosen next token and the model's top alternatives, their rank and
-probability at every layer (the logit lens, :mod:`llmsample.engine.lens`). The chosen token is
+probability at every layer (the logit lens, :mod:`llmsample.engine.logit_lens`). The chosen token is
 the one the preset's distribution favours (the sampler chain applied to the last layer's
 logits, which are the model's own), so a ban or a constraint shows."""
 
@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from llmsample.analysis.explain import chain_report, constrained_history
-from llmsample.engine.lens import layer_logits
+from llmsample.engine.logit_lens import layer_logits
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import TokenHistory

@@ -12,7 +12,7 @@ from llmsample.render.html import PAGE_STYLE
 from llmsample.render.inspect import visible
 
 if TYPE_CHECKING:  # types only: a renderer imports no torch
-    from llmsample.analysis.lens import LayerReport
+    from llmsample.analysis.lens_records import LayerReport
     from llmsample.engine.tree import Branch
 
 LENS_STYLE = """

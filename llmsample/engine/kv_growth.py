@@ -1,6 +1,6 @@
 """KV cache layers that append in place, without transformers: the growth scheme that
-:mod:`llmsample.engine.growing_cache` gives transformers' ``DynamicLayer`` and that llmsample's
-own models (:mod:`llmsample.models.native`) use directly.
+:mod:`llmsample.engine.hf_growing_cache` gives transformers' ``DynamicLayer`` and that llmsample's
+own models (:mod:`llmsample.models.native_llama`) use directly.
 
 transformers' ``DynamicLayer`` concatenates every step: the whole cache is copied to add one
 position (at batch 16 and 100 positions on the default model, about 70 MB a step). Measured

@@ -8,9 +8,9 @@ float32 and cast back before the weight, rotary angles in float32 cast to the mo
 attention through ``scaled_dot_product_attention`` with the mask transformers builds (none where
 it would pass none, its GQA choices), SwiGLU. The modules carry transformers' names
 (``model.embed_tokens``, ``model.layers[i].self_attn.q_proj``, ``lm_head``...), so a checkpoint
-loads by its own keys and the logit lens (:mod:`llmsample.models.lens`) finds the final norm and
+loads by its own keys and the logit lens (:mod:`llmsample.models.lens_readout`) finds the final norm and
 the head. Its cache is any object with ``layers`` that ``update`` and ``get_seq_length()``: the
-padded batch (:mod:`llmsample.engine.padded`) gives it :class:`~llmsample.engine.growth.NativeCache`,
+padded batch (:mod:`llmsample.engine.padded`) gives it :class:`~llmsample.engine.kv_growth.NativeCache`,
 which it edits as it edits transformers' caches."""
 
 from __future__ import annotations
