@@ -46,7 +46,7 @@ bytecode:
 	$(BIN)/python -m compileall -q llmsample >/dev/null
 
 test: $(STAMP) browser bytecode
-	$(BIN)/ruff check llmsample tests bench
+	$(BIN)/ruff check llmsample tests tools experiments
 	CI=true LLMSAMPLE_REQUIRE_QUANT=1 $(BIN)/python -m pytest -q
 
 # The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
@@ -65,13 +65,13 @@ bench: $(STAMP) bytecode
 	$(BIN)/llmsample bench --workloads --runs 3 --dtype float32
 
 # The first time a GPU is at hand: CUDA tests, benchmarks and versions into one results folder
-# ($$OUT, else bench/results/gpu-check-*). Runs from the source tree with whatever python has torch
+# ($$OUT, else bench-results/gpu-check-*). Runs from the source tree with whatever python has torch
 # there (no venv, nothing installed); DEVICE=cpu rehearses the same steps here on tiny shapes.
 DEVICE ?= cuda
 CHECK_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 
 gpu-check:
-	PYTHONPATH=. $(CHECK_PYTHON) bench/gpu_check.py --device $(DEVICE)
+	PYTHONPATH=. $(CHECK_PYTHON) tools/gpu_check.py --device $(DEVICE)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .test-home build dist

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO, cli_env
 
-SCRIPT = REPO / "bench" / "gpu_check.py"
+SCRIPT = REPO / "tools" / "gpu_check.py"
 
 
 def load_script():

@@ -17,7 +17,7 @@ non-zero when any step failed):
    batch ``generate``, one full batch per size: ``batch-*.json``).
 
 Runs from the source tree without installing anything. Results go to ``--out``, else ``$OUT``,
-else ``bench/results/gpu-check-<timestamp>/``. ``--device cpu`` runs the same steps on tiny
+else ``bench-results/gpu-check-<timestamp>/``. ``--device cpu`` runs the same steps on tiny
 shapes with a few tokens, in well under a minute: the normal test suite runs it that way."""
 
 from __future__ import annotations
@@ -339,12 +339,12 @@ def bench_summary(out: Path, before: set[Path]) -> tuple[list[str], str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu (tiny shapes, few tokens)")
-    parser.add_argument("--out", type=Path, default=None, help="results folder (default: $OUT, else bench/results/)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: $OUT, else bench-results/)")
     args = parser.parse_args(argv)
     device = args.device
     profile = PROFILES["cuda" if device.startswith("cuda") else "cpu"]
     out = args.out or Path(
-        os.environ.get("OUT") or REPO / "bench" / "results" / time.strftime("gpu-check-%Y%m%d-%H%M%S")
+        os.environ.get("OUT") or REPO / "bench-results" / time.strftime("gpu-check-%Y%m%d-%H%M%S")
     )
     out.mkdir(parents=True, exist_ok=True)
     print(f"[gpu-check] device {device}, results in {out}", flush=True)
