@@ -18,6 +18,7 @@ from llmsample import __version__
 from llmsample.client.wire import (
     DETERMINISTIC_HEADER,
     DROPPED_HEADER,
+    ENGINE_PATH,
     JOB_PATH,
     VERSION_HEADER,
     Failed,
@@ -67,11 +68,9 @@ class Target:
     def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         if self.where.startswith("unix:"):
             return UnixConnection(self.where.removeprefix("unix:"), timeout)
-        url = urllib.parse.urlsplit(self.where)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise UserError(f"--host {self.where!r}: expected a URL such as http://HOST:PORT")
-        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        return kind(url.hostname, url.port, timeout=timeout)
+        scheme, host, port = address(self.where)
+        kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+        return kind(host, port, timeout=timeout)
 
     def headers(self) -> dict[str, str]:
         headers = {VERSION_HEADER: __version__, "Content-Type": "application/json"}
@@ -82,20 +81,55 @@ class Target:
         return headers
 
 
+def address(url: str) -> tuple[str, str, int]:
+    """A server's URL as (scheme, host, port); ``ValueError`` saying what is wrong with it (urllib
+    finds a port out of range or not a number only when asked for it)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:  # an unclosed or misplaced bracket
+        raise ValueError("its brackets are not an IPv6 address's (http://[::1]:8000)") from None
+    try:
+        port = parts.port
+    except ValueError:
+        text = parts.netloc.rpartition(":")[2]
+        if text.isdigit() and int(text) <= 65535:  # a bare IPv6 address: its colons read as a port's
+            raise ValueError("an IPv6 address goes in brackets (http://[::1]:8000)") from None
+        raise ValueError(f"its port {text!r} is not a number from 0 to 65535") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("it does not start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError("it names no host")
+    # the scheme's port said, since http.client reads an IPv6 address's last group as a port
+    return parts.scheme, parts.hostname, port if port is not None else (443 if parts.scheme == "https" else 80)
+
+
 def get_json(target: Target, path: str, timeout: float = 5.0) -> Any:
-    """A GET answered with JSON; unreachable or failing is :class:`RuntimeFailure`."""
+    """A GET answered with JSON; unreachable or failing is :class:`RuntimeFailure`, a server
+    that is not llmsample's one line for the user (:func:`_foreign`)."""
     connection = target.connection(timeout)
     try:
         connection.request("GET", path, headers=target.headers())
         response = connection.getresponse()
         body = response.read()
     except (OSError, http.client.HTTPException) as exc:
-        raise RuntimeFailure(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+        raise _unreachable(target, exc, RuntimeFailure) from None
     finally:
         connection.close()
     if response.status != 200:
-        raise _refusal(target, response.status, body)
-    return json.loads(body)
+        raise _refusal(target, response.status, body, response.getheader("Content-Type"))
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise _foreign(target, 200, response.getheader("Content-Type")) from None
+
+
+def engine_status(target: Target, timeout: float = 5.0) -> dict[str, Any]:
+    """The engine's status (model, rows, context...); a server whose answer is not one, whatever
+    it serves, is one line for the user."""
+    status = get_json(target, ENGINE_PATH, timeout)
+    if not (isinstance(status, dict) and isinstance(status.get("model"), str) and "version" in status):
+        raise _foreign(target, 200, "JSON that is not an engine's status")
+    return status
 
 
 def post_json(target: Target, path: str, body: dict[str, Any]) -> Any:
@@ -107,11 +141,14 @@ def post_json(target: Target, path: str, body: dict[str, Any]) -> Any:
         response = connection.getresponse()
         answer = response.read()
     except (OSError, http.client.HTTPException) as exc:
-        raise EngineGone(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
+        raise _unreachable(target, exc, EngineGone) from None
     finally:
         connection.close()
+    kind = response.getheader("Content-Type")
     if response.status != 200:
-        raise _refusal(target, response.status, answer)
+        raise _refusal(target, response.status, answer, kind)
+    if not (kind or "").startswith("application/json"):
+        raise _foreign(target, 200, kind)
     try:
         return json.loads(answer)
     except ValueError:
@@ -205,13 +242,16 @@ def _admitted(
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
-            raise EngineGone(f"cannot reach the engine at {target.where} ({_reason(exc)})") from None
-        if response.status == 200:
+            raise _unreachable(target, exc, EngineGone) from None
+        kind = response.getheader("Content-Type")
+        if response.status == 200 and (kind or "").startswith("application/x-ndjson"):
             return connection, response
         answer = response.read()
         connection.close()
+        if response.status == 200:
+            raise _foreign(target, 200, kind)
         if response.status != 503 or _code(answer) != "server_busy":
-            raise _refusal(target, response.status, answer)
+            raise _refusal(target, response.status, answer, kind)
         if not told:
             waiting(f"the engine at {target.where} is busy; waiting for a free row (--local runs here instead)")
             told = True
@@ -225,12 +265,17 @@ def _code(body: bytes) -> str | None:
         return None
 
 
-def _refusal(target: Target, status: int, body: bytes) -> Exception:
-    """The engine's answer as the in-process run's error: a bad request is the user's (exit 2)."""
+def _refusal(target: Target, status: int, body: bytes, kind: str | None) -> Exception:
+    """The engine's answer as the in-process run's error: a bad request is the user's (exit 2).
+    An answer without llmsample's error object, or a 404 for a path of llmsample's own (another
+    server's, or another version's), is not an engine's: one line for the user, never its body."""
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
-        message = body.decode(errors="replace").strip()[:200] or f"HTTP {status}"
+        message = None
+    if not isinstance(message, str) or (status == 404 and _code(body) != "model_not_found"):
+        return _foreign(target, status, kind)
+    message = printable(message)
     if status in (400, 401, 404, 409):
         return UserError(message)
     if status == 422 and _code(body) == "run_failed":  # the run itself failed there, as it would here
@@ -238,8 +283,38 @@ def _refusal(target: Target, status: int, body: bytes) -> Exception:
     return RuntimeFailure(f"the engine at {target.where} answered {status}: {message}")
 
 
+NOT_HTTP = (http.client.BadStatusLine, http.client.LineTooLong, http.client.UnknownProtocol)
+"""What ``http.client`` raises for an answer that is not HTTP (``RemoteDisconnected``, a
+``BadStatusLine`` too, is a server that closed the connection without an answer)."""
+
+
+def _unreachable(target: Target, exc: BaseException, kind: type[RuntimeFailure]) -> Exception:
+    """A request that got no HTTP answer: a server that answers something else is the user's to
+    fix; one that is gone, refuses or closes is ``kind`` (exit 1)."""
+    if isinstance(exc, NOT_HTTP) and not isinstance(exc, http.client.RemoteDisconnected):
+        return _foreign(target, None, None)
+    return kind(f"cannot reach the engine at {target.where} ({_reason(exc)})")
+
+
+def _foreign(target: Target, status: int | None, kind: str | None) -> UserError:
+    """A server that is not ``llmsample serve`` (a web server, another API): what it answered in a
+    few words, never its page."""
+    answered = "an answer that is not HTTP"
+    if status is not None:
+        answered = f"HTTP {status}, {printable(kind or 'no content type', 60)}"
+    return UserError(f"{target.where} does not answer as llmsample serve does ({answered}); point --host or "
+                     "LLMSAMPLE_HOST at an llmsample serve (http://HOST:PORT), or pass --local")  # fmt: skip
+
+
+def printable(text: str, limit: int = 300) -> str:
+    """A server's words on one line: control characters escaped (a terminal's escape codes, a
+    newline), cut at ``limit`` characters."""
+    flat = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
 def _reason(exc: BaseException) -> str:
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return printable(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
 
 
 def say(line: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from llmsample import __version__
 from llmsample.client import registry
-from llmsample.client.connection import Target
+from llmsample.client.connection import Target, address
 from llmsample.errors import UserError
 
 UNSERVED = {
@@ -44,12 +44,12 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
     own that an engine cannot honour (refused in one line when an engine would run it)."""
     if options.get("local"):
         return None
-    host = options.get("host") or os.environ.get("LLMSAMPLE_HOST")
+    host = hosted(options)
     if host:
         flag = unserved(options, refused)
         if flag:
             raise UserError(f"{flag} does not run on an engine (--host / LLMSAMPLE_HOST); leave it out or pass --local")
-        return Target(host.rstrip("/"), os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"),
+        return Target(host, os.environ.get("LLMSAMPLE_API_KEY") or None, options.get("model"),
                       bool(options.get("deterministic")))
     if not _has_engines():
         return None
@@ -76,13 +76,28 @@ def choose_deterministic(options: dict[str, Any]) -> tuple[Target | None, bool]:
     given = options.get("deterministic")
     if given is not None:
         return choose(options), given
-    hosted = options.get("host") or os.environ.get("LLMSAMPLE_HOST")
-    if not hosted:
+    if not options.get("local") and not hosted(options):
         target = choose({**options, "deterministic": True})
         if target is not None:
             return target, True
     target = choose({**options, "deterministic": False})
     return target, target is None
+
+
+def hosted(options: dict[str, Any]) -> str | None:
+    """The server given by ``--host`` or ``LLMSAMPLE_HOST``, checked before anything loads: a
+    value that is no server's URL is one line naming where it came from (exit 2)."""
+    given = options.get("host")
+    source, host = ("--host", given) if given else ("LLMSAMPLE_HOST", os.environ.get("LLMSAMPLE_HOST"))
+    if not host:
+        return None
+    if host.startswith("unix:"):  # an engine's own socket, as ``llmsample ps`` shows it
+        return host
+    try:
+        address(host)
+    except ValueError as exc:
+        raise UserError(f"{source} {host!r}: {exc}; expected a URL such as http://HOST:PORT") from None
+    return host.rstrip("/")
 
 
 def _has_engines() -> bool:

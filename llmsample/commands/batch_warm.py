@@ -133,10 +133,9 @@ def _run(
 def _rows(target: Target, options: dict[str, Any]) -> tuple[int, int]:
     """The engine's rows and queue places, asked before anything is sent: a server of another
     model or version is one line here, not an error record on every line."""
-    from llmsample.client.connection import get_json
-    from llmsample.client.wire import ENGINE_PATH
+    from llmsample.client.connection import engine_status
 
-    status = get_json(target, ENGINE_PATH)
+    status = engine_status(target)
     if not target.where.startswith("unix:") and options["model"] and status.get("model") != options["model"]:
         raise UserError(f"model {options['model']!r} is not served at {target.where}; it runs {status.get('model')!r}")
     return status.get("batch_size") or WINDOW_FALLBACK, status.get("max_queue") or 0

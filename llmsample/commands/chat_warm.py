@@ -76,12 +76,11 @@ def _pairs(records: Iterator[Any]) -> Generator[Any, None, None]:
 
 def start_on(target: Target, options: dict[str, Any], views: Views, settings: ChatSettings) -> EngineChat:
     """The chat on ``target``: the engine's model must have a chat template, as in-process."""
-    from llmsample.client.connection import get_json
-    from llmsample.client.wire import ENGINE_PATH
+    from llmsample.client.connection import engine_status
     from llmsample.commands.sampling_options import resolve_sampling
 
     preset, cfg = resolve_sampling(options)
-    status = get_json(target, ENGINE_PATH)
+    status = engine_status(target)
     name = status["model"]
     if not target.where.startswith("unix:") and options["model"] and options["model"] != name:
         raise UserError(f"model {options['model']!r} is not served at {target.where}; it runs {name!r}")

@@ -131,12 +131,12 @@ def ps() -> None:
 
     MODE is ``deterministic`` for an engine started with --deterministic (every row computed
     alone), else ``batched``."""
-    from llmsample.client.connection import Target, get_json
+    from llmsample.client.connection import Target, engine_status
 
     rows = []
     for record in registry.engines():
         try:
-            status = get_json(Target(record.where), "/llmsample/v1/engine", timeout=2)
+            status = engine_status(Target(record.where), timeout=2)
             rows_in, idle = str(status["in_flight"]), f"{status['idle_s']:.0f}s"
         except (RuntimeFailure, UserError, KeyError, ValueError):
             rows_in, idle = "?", "?"
