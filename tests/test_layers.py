@@ -164,9 +164,51 @@ def test_a_circle_is_reported() -> None:
     assert circles(modules) == [["x.a", "x.b", "x.c", "x.d"], ["x.e", "x.f"]]
 
 
+# --- names: a module's basename says which room it is in -------------------------------------------
+
+SHARED_BASENAMES = {"__init__", "__main__"}
+
+
+def command_modules() -> set[str]:
+    """The modules that hold a CLI command, named for it (``commands/batch.py`` runs ``llmsample
+    batch``): the one name a layer may share, with the concept the command drives."""
+    from llmsample.cli import COMMANDS
+
+    return {target.split(":")[0] for target in COMMANDS.values()}
+
+
+def repeated_basenames(modules: list[str], commands: set[str]) -> dict[str, list[str]]:
+    """Basenames that more than one module has, less the shared ones and a command's own module."""
+    by_name: dict[str, list[str]] = {}
+    for module in modules:
+        by_name.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+    found = {}
+    for name, places in by_name.items():
+        others = [m for m in places if not (m.rsplit(".", 1)[0].endswith(".commands") and name in commands)]
+        if name not in SHARED_BASENAMES and len(others) > 1:
+            found[name] = sorted(places)
+    return found
+
+
+def test_no_two_modules_share_a_basename() -> None:
+    """In a traceback or an editor tab, ``rows.py`` must not be the engine's or the server's: every
+    module's basename is its own, but for a command's module (docs/architecture.md, "Names")."""
+    files = [module_name(path) if path.name != "__init__.py" else f"{module_name(path)}.__init__"
+             for path in sorted(PACKAGE.rglob("*.py"))]  # fmt: skip
+    assert repeated_basenames(files, command_modules()) == {}
+
+
+def test_a_repeated_basename_is_reported() -> None:
+    modules = ["x.engine.rows", "x.serve.rows", "x.commands.batch", "x.batch.batch", "x.a.__init__", "x.b.__init__"]
+    assert repeated_basenames(modules, {"batch"}) == {"rows": ["x.engine.rows", "x.serve.rows"]}
+    assert repeated_basenames(["x.engine.batch", "x.bench.batch", "x.commands.batch"], {"batch"}) == {
+        "batch": ["x.bench.batch", "x.commands.batch", "x.engine.batch"]
+    }
+
+
 # --- the benchmarks: one package, behind `llmsample bench` ---------------------------------------
 
-BENCH = ("single", "batch", "workloads", "quant", "results")
+BENCH = ("single", "batch_sizes", "workloads", "quant", "results")
 
 
 def test_the_benchmarks_are_one_package() -> None:
