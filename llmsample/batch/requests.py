@@ -16,7 +16,9 @@ ones included). The format is decided per line:
    ``stop`` (a string or a list), ``seed``, ``frequency_penalty``, ``presence_penalty``, ``n``
    (only 1) and log probabilities: on chat ``logprobs`` (bool) with ``top_logprobs`` (0..20,
    which needs ``logprobs: true``); on completions ``logprobs`` is the legacy integer 0..5 (the
-   number of alternatives). Any other key is an error naming it.
+   number of alternatives), ``echo`` (bool: the prompt first, with ``logprobs`` its tokens
+   scored) and ``max_tokens`` may be 0 (the prompt alone, nothing generated), as
+   lm-evaluation-harness scores a text. Any other key is an error naming it.
 4. Any other JSON object: **our format**, ``prompt`` (a string) or ``messages`` (a non-empty
    list of ``{role, content}``), optional ``custom_id`` (default ``line-N``), ``preset`` (a
    name), ``system`` (with ``prompt`` only), ``raw`` (bool, with ``prompt`` only) and any
@@ -79,6 +81,9 @@ BODY_KEYS = {
     COMPLETIONS_URL: ("prompt", *_BODY_COMMON),
 }
 MAX_TOP_LOGPROBS = {CHAT_URL: 20, COMPLETIONS_URL: 5}
+ECHO_KEY = "echo"
+"""A batch completion body's ``echo`` (the server reads it among its own keys: a chat request
+that sends it is answered with a warning there, as before, not refused)."""
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -101,6 +106,8 @@ class Request:
     tools: tuple[Tool, ...] = ()  # chat: the functions offered (body.tools)
     tool_choice: str = "auto"  # auto | none | required | a tool's name
     parallel_tool_calls: bool = True
+    echo: bool = False  # completions: the prompt before the text (and its logprobs before the text's)
+    prompt_only: bool = False  # completions' max_tokens 0: the prompt echoed or scored, nothing generated
 
     @property
     def endpoint(self) -> Literal["chat", "completion"]:
@@ -311,7 +318,7 @@ def _openai_request(data: dict[str, Any], number: int) -> Request:
 
 
 def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, strict: bool = False) -> Request:
-    allowed = BODY_KEYS[url]
+    allowed = (*BODY_KEYS[url], ECHO_KEY) if url == COMPLETIONS_URL else BODY_KEYS[url]
     for key in body:
         if key not in allowed:
             other = next(u for u in BODY_KEYS if u != url)
@@ -319,6 +326,9 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, st
                 raise _LineError(f"body.{key}: not a key of {url} (it belongs to {other})")
             raise _unknown(key, allowed, "body.")
     body = _given(body)
+    prompt_only = url == COMPLETIONS_URL and type(body.get("max_tokens")) is int and body["max_tokens"] == 0
+    if prompt_only:  # scoring a prompt (lm-evaluation-harness): no row's setting, SamplingConfig's >= 1 kept
+        del body["max_tokens"]
     n = body.get("n", 1)
     if isinstance(n, bool) or n != 1:
         raise _LineError(f"body.n: only one choice per request is supported (n = 1), got {n!r}")
@@ -347,6 +357,9 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, st
     if not isinstance(prompt, str):
         got = "missing" if prompt is None else f"got {prompt!r}"
         raise _LineError(f"body.prompt: expected one string ({got}); write one line per prompt")
+    echo = body.get(ECHO_KEY, False)
+    if not isinstance(echo, bool):
+        raise _LineError(f"body.echo: expected true or false, got {echo!r}")
     return Request(
         line=number,
         custom_id=custom_id,
@@ -356,6 +369,8 @@ def _openai_body(body: dict[str, Any], url: str, number: int, custom_id: str, st
         openai=True,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
+        echo=echo,
+        prompt_only=prompt_only,
     )
 
 

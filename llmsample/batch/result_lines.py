@@ -58,12 +58,14 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.tool_requests import PLAIN, ChatShape, message
 
 if TYPE_CHECKING:  # events.py imports torch; these records are only read here
+    from llmsample.engine.prompt_logprobs import PromptLogprobs
     from llmsample.events import Summary, TokenEvent
 
 TokenLevel = Literal["none", "ids", "full"]
@@ -117,9 +119,11 @@ def openai_result_record(
     created: int = 0,
     token_bytes: TokenBytesOf | None = None,
     shape: ChatShape = PLAIN,
+    prompt: PromptLogprobs | None = None,
 ) -> dict[str, Any]:
     """OpenAI Batch's output line for one finished request; ``token_bytes``: each token's own
-    bytes for ``logprobs`` (the model's :meth:`~llmsample.models.loading.LoadedModel.token_bytes`)."""
+    bytes for ``logprobs`` (the model's :meth:`~llmsample.models.loading.LoadedModel.token_bytes`);
+    ``prompt``: a completion's prompt scored (``echo`` with ``logprobs``), its columns first."""
     _check_finished(summary)
     digest = request_digest(request)
     chat = request.endpoint == "chat"
@@ -130,9 +134,12 @@ def openai_result_record(
         content = _chat_logprobs(events, request.top_logprobs, token_bytes) if request.logprobs else None
         choice["logprobs"] = {"content": content} if content is not None else None
     else:
-        choice["text"] = summary.text
         offset = len(request.prompt or "")
-        choice["logprobs"] = _completion_logprobs(events, request.top_logprobs, offset) if request.logprobs else None
+        choice["text"] = ((request.prompt or "") if request.echo else "") + summary.text
+        columns = _completion_logprobs(events, request.top_logprobs, offset) if request.logprobs else None
+        if columns is not None and prompt is not None:
+            columns = joined_columns(prompt_columns(prompt), columns)
+        choice["logprobs"] = columns
     choice["finish_reason"] = "tool_calls" if called else FINISH_REASONS[summary.stop_reason]
     extension = {
         k: v for k, v in summary.to_dict().items() if k not in ("type", "text", "tokens", "prompt_tokens", "model")
@@ -257,3 +264,41 @@ def _completion_logprobs(events: Sequence[TokenEvent], top_n: int, offset: int) 
         "text_offset": offsets,
         "llmsample": [_token_extension(event) for event in events],
     }
+
+
+def prompt_columns(prompt: PromptLogprobs) -> dict[str, Any]:
+    """An echoed prompt's legacy columns (``echo`` with ``logprobs``), as OpenAI and vLLM give
+    them: the first token's ``token_logprobs`` and ``top_logprobs`` null (nothing predicts it),
+    every other's alternatives the likeliest (as many as the request asked) and the token itself (a
+    dict by text: of two that decode alike the likelier is kept), ``text_offset`` from the start
+    of the prompt."""
+    offsets = list(accumulate((len(text) for text in prompt.texts), initial=0))[:-1]
+    top: list[dict[str, float] | None] = []
+    for logprob, alternatives in zip(prompt.logprobs, prompt.top, strict=True):
+        if logprob is None:
+            top.append(None)
+            continue
+        by_text: dict[str, float] = {}
+        for _, text, value in alternatives:  # the likeliest, then the token itself when not among them
+            by_text.setdefault(text, _floored(value))
+        top.append(by_text)
+    return {
+        "tokens": list(prompt.texts),
+        "token_logprobs": [None if value is None else _floored(value) for value in prompt.logprobs],
+        "top_logprobs": top,
+        "text_offset": offsets,
+        "llmsample": [
+            {"token_id": token, "model_rank": rank, "source": "prompt"}
+            for token, rank in zip(prompt.token_ids, prompt.ranks, strict=True)
+        ],
+    }
+
+
+def joined_columns(first: dict[str, Any], then: dict[str, Any]) -> dict[str, Any]:
+    """Two runs of legacy columns as one (an echoed prompt's, then the generated tokens')."""
+    return {key: first[key] + then[key] for key in first}
+
+
+def _floored(logprob: float) -> float:
+    """OpenAI's -9999 for a log probability of -inf (JSON has no infinity)."""
+    return max(logprob, LOGPROB_FLOOR)

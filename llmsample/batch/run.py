@@ -3,9 +3,10 @@ records back to output records, written in input order as soon as every earlier 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.result_lines import (
@@ -20,11 +21,14 @@ from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
 from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
 from llmsample.engine.prompt_cache import PromptCache
 from llmsample.engine.speculative import Drafter
-from llmsample.errors import UserError
+from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import incomplete_message
+
+if TYPE_CHECKING:
+    from llmsample.engine.prompt_logprobs import PromptLogprobs
 
 Record = dict[str, Any]
 
@@ -98,6 +102,7 @@ def run_batch(
     requests: dict[int, Request] = {}
     configs: dict[int, SamplingConfig] = {}
     shapes: dict[int, ChatShape] = {}
+    scored: dict[int, PromptLogprobs | None] = {}
     for position, item in todo:
         try:
             if isinstance(item, RequestError):
@@ -105,12 +110,21 @@ def run_batch(
             preset, cfg = request_config(item, settings)
             ids = prompt_ids(lm, item, settings, cfg.max_tokens)
             cfg, shapes[position] = shaped(lm, item, cfg, ids)
-        except UserError as exc:
+            scored[position] = _scored(lm, item, ids, settings)
+        except (UserError, RuntimeFailure) as exc:
             outcome.failed += 1
-            writer.put(position, _error(settings, _as_error(item, str(exc))))
+            code = "invalid_request" if isinstance(exc, UserError) else "decoding_failed"
+            writer.put(position, _error(settings, _as_error(item, str(exc), code)))
+            continue
+        stats = RunStats(lm.name, preset, cfg.seed)
+        if item.prompt_only:  # max_tokens 0: nothing to decode, the record now
+            outcome.succeeded += 1
+            summary = dataclasses.replace(stats.summary("length"), prompt_tokens=len(ids))
+            record = _result(settings, item, summary, [], lm.token_bytes, shapes[position], scored[position])
+            writer.put(position, record)
+            on_finished(0)
             continue
         requests[position], configs[position] = item, cfg
-        stats = RunStats(lm.name, preset, cfg.seed)
         items.append(BatchItem(position, ids, cfg, stats, drafter, settings.draft_tokens))
     top_n = max([settings.top_n, *(r.top_logprobs for r in requests.values())])
     longest = max((len(item.prompt_ids) + item.cfg.max_tokens for item in items), default=1)
@@ -137,11 +151,22 @@ def run_batch(
             else:
                 outcome.succeeded += 1
                 outcome.tokens += record.tokens
-                writer.put(position, _result(settings, request, record, tokens, lm.token_bytes, shapes[position]))
+                writer.put(position, _result(settings, request, record, tokens, lm.token_bytes, shapes[position],
+                                             scored[position]))  # fmt: skip
             on_finished(len(tokens))
     finally:
         writer.flush_finished()
     return outcome
+
+
+def _scored(lm: LoadedModel, request: Request, ids: list[int], settings: BatchSettings) -> PromptLogprobs | None:
+    """An OpenAI completion line's prompt scored when it asks for ``echo`` with ``logprobs``
+    (only OpenAI's records carry it), teacher-forced through the seam before the batch decodes."""
+    if settings.fmt != "openai" or not (request.echo and request.logprobs):
+        return None
+    from llmsample.engine.prompt_logprobs import prompt_logprobs
+
+    return prompt_logprobs(lm, ids, request.top_logprobs)
 
 
 def _as_error(item: Request | RequestError, message: str, code: str = "invalid_request") -> RequestError:
@@ -161,7 +186,8 @@ def _result(
     events: list[TokenEvent],
     token_bytes: Callable[[int], bytes | None],
     shape: ChatShape,
+    prompt: PromptLogprobs | None = None,
 ) -> Record:
     if settings.fmt == "openai":
-        return openai_result_record(request, summary, events, token_bytes=token_bytes, shape=shape)
+        return openai_result_record(request, summary, events, token_bytes=token_bytes, shape=shape, prompt=prompt)
     return result_record(request, summary, events, settings.tokens)

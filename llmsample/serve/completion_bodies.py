@@ -23,6 +23,8 @@ from llmsample.batch.result_lines import (
     _completion_logprobs,
     _full,
     dumps,
+    joined_columns,
+    prompt_columns,
 )
 from llmsample.batch.tool_requests import PLAIN, ChatShape, call_start, message
 from llmsample.events import Summary, TokenEvent
@@ -135,6 +137,8 @@ class Answer:
             else:
                 choice["text"] = (self.prompt(index) if self.serve.echo else "") + summary.text
             choice["logprobs"] = self._logprobs(tokens, index)
+            if self.serve.prompt_logprobs and choice["logprobs"] is not None:  # echo: the prompt's columns first
+                choice["logprobs"] = joined_columns(self._prompt_columns(index), choice["logprobs"])
             choice["finish_reason"] = "tool_calls" if called else finish_reason(summary)
             if self.serve.tokens != "none":
                 records = token_records(tokens, self.serve.tokens)
@@ -169,8 +173,20 @@ class Answer:
         if self.chat:
             return "".join(self.chunk(index) for index in range(choices))
         if self.serve.echo:
-            return "".join(self.text_chunk(index, self.prompt(index)) for index in range(choices))
+            return "".join(self._echo_chunk(index) for index in range(choices))
         return ""
+
+    def _prompt_columns(self, index: int) -> dict[str, Any]:
+        """A completion choice's prompt scored (``echo`` with ``logprobs``), in the legacy columns."""
+        return prompt_columns(self.serve.prompt_logprobs[index // self.serve.n])
+
+    def _echo_chunk(self, index: int) -> str:
+        """A stream's echoed prompt, with its tokens' log probabilities when they were scored."""
+        if not self.serve.prompt_logprobs:
+            return self.text_chunk(index, self.prompt(index))
+        logprobs = self._prompt_columns(index)
+        return self._sse({"choices": [{"index": index, "text": self.prompt(index), "logprobs": logprobs,
+                                       "finish_reason": None}]})  # fmt: skip
 
     def chunk(self, index: int, event: TokenEvent | None = None, summary: Summary | None = None) -> str:
         """One server-sent event: a choice's opening (chat: the role), a token, or its end."""

@@ -21,6 +21,7 @@ from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.engine import Busy, Closing
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest, load_json
+from llmsample.serve.prompt_scoring import ended_at_once, scores_prompt, with_prompt_logprobs
 from llmsample.serve.request_rows import build_items, prompt_texts
 from llmsample.serve.state import READ_TIMEOUT_S, ServeState
 
@@ -60,9 +61,10 @@ async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
 async def submit(
     state: ServeState, serve: ServeRequest, chat: bool
 ) -> tuple[ServeRequest, dict[Any, int], Mailbox, ChatShape]:
-    """The request's rows in the engine's batch: the request (token prompts given their text),
-    each row's key to its choice index, the mailbox its records come to, and how a chat answer's
-    text is read back (tool calls, reasoning)."""
+    """The request's rows in the engine's batch: the request (token prompts given their text,
+    echoed prompts their log probabilities), each row's key to its choice index, the mailbox its
+    records come to (``max_tokens: 0``: every row's end already), and how a chat answer's text is
+    read back (tool calls, reasoning)."""
     if serve.model is not None and serve.model != state.lm.name:
         raise ApiError(
             404,
@@ -72,7 +74,10 @@ async def submit(
         )
     serve = await off_loop(prompt_texts, state.lm, serve)
     items, shape = await off_loop(build_items, state, serve, chat)
-    return serve, {item.key: i for i, item in enumerate(items)}, enqueue(state, items), shape
+    if scores_prompt(serve, chat):
+        serve = await with_prompt_logprobs(state, serve, items)
+    queue = ended_at_once(state, items) if serve.request.prompt_only else enqueue(state, items)
+    return serve, {item.key: i for i, item in enumerate(items)}, queue, shape
 
 
 def enqueue(state: ServeState, items: list[BatchItem]) -> Mailbox:

@@ -12,7 +12,7 @@ import dataclasses
 import json
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmsample.batch.constraints import KEYS as CONSTRAINT_KEYS
 from llmsample.batch.constraints import STRICT_KEY
@@ -28,6 +28,9 @@ from llmsample.batch.requests import (
 from llmsample.batch.result_lines import TOKEN_LEVELS, TokenLevel
 from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.compat import translate
+
+if TYPE_CHECKING:
+    from llmsample.engine.prompt_logprobs import PromptLogprobs
 
 SERVER_KEYS = (
     "n", "stream", "stream_options", "user", "preset", "llmsample",
@@ -55,6 +58,7 @@ class ServeRequest:
     keep_stop: bool = False  # vLLM's include_stop_str_in_output
     warnings: tuple[str, ...] = ()  # keys ignored, one line each
     token_prompts: tuple[tuple[int, ...] | None, ...] = ()  # per prompt: its token ids, when sent as ids
+    prompt_logprobs: tuple[PromptLogprobs, ...] = ()  # per prompt, echo with logprobs: its tokens scored
 
     @property
     def request(self) -> Request:
@@ -158,8 +162,6 @@ def parse_body(body: Any, url: str, known_presets: Collection[str], strict: bool
             request = dataclasses.replace(request, preset=given["preset"])
         requests.append(request)
     read.warnings += _unenforced(requests[0])
-    if given.get("echo") is True and requests[0].logprobs:
-        raise ApiError(400, "echo: the prompt's log probabilities are not computed; leave out logprobs or echo", "echo")
     max_key = next((key for key in ("max_completion_tokens", "max_tokens") if key in given), None)
     if read.unlimited and max_key is not None:
         raise ApiError(400, f"{max_key}: -1 (no limit) and a limit given twice; give one", max_key)

@@ -57,7 +57,7 @@ def _prompt_items(
         raise ApiError(400, f"prompt: {len(ids)} tokens leave no room in the context of {context}", "prompt")
     if context and serve.unlimited:
         cfg = dataclasses.replace(cfg, max_tokens=max(context - len(ids), 1))
-    if context and len(ids) + cfg.max_tokens > context:
+    if context and len(ids) + cfg.max_tokens > context and not request.prompt_only:  # max_tokens 0: no room needed
         room = context - len(ids)
         if serve.max_tokens_key is not None:
             name = serve.max_tokens_key

@@ -162,7 +162,6 @@ def test_a_message_name_is_dropped_with_a_warning() -> None:
         ({**CHAT, "chat_template_kwargs": {"enable_thinking": False}}, "chat_template_kwargs"),
         ({"prompt": "w3", "suffix": "w4"}, "suffix"),
         ({"prompt": "w3", "best_of": 2}, "best_of"),
-        ({"prompt": "w3", "echo": True, "logprobs": 1}, "echo"),
         ({"prompt": [1, "w3"]}, "prompt"),
         ({"prompt": 3}, "prompt"),
         ({"prompt": [[1], []]}, "prompt"),
