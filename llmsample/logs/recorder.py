@@ -13,7 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from llmsample.events import Summary, TokenEvent
-from llmsample.logs.store import LoggedRun, add_all, database_path
+from llmsample.logs.store import DAMAGED, LoggedRun, add_all, database_path, way_out
 
 _warned = False
 
@@ -59,7 +59,8 @@ def keep(runs: list[LoggedRun]) -> list[int] | None:
     except OSError as exc:
         warn(f"{exc.strerror or exc}: {exc.filename or database_path()}")
     except (sqlite3.Error, ValueError) as exc:  # not a database, read-only, locked past the wait, a NaN
-        warn(f"{exc}: {database_path()}")
+        damaged = getattr(exc, "sqlite_errorname", None) in DAMAGED
+        warn(f"{exc}: {database_path()}" + (f"; {way_out(database_path())}" if damaged else ""))
     return None
 
 

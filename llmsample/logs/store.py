@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -13,7 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from llmsample.errors import RuntimeFailure, UserError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -41,6 +44,8 @@ CREATE INDEX IF NOT EXISTS runs_started ON runs (started);
 ADDED = {"conversation": "TEXT", "parent": "INTEGER", "flags": "TEXT"}  # columns a log made before them lacks
 KINDS = ("generate", "speculate", "chat", "batch", "serve")  # the command column: what kept the run
 BUSY_MS = 5000  # a writer waits this long for another one's transaction before giving up
+T = TypeVar("T")
+DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # a file that is no database, or one cut short
 
 
 def database_path() -> Path:
@@ -92,21 +97,56 @@ class LoggedRun:
 
 
 @contextmanager
-def connect(path: Path | None = None, create: bool = True) -> Iterator[sqlite3.Connection]:
+def connect(path: Path | None = None) -> Iterator[sqlite3.Connection]:
     """The database, made on first use (mode 0600: prompts are private), in WAL mode; closed after."""
     path = path or database_path()
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    elif not path.exists():
-        raise FileNotFoundError(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     db = sqlite3.connect(path, timeout=BUSY_MS / 1000, isolation_level=None)
     db.row_factory = sqlite3.Row
     try:
-        if create:
-            _patiently(lambda: _prepare(db))
+        _patiently(lambda: _prepare(db))
         yield db
+    finally:
+        db.close()
+
+
+def _reading(query: Callable[[sqlite3.Connection], T], empty: T, path: Path | None = None) -> T:
+    """``query``'s answer from the log opened read-only, as a command that only reads it needs
+    (a read-only file or filesystem still lists); ``empty`` where there is no log or no run yet.
+    A file that is no database (corrupt, truncated) is one line naming it and the way out."""
+    path = path or database_path()
+    if not path.exists():
+        return empty
+    try:
+        try:
+            return _query(path, "mode=ro", query)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorname != "SQLITE_CANTOPEN":
+                raise
+            # a WAL log is read beside a -shm file; where none can be made (a read-only filesystem),
+            # nothing writes the log either: read it as it stands
+            return _query(path, "immutable=1", query)
+    except sqlite3.DatabaseError as exc:
+        if "no such table" in str(exc):  # made, never written (its first writer failed)
+            return empty
+        if exc.sqlite_errorname in DAMAGED:
+            raise UserError(f"the run log {path} is damaged ({exc}); {way_out(path)}") from None
+        raise RuntimeFailure(f"cannot read the run log {path} ({exc})") from None
+
+
+def way_out(path: Path) -> str:
+    """What to do with a damaged log: a new one is made where it was."""
+    aside = f"mv {shlex.quote(str(path))} {shlex.quote(f'{path}.damaged')}"
+    return f"move it aside ({aside}) and the next run starts a new one"
+
+
+def _query(path: Path, mode: str, query: Callable[[sqlite3.Connection], T]) -> T:
+    db = sqlite3.connect(f"{path.absolute().as_uri()}?{mode}", uri=True, timeout=BUSY_MS / 1000)
+    db.row_factory = sqlite3.Row
+    try:
+        return query(db)
     finally:
         db.close()
 
@@ -186,36 +226,29 @@ def recent(limit: int, search: str | None = None, path: Path | None = None) -> l
     where, args = "", [limit]
     if search:
         where, args = "WHERE instr(lower(prompt), lower(?)) OR instr(lower(text), lower(?))", [search, search, limit]
-    try:
-        with connect(path, create=False) as db:
-            rows = db.execute(f"SELECT * FROM runs {where} ORDER BY id DESC LIMIT ?", args).fetchall()
-    except FileNotFoundError:
-        return []
+    rows = _reading(lambda db: db.execute(f"SELECT * FROM runs {where} ORDER BY id DESC LIMIT ?", args).fetchall(),
+                    [], path)  # fmt: skip
     return [_run(row) for row in rows]
 
 
 def last_conversation(path: Path | None = None) -> list[LoggedRun]:
     """The newest chat turn and the turns before it in its conversation (by ``parent``), oldest
     first: the conversation as it stood at its last reply; empty when no chat was kept."""
-    try:
-        with connect(path, create=False) as db:
-            row = db.execute("SELECT * FROM runs WHERE command = 'chat' ORDER BY id DESC LIMIT 1").fetchone()
-            chain = []
-            while row is not None and len(chain) < 100000:
-                chain.append(_run(row))
-                parent = chain[-1].parent
-                row = None if parent is None else db.execute("SELECT * FROM runs WHERE id = ?", (parent,)).fetchone()
-    except FileNotFoundError:
-        return []
-    return chain[::-1]
+
+    def chain(db: sqlite3.Connection) -> list[LoggedRun]:
+        row = db.execute("SELECT * FROM runs WHERE command = 'chat' ORDER BY id DESC LIMIT 1").fetchone()
+        turns = []
+        while row is not None and len(turns) < 100000:
+            turns.append(_run(row))
+            parent = turns[-1].parent
+            row = None if parent is None else db.execute("SELECT * FROM runs WHERE id = ?", (parent,)).fetchone()
+        return turns
+
+    return _reading(chain, [], path)[::-1]
 
 
 def get(run_id: int, path: Path | None = None) -> LoggedRun | None:
-    try:
-        with connect(path, create=False) as db:
-            row = db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
-    except FileNotFoundError:
-        return None
+    row = _reading(lambda db: db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone(), None, path)
     return _run(row) if row is not None else None
 
 

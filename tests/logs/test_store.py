@@ -59,6 +59,7 @@ def test_a_log_that_cannot_be_written_costs_a_warning_never_the_run(tiny_model_d
     assert done.returncode == 0 and len(done.stdout.split()) == 5
     warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning: the run was not logged")]
     assert len(warnings) == 1 and "Traceback" not in done.stderr
+    assert ("move it aside (mv" in warnings[0]) == (broken == "not a database")  # a damaged log: the way out
 
 
 WRITER = """
