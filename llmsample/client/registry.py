@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -94,8 +95,20 @@ def record_path(directory: Path, ident: str) -> Path:
     return directory / f"{ident}.json"
 
 
+SOCKET_PATH_MAX = 107 if sys.platform.startswith("linux") else 103
+"""The longest path a Unix socket can be bound at, in bytes (``sun_path`` less its last byte)."""
+
+
 def socket_path(directory: Path, ident: str) -> Path:
-    return directory / f"{ident}.sock"
+    """Engine ``ident``'s socket in ``directory``; a directory too deep for one is one line naming
+    it and the variable that chose it (before anything loads)."""
+    path = directory / f"{ident}.sock"
+    size = len(os.fsencode(path))
+    if size > SOCKET_PATH_MAX:
+        variable = "XDG_RUNTIME_DIR" if os.environ.get("XDG_RUNTIME_DIR") else "TMPDIR (or XDG_RUNTIME_DIR)"
+        raise UserError(f"an engine's socket in {directory} would be {size} bytes long, over the {SOCKET_PATH_MAX} a "
+                        f"Unix socket takes; set {variable} to a shorter directory")  # fmt: skip
+    return path
 
 
 def write_record(directory: Path, record: EngineRecord) -> None:

@@ -74,6 +74,7 @@ def start(**options: Any) -> None:
     directory = registry.runtime_dir()
     spec = registry.spec_of(options)
     ident = registry.engine_id(spec)
+    registry.socket_path(directory, ident)  # a directory too deep for a socket: one line before the model loads
     with _locked(directory / f"{ident}.lock"):
         record = registry.find(spec, directory)
         if record is not None:
