@@ -72,6 +72,7 @@ KEYS: list[tuple[str, str, str, dict[str, Any], str | None]] = [
     ("`stop_token_ids`", "implemented", CHAT, {"extra_body": {"stop_token_ids": [1]}}, None),
     ("`include_stop_str_in_output`", "implemented", CHAT, {"extra_body": {"include_stop_str_in_output": True}}, None),
     ("`echo`", "implemented", COMPLETION, {"extra_body": {"echo": True}}, None),
+    ("`max_tokens: 0`", "implemented", COMPLETION, {"extra_body": {"max_tokens": 0, "echo": True}}, None),
     ("`best_of` (equal to `n`)", "implemented", COMPLETION, {"extra_body": {"best_of": 1}}, None),
     ('`prompt: ["...", "..."]`', "implemented", COMPLETION, {"prompt": ["ab", "cd"]}, None),
     ("`prompt: [[ids]]`", "implemented", COMPLETION, {"prompt": [[70, 71], [72]]}, None),
