@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsample.errors import UserError
+from llmsample.render.numbers import format_number
 
 
 @dataclass(frozen=True)
@@ -209,3 +210,80 @@ def write_results(document: dict[str, Any], directory: Path) -> Path:
     kind = document.get("kind", "bench")
     name = f"{kind}-{document['device'].replace(':', '')}-{document['dtype']}-{stamp}.json"
     return write_document(document, directory / name)
+
+
+REFERENCE_COLUMNS = ("same model", "ratio", "own load", "ratio")
+"""transformers' ``generate`` (tok/s, and ours over it) on our loaded model (the loops alone), then
+on the model as its users load it at the same dtype (what a user of either gets): ``CAPTION``."""
+CAPTION = (
+    "tok/s; transformers' generate on our loaded model (same model) and on the model as transformers loads it "
+    "(own load)"
+)
+
+
+def results_table(results: BenchResults) -> Any:
+    """The Markdown-friendly table the README's Performance section shows."""
+    from rich.table import Table
+
+    m = results.machine
+    title = (
+        f"{results.model} · {results.device} · {results.dtype} · {results.new_tokens} new tokens · "
+        f"median of {results.runs} · torch {m.torch} · transformers {m.transformers} · {m.cpu_capability}, "
+        f"{m.threads} threads"
+    )
+    table = Table(title=title, caption=CAPTION, header_style="bold")
+    for name in ("workload", "llmsample tok/s", *REFERENCE_COLUMNS, "TTFT s"):
+        table.add_column(name, justify="left" if name == "workload" else "right")
+    for row in results.generate:
+        table.add_row(
+            row.workload,
+            format_number(row.ours_tok_s, 1),
+            format_number(row.reference_tok_s, 1),
+            format_number(row.ratio, 2),
+            format_number(row.loaded_reference_tok_s, 1),
+            format_number(row.loaded_ratio, 2),
+            format_number(row.ttft_s, 2),
+        )
+    spec = results.speculative
+    table.add_row(
+        "code-rewrite / ngram speculation (vs prompt_lookup_num_tokens=10)",
+        format_number(spec.ours_tok_s, 1), format_number(spec.reference_tok_s, 1), format_number(spec.ratio, 2),
+        "", "", "",
+    )  # fmt: skip
+    for row in results.defaults:  # against transformers' own load (its default dtype: the row's name says)
+        table.add_row(
+            row.workload, format_number(row.ours_tok_s, 1), "", "", format_number(row.reference_tok_s, 1),
+            format_number(row.ratio, 2), format_number(row.ttft_s, 2),
+        )  # fmt: skip
+    table.add_section()
+    for name, value in notes(results):
+        table.add_row(name, value, "", "", "", "", "")
+    return table
+
+
+def notes(results: BenchResults) -> list[tuple[str, str]]:
+    """The figures under the table, one line each."""
+    spec, inspect, bw, start = results.speculative, results.inspection, results.bandwidth, results.start_up
+    return [
+        (
+            "ngram speedup over our plain loop",
+            f"{spec.speedup_over_plain:.2f}x (acceptance {spec.acceptance_rate:.0%})",
+        ),
+        ("jsonl --top-n 5 vs plain text", f"{inspect.jsonl_over_text:.2f}x"),
+        (
+            "sampling + inspection per step",
+            f"{inspect.pipeline_s_per_step * 1000:.2f} ms ({inspect.pipeline_share_of_step:.1%} of a step)",
+        ),
+        *(
+            (f"+ {cost.stage} per step", f"{cost.extra_s_per_step * 1000:+.2f} ms ({cost.share_of_step:+.1%} of a step)")
+            for cost in inspect.stages
+        ),
+        ("memory bandwidth (copy)", f"{bw.copy_gb_s:.1f} GB/s; weights {bw.weight_mb:.0f} MB"),
+        ("bandwidth bound / reached", f"{bw.bound_tok_s:.1f} tok/s / {bw.fraction_of_bound:.0%}"),
+        (
+            "warm start: imports + load",
+            f"{start.start_s:.2f} s = {start.imports_s:.2f} s + {start.load_s:.2f} s",
+        ),
+        ("cold load (GGUF conversion)", f"{format_number(results.cold_load_s, 1)} s"),
+        ("peak resident memory", f"{results.peak_rss_mb:.0f} MB"),
+    ]

@@ -1,11 +1,12 @@
 """``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run; or
-one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``, ``--backend llama.cpp``)."""
+one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``, ``--startup``,
+``--suffix``, ``--serve``, ``--multi-turn``, ``--constraints``, ``--backend llama.cpp``)."""
 
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
@@ -14,9 +15,6 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.model_options import model_options
 from llmsample.errors import UserError
 from llmsample.render.numbers import format_number
-
-if TYPE_CHECKING:
-    from llmsample.bench.results import BenchResults
 
 
 def _check_out_dir(ctx: click.Context, param: click.Parameter, value: Path) -> Path:
@@ -61,7 +59,10 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
     return variants
 
 
-SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
+SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix", "serve", "multi_turn", "constraints")
+THROUGH_ENGINE = ("suffix", "serve", "multi_turn", "constraints")
+"""Sections that run whatever backend the engine runs (--backend llama.cpp included)."""
+OWN_OPTIONS = {"clients": "serve", "requests": "serve", "turns": "multi_turn"}
 
 
 @click.command(cls=GroupedCommand)
@@ -74,7 +75,7 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
-    default=Path("bench/results"),
+    default=Path("bench-results"),
     show_default=True,
     callback=_check_out_dir,
 )
@@ -110,14 +111,40 @@ SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix")
     help="Instead: --draft suffix against no drafting, one request at a time and 4 at once: 16 requests of one JSON shape and 8 edits of "
     "the same code (greedy), 16 open chat prompts of varied lengths (sampled); on --backend llama.cpp too.",
 )
+@click.option(
+    "--serve",
+    is_flag=True,
+    help="Instead: llmsample serve under --clients streaming clients against llmsample batch on the same --requests at "
+    "that batch size, each in a process of its own (greedy, at most 64 tokens each).",
+)
+@click.option("--clients", type=click.IntRange(1, 256), help="--serve: clients at once, and both sides' batch size [default: 16].")
+@click.option("--requests", type=click.IntRange(1, 4096), help="--serve: requests in all [default: 32].")
+@click.option(
+    "--multi-turn",
+    is_flag=True,
+    help="Instead: a chat resending its history each turn to llmsample serve with the prompt cache and without; "
+    "time to first token per turn (at most 64 tokens a reply).",
+)
+@click.option("--turns", type=click.IntRange(1, 100), help="--multi-turn: turns of the conversation [default: 10].")
+@click.option(
+    "--constraints",
+    is_flag=True,
+    help="Instead: what a JSON schema costs (the tokenizer's table, the compile, the masks a step at batch 1 and 8) "
+    "and public JSON schemas' coverage and compliance (fetched once with pip and npm).",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
-    from llmsample.bench.results import write_results
+    from llmsample.bench.results import results_table, write_results
     from llmsample.bench.single import run_benchmark
     from llmsample.terminal import stderr_console, stdout_console, use_color
 
     check_sections(options)
     err = stderr_console()
+    served = {"serve": bench_serve, "multi_turn": bench_multi_turn, "constraints": bench_constraints}
+    for name, section in served.items():
+        if options[name]:
+            section(options, err)
+            return
     if options["suffix"]:
         bench_suffix(options, err)
         return
@@ -138,7 +165,7 @@ def bench(**options: Any) -> None:
         return
     results = run_benchmark(
         options["model"], options["device"], options["dtype"], options["runs"], options["tokens"], options["cold"],
-        log=lambda step: err.print(f"[dim]bench: {step}…[/]"), compile=options["compile_model"],
+        log=_log(err), compile=options["compile_model"],
     )  # fmt: skip
     path = write_results(results.to_dict(), options["out"])
     console = stdout_console(use_color())
@@ -147,18 +174,97 @@ def bench(**options: Any) -> None:
 
 
 def check_sections(options: dict[str, Any]) -> None:
-    """One section per run, and ``--quant`` sets each variant's dtype itself."""
+    """One section per run with only its own options, ``--quant`` sets each variant's dtype
+    itself, and the server's sections need the server."""
     chosen = [f"--{name.replace('_', '-')}" for name in SECTIONS if options[name]]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(chosen)} are separate benchmarks; run one at a time")
+    for name, section in OWN_OPTIONS.items():
+        if options.get(name) is not None and not options[section]:
+            raise UserError(f"--{name} is an option of --{section.replace('_', '-')}; leave it out or add --{section.replace('_', '-')}")
+    if (options["serve"] or options["multi_turn"]) and options["compile_model"]:
+        raise UserError(f"{chosen[0]} times llmsample serve, which refuses --compile; leave out --compile")
+    if (options["serve"] or options["multi_turn"]) and not all(map(_importable, ("starlette", "uvicorn"))):
+        raise UserError(f"{chosen[0]} needs the server: pip install 'llmsample[serve]'")
+    if options["constraints"] and not _importable("jsonschema"):
+        raise UserError("--constraints judges its outputs with jsonschema: pip install jsonschema")
     if options["quant"] and (options["dtype"] != "auto" or options["compile_model"]):
         flag = "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--quant sets each variant's dtype itself and runs eager; leave out {flag}")
-    if options["backend"] == "llama.cpp" and chosen == ["--suffix"] and options["dtype"] == "auto":
+    through_engine = [f"--{name.replace('_', '-')}" for name in THROUGH_ENGINE]
+    if options["backend"] == "llama.cpp" and chosen and chosen[0] in through_engine and options["dtype"] == "auto":
         return  # a workload through the engine, on either backend
     if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
         named = chosen[0] if chosen else "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--backend llama.cpp is a benchmark of its own (the GGUF's own weights); leave out {named}")
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _log(err: Any) -> Any:
+    return lambda step: err.print(f"[dim]bench: {step}…[/]")
+
+
+def _model_args(options: dict[str, Any]) -> Any:
+    """The bench's model flags, for the processes a server's section starts."""
+    from llmsample.bench.served import ModelArgs
+
+    return ModelArgs(options["model"], options["device"], options["dtype"], options["backend"])
+
+
+def _write(kind: str, figures: dict[str, Any], text: str, options: dict[str, Any], err: Any) -> None:
+    """A section measured in processes of its own: its figures with the flags they ran with."""
+    from llmsample.bench.results import machine_info, write_results
+    from llmsample.models.device import resolve_device
+
+    document = {
+        "kind": kind, "model": options["model"] or "default", "backend": options["backend"],
+        "device": str(resolve_device(options["device"])), "dtype": options["dtype"],
+        "machine": machine_info().__dict__, "runs": options["runs"], **figures,
+    }  # fmt: skip
+    path = write_results(document, options["out"])
+    click.echo(text)
+    err.print(f"[dim]figures written to {path}[/]")
+
+
+def bench_serve(options: dict[str, Any], err: Any) -> None:
+    """``--serve``: the server under concurrent streaming clients against ``llmsample batch``."""
+    from llmsample.bench.serve_load import run_serve_benchmark, table
+
+    clients, requests, tokens = options["clients"] or 16, options["requests"] or 32, min(options["tokens"], 64)
+    result = run_serve_benchmark(_model_args(options), clients, requests, options["runs"], tokens, _log(err))
+    _write("bench-serve", result.to_dict(), table(result), options, err)
+
+
+def bench_multi_turn(options: dict[str, Any], err: Any) -> None:
+    """``--multi-turn``: a growing conversation with the server's prompt cache and without."""
+    from llmsample.bench.multi_turn import run_multi_turn_benchmark, table
+
+    turns, tokens = options["turns"] or 10, min(options["tokens"], 64)
+    result = run_multi_turn_benchmark(_model_args(options), turns, options["runs"], tokens, _log(err))
+    _write("bench-multi-turn", result.to_dict(), table(result), options, err)
+
+
+def bench_constraints(options: dict[str, Any], err: Any) -> None:
+    """``--constraints``: what a constraint costs a step, and how public schemas fare."""
+    from llmsample.bench.constraint_cost import run_constraint_benchmark, table
+    from llmsample.bench.results import machine_info, write_results
+    from llmsample.models.loading import load_model
+
+    lm = load_model(options["model"], options["device"], options["dtype"], backend=options["backend"])
+    result = run_constraint_benchmark(lm, options["runs"], options["tokens"], _log(err))
+    dtype = lm.quantization or str(lm.dtype).removeprefix("torch.")
+    document = {
+        "kind": "bench-constraints", "model": lm.name, "backend": lm.backend, "device": str(lm.device),
+        "dtype": dtype, "machine": machine_info().__dict__, "runs": options["runs"], **result.to_dict(),
+    }  # fmt: skip
+    path = write_results(document, options["out"])
+    click.echo(table(result))
+    err.print(f"[dim]figures written to {path}[/]")
 
 
 def bench_startup(options: dict[str, Any], err: Any) -> None:
@@ -171,9 +277,7 @@ def bench_startup(options: dict[str, Any], err: Any) -> None:
 
     if options["model"] is not None:
         raise UserError("--startup measures the default model on both backends; leave out --model")
-    result = run_startup_benchmark(
-        options["runs"], min(options["tokens"], 64), lambda s: err.print(f"[dim]bench: {s}…[/]")
-    )
+    result = run_startup_benchmark(options["runs"], min(options["tokens"], 64), _log(err))
     document = {**result.to_dict(), "machine": machine_info().__dict__}
     path = write_document(document, options["out"] / f"bench-startup-cpu-{time.strftime('%Y%m%d-%H%M%S')}.json")
     click.echo(table(result))
@@ -185,9 +289,8 @@ def bench_quant(options: dict[str, Any], err: Any) -> None:
     from llmsample.bench.quant import run_quant_benchmark, table, write
 
     run = run_quant_benchmark(
-        options["quant"], min(options["tokens"], 64), options["runs"], options["model"], options["device"],
-        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
-    )  # fmt: skip
+        options["quant"], min(options["tokens"], 64), options["runs"], options["model"], options["device"], log=_log(err)
+    )
     path = write(run, options["out"])
     click.echo(table(run.results))
     err.print(f"[dim]figures written to {path}[/]")
@@ -199,11 +302,7 @@ def bench_llamacpp(options: dict[str, Any], err: Any) -> None:
     from llmsample.bench.llamacpp_peers import run_llamacpp_benchmark, table, write
 
     result = run_llamacpp_benchmark(
-        options["model"],
-        options["runs"],
-        options["tokens"],
-        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
-        gguf_type=options.get("gguf_type"),
+        options["model"], options["runs"], options["tokens"], log=_log(err), gguf_type=options.get("gguf_type")
     )
     path = write(result, options["out"])
     click.echo(
@@ -225,17 +324,11 @@ def bench_workloads(options: dict[str, Any], err: Any) -> None:
 
     lm = load_model(options["model"], options["device"], options["dtype"])
     tokens = min(options["tokens"], 64)
-    rows = run_workload_benchmark(lm, options["runs"], tokens, log=lambda step: err.print(f"[dim]bench: {step}…[/]"))
+    rows = run_workload_benchmark(lm, options["runs"], tokens, log=_log(err))
     document = {
-        "kind": "bench-workloads",
-        "model": lm.name,
-        "device": str(lm.device),
-        "dtype": str(lm.dtype).removeprefix("torch."),
-        "machine": machine_info().__dict__,
-        "new_tokens": tokens,
-        "runs": options["runs"],
-        "rows": rows_to_dict(rows),
-    }
+        "kind": "bench-workloads", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
+        "machine": machine_info().__dict__, "new_tokens": tokens, "runs": options["runs"], "rows": rows_to_dict(rows),
+    }  # fmt: skip
     path = write_results(document, options["out"])
     table = Table(title=f"batch workloads, {lm.name} ({document['dtype']}), medians of {options['runs']}")
     for column in ("workload", "tok/s", "baseline", "tok/s", "ratio"):
@@ -257,7 +350,7 @@ def bench_suffix(options: dict[str, Any], err: Any) -> None:
 
     lm = load_model(options["model"], options["device"], options["dtype"], backend=options["backend"])
     tokens = min(options["tokens"], 48)
-    rows = run_suffix_benchmark(lm, options["runs"], tokens, log=lambda step: err.print(f"[dim]bench: {step}…[/]"))
+    rows = run_suffix_benchmark(lm, options["runs"], tokens, log=_log(err))
     dtype = lm.quantization or str(lm.dtype).removeprefix("torch.")
     document = {
         "kind": "bench-suffix", "model": lm.name, "backend": lm.backend, "device": str(lm.device), "dtype": dtype,
@@ -279,7 +372,7 @@ def bench_batch(options: dict[str, Any], err: Any) -> None:
     from rich.table import Table
 
     from llmsample.bench.batch_sizes import rows_to_dict, run_batch_benchmark
-    from llmsample.bench.results import machine_info, write_results
+    from llmsample.bench.results import CAPTION, REFERENCE_COLUMNS, machine_info, write_results
     from llmsample.bench.sides import as_transformers_loads
     from llmsample.models.loading import load_model
     from llmsample.terminal import stdout_console, use_color
@@ -287,19 +380,13 @@ def bench_batch(options: dict[str, Any], err: Any) -> None:
     lm = load_model(options["model"], options["device"], options["dtype"])
     rows = run_batch_benchmark(
         lm, as_transformers_loads(lm, options["model"], lm.dtype), options["batch_sizes"], runs=options["runs"], tokens=min(options["tokens"], 64),
-        log=lambda step: err.print(f"[dim]bench: {step}…[/]"),
+        log=_log(err),
     )  # fmt: skip
     document = {
-        "kind": "bench-batch",
-        "model": lm.name,
-        "device": str(lm.device),
-        "dtype": str(lm.dtype).removeprefix("torch."),
-        "machine": machine_info().__dict__,
-        "prompts": 32,
-        "new_tokens": min(options["tokens"], 64),
-        "runs": options["runs"],
-        "rows": rows_to_dict(rows),
-    }
+        "kind": "bench-batch", "model": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch."),
+        "machine": machine_info().__dict__, "prompts": 32, "new_tokens": min(options["tokens"], 64),
+        "runs": options["runs"], "rows": rows_to_dict(rows),
+    }  # fmt: skip
     path = write_results(document, options["out"])
     table = Table(title=f"batch decoding, {lm.name}, {document['dtype']} on {document['device']}", caption=CAPTION)
     headers = ("batch", "llmsample", *REFERENCE_COLUMNS, "vs batch 1", "model share")
@@ -314,80 +401,3 @@ def bench_batch(options: dict[str, Any], err: Any) -> None:
         )  # fmt: skip
     stdout_console(use_color()).print(table)
     err.print(f"[dim]figures written to {path}[/]")
-
-
-REFERENCE_COLUMNS = ("same model", "ratio", "own load", "ratio")
-"""transformers' ``generate`` (tok/s, and ours over it) on our loaded model (the loops alone), then
-on the model as its users load it at the same dtype (what a user of either gets): ``CAPTION``."""
-CAPTION = (
-    "tok/s; transformers' generate on our loaded model (same model) and on the model as transformers loads it "
-    "(own load)"
-)
-
-
-def results_table(results: BenchResults) -> Any:
-    """The Markdown-friendly table the README's Performance section shows."""
-    from rich.table import Table
-
-    m = results.machine
-    title = (
-        f"{results.model} · {results.device} · {results.dtype} · {results.new_tokens} new tokens · "
-        f"median of {results.runs} · torch {m.torch} · transformers {m.transformers} · {m.cpu_capability}, "
-        f"{m.threads} threads"
-    )
-    table = Table(title=title, caption=CAPTION, header_style="bold")
-    for name in ("workload", "llmsample tok/s", *REFERENCE_COLUMNS, "TTFT s"):
-        table.add_column(name, justify="left" if name == "workload" else "right")
-    for row in results.generate:
-        table.add_row(
-            row.workload,
-            format_number(row.ours_tok_s, 1),
-            format_number(row.reference_tok_s, 1),
-            format_number(row.ratio, 2),
-            format_number(row.loaded_reference_tok_s, 1),
-            format_number(row.loaded_ratio, 2),
-            format_number(row.ttft_s, 2),
-        )
-    spec = results.speculative
-    table.add_row(
-        "code-rewrite / ngram speculation (vs prompt_lookup_num_tokens=10)",
-        format_number(spec.ours_tok_s, 1), format_number(spec.reference_tok_s, 1), format_number(spec.ratio, 2),
-        "", "", "",
-    )  # fmt: skip
-    for row in results.defaults:  # against transformers' own load (its default dtype: the row's name says)
-        table.add_row(
-            row.workload, format_number(row.ours_tok_s, 1), "", "", format_number(row.reference_tok_s, 1),
-            format_number(row.ratio, 2), format_number(row.ttft_s, 2),
-        )  # fmt: skip
-    table.add_section()
-    for name, value in notes(results):
-        table.add_row(name, value, "", "", "", "", "")
-    return table
-
-
-def notes(results: BenchResults) -> list[tuple[str, str]]:
-    """The figures under the table, one line each."""
-    spec, inspect, bw, start = results.speculative, results.inspection, results.bandwidth, results.start_up
-    return [
-        (
-            "ngram speedup over our plain loop",
-            f"{spec.speedup_over_plain:.2f}x (acceptance {spec.acceptance_rate:.0%})",
-        ),
-        ("jsonl --top-n 5 vs plain text", f"{inspect.jsonl_over_text:.2f}x"),
-        (
-            "sampling + inspection per step",
-            f"{inspect.pipeline_s_per_step * 1000:.2f} ms ({inspect.pipeline_share_of_step:.1%} of a step)",
-        ),
-        *(
-            (f"+ {cost.stage} per step", f"{cost.extra_s_per_step * 1000:+.2f} ms ({cost.share_of_step:+.1%} of a step)")
-            for cost in inspect.stages
-        ),
-        ("memory bandwidth (copy)", f"{bw.copy_gb_s:.1f} GB/s; weights {bw.weight_mb:.0f} MB"),
-        ("bandwidth bound / reached", f"{bw.bound_tok_s:.1f} tok/s / {bw.fraction_of_bound:.0%}"),
-        (
-            "warm start: imports + load",
-            f"{start.start_s:.2f} s = {start.imports_s:.2f} s + {start.load_s:.2f} s",
-        ),
-        ("cold load (GGUF conversion)", f"{format_number(results.cold_load_s, 1)} s"),
-        ("peak resident memory", f"{results.peak_rss_mb:.0f} MB"),
-    ]

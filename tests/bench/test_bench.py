@@ -23,9 +23,9 @@ from llmsample.bench.results import (
     Speculation,
     StageCost,
     StartUp,
+    results_table,
 )
 from llmsample.cli import main
-from llmsample.commands.bench import results_table
 
 
 def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
