@@ -230,7 +230,7 @@ def test_the_check_passes_a_right_line() -> None:
     assert problems(calls[0]) == []
 
 
-# Flags the docs name that belong to other tools: torchrun, pip, and the scripts under bench/.
+# Flags the docs name that belong to other tools: torchrun, pip, and the old bench scripts figures were measured with.
 OTHER_TOOLS_FLAGS = {
     "--help",
     "--preinstall",  # pipx
@@ -269,9 +269,9 @@ def test_every_flag_named_in_prose_exists() -> None:
 
 def test_the_readme_stays_a_few_screens() -> None:
     """Issue 38: the README is the first screen (at most 250 lines, the two `make` commands near
-    the top); everything else goes to a page under docs/, and dated figures to bench/NOTES.md."""
+    the top); everything else goes to a page under docs/, and dated figures to docs/history/."""
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 250
     top = "\n".join(readme.splitlines()[:40])
     assert "make demo" in top and "make test" in top
-    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme), "dated measurements belong in bench/NOTES.md"
+    assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme), "dated measurements belong in docs/history/"

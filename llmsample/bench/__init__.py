@@ -6,6 +6,11 @@
 - ``batch``: ``decode_batch`` against transformers' padded batch ``generate`` (``--batch-sizes``);
 - ``workloads``: users' batch runs against their easiest form (``--workloads``);
 - ``quant``: what quantization buys and costs (``--quant``);
+- ``serve_load``: the server under concurrent clients against ``llmsample batch`` (``--serve``),
+  ``multi_turn``: a growing chat with the server's prompt cache and without (``--multi-turn``),
+  both through ``served`` (a server process and a lean streaming client);
+- ``constraint_cost``: what a JSON schema costs a step (``--constraints``), with
+  ``public_schemas``: coverage and compliance on the schemas ``public_schemas.json`` lists;
 - ``results``: the typed figures, the machine they were taken on, and writing them;
 - ``prompts``: the prompts every benchmark shares.
 

@@ -15,7 +15,7 @@ drafting side starts from an empty pool, as a fresh run does.
   repeats, so this is what looking up and verifying rejected drafts costs; the bar is 0.95x.
   Real answers end out of step; with one length for all, plain rows would run in lockstep, four
   prefills at once, which no real traffic does, and one kept draft would put the drafting side
-  out of step (bench/NOTES.md, 2026-12-05)."""
+  out of step (docs/history/2026-12.md, 2026-12-05)."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def decode_batch(
 
 def default_batch_size(lm: LoadedModel, positions: int) -> int:
     """As many rows as a quarter of the free memory holds in KV cache for ``positions`` each, at
-    most 64 on an accelerator and 16 on a CPU (where a wider step stops paying: bench/NOTES.md)."""
+    most 64 on an accelerator and 16 on a CPU (where a wider step stops paying: docs/history/)."""
     config = lm.model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -166,7 +166,7 @@ class LlamaCppBatch:
         (logits at its last token, ``[prompts, vocab]``). A request that joins while others
         decode is prefilled in their pass rather than in one of its own (llama-server's mixed
         batches): a pass's fixed cost, ~14 ms beside a 3-row step of ~24 ms on the default model
-        (2 cores), is paid once (bench/NOTES.md, 2026-12-05)."""
+        (2 cores), is paid once (docs/history/2026-12.md, 2026-12-05)."""
         if len(prompts) > len(self.free):
             raise ValueError(f"{len(prompts)} rows do not fit: room for {len(self.free)} more")
         seqs = [self.free.pop() for _ in prompts]

@@ -33,21 +33,21 @@ MIN_PROB = 0.6
 """A draft goes on while the chance that the target accepts all of it so far stays at least this
 (for one row; more rows raise it, :meth:`SuffixPool.floor`). A drafted position is not free on a
 CPU: on the default model (llama.cpp F16, 2 cores) one costs ~8 ms beside a one-row pass of
-~15 ms, so it pays only when accepted more than about half the time (bench/NOTES.md, 2026-12-04)."""
+~15 ms, so it pays only when accepted more than about half the time (docs/history/2026-12.md, 2026-12-04)."""
 
 BINS = (0.5, 0.8, 0.95)
 """Edges of the pool's own estimate of a drafted token (its share of what followed its context):
 the target's acceptance is measured in each bin, because the estimate is right where answers
 repeat and optimistic where little does. On the default model, tokens the pool was 0.99 sure
 of were kept 95 % of the time in repeated JSON records and 77 % in sampled open chat
-(bench/NOTES.md, 2026-12-05)."""
+(docs/history/2026-12.md, 2026-12-05)."""
 
 PRIOR = 1.0
 """Drafted positions' worth of weight the pool's own estimate keeps in a bin's acceptance: with
 nothing measured (or all of it faded) the estimate is taken as it is, and drafts probe again.
 One position's worth: a heavier prior lets the drafts that do not pay through again as soon as
 the evidence fades to a few positions (sampled open chat at batch 4 drafted three times as much
-with 4, bench/NOTES.md, 2026-12-05)."""
+with 4, docs/history/2026-12.md, 2026-12-05)."""
 
 WINDOW = 256
 """Proposals the acceptance is measured over: at each, every bin's counts lose 1/WINDOW of their
@@ -156,7 +156,7 @@ class SuffixPool:
         share of a pass, which shrinks as rows join, while a drafted position costs about the
         same (on the default model, 2 cores: ~6.5 ms beside a 4-row pass of ~36 ms); and a row
         that finishes ahead of the others is replaced by a prompt prefilled alone
-        (bench/NOTES.md, 2026-12-05)."""
+        (docs/history/2026-12.md, 2026-12-05)."""
         return max(self.min_prob, rows / (rows + 1)) if self.rows_cost and rows > 1 else self.min_prob
 
     def confident(self, seq: list[int], continuation: list[int], rows: int = 1) -> tuple[list[int], list[float]]:

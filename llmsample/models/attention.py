@@ -2,7 +2,7 @@
 
 On CPU, SDPA's flash kernel spends ~0.4 ms per layer (bfloat16) on a single query over a
 256–512 slot static cache, most of it mask handling; the same arithmetic written as
-multiply-and-sum is fused by inductor into the step's own kernels (bench/NOTES.md). Every other
+multiply-and-sum is fused by inductor into the step's own kernels (docs/history/2026-11.md). Every other
 shape (prefill, speculative verification) goes to transformers' SDPA unchanged."""
 
 from __future__ import annotations

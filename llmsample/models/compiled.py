@@ -82,7 +82,7 @@ class CompiledSteps:
             model.set_attn_implementation(attention.register())
         # Not inductor's `freezing`: prepacked frozen weights measured ~4% faster per step here, but
         # they keep the compiled graph out of the on-disk cache (38 s at every start, against 12.5 s
-        # for a cached second start; bench/NOTES.md).
+        # for a cached second start; docs/history/2026-11.md).
         cache = StaticCache(config=model.config, max_cache_len=bucket)
         name = cache_arg(model)
 

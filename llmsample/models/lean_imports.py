@@ -3,7 +3,7 @@ none of them: a shorter cold start.
 
 transformers' modules import every optional library that is installed, whether a run uses it or
 not. Two of them are a plain causal LM's largest avoidable imports (~0.8 s of a ~7 s cold start on
-the transformers path; bench/NOTES.md, 2026-12-04):
+the transformers path; docs/history/2026-12.md, 2026-12-04):
 
 - scipy: the object-detection losses' Hungarian matching (``transformers.loss``), for training;
 - torchao: its quantizer's checkpoint (de)serialisation, for ``--quantize int8`` and checkpoints

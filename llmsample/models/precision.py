@@ -2,7 +2,7 @@
 
 A one-row matmul (the decode step) is bound by memory bandwidth, so half-size bf16 weights
 make it faster. A many-row matmul (the prompt's prefill) is bound by arithmetic, and there
-oneDNN's emulated bf16 GEMM is 5–9× slower than float32's for 30–150 rows (bench/NOTES.md). The linear layers
+oneDNN's emulated bf16 GEMM is 5–9× slower than float32's for 30–150 rows (docs/history/2026-11.md). The linear layers
 therefore compute products of ``WIDE_ROWS`` rows or more in float32, from a copy of their weight
 upcast on the fly. Weights stay bf16 in memory; only the arithmetic of wide products changes."""
 
