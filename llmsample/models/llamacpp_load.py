@@ -116,7 +116,9 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
 
     target = sidecar_dir(source)
     if not all((target / f).is_file() for f in SIDECAR_FILES):
-        write_sidecar(source, target, progress)
+        read = write_sidecar(source, target, progress)
+        if not all((target / f).is_file() for f in SIDECAR_FILES):  # a cache that cannot be written: read each run
+            return read
     try:
         tokenizer = fast_tokenizer(target)
         if tokenizer is not None:
@@ -130,8 +132,9 @@ def read_sidecar(source: Path, progress: Progress | None) -> tuple[Any, Any, Any
         raise UserError(f"cannot read {target} ({first_line(exc)}); remove it and run again") from exc
 
 
-def write_sidecar(source: Path, target: Path, progress: Progress | None) -> None:
-    """The GGUF's tokenizer and config read by transformers (converting its vocabulary), kept."""
+def write_sidecar(source: Path, target: Path, progress: Progress | None) -> tuple[Any, Any, Any]:
+    """The GGUF's tokenizer, config and generation config read by transformers (converting its
+    vocabulary), kept where the cache can be written."""
     from transformers.generation.configuration_utils import GenerationConfig
 
     quiet_transformers()
@@ -147,7 +150,9 @@ def write_sidecar(source: Path, target: Path, progress: Progress | None) -> None
         raise UserError(f"cannot read the GGUF file {source} ({gguf_problem(exc)}); check the file") from exc
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    keep_sidecar(target, tokenizer, config, GenerationConfig.from_model_config(config))
+    generation = GenerationConfig.from_model_config(config)
+    keep_sidecar(target, tokenizer, config, generation)
+    return tokenizer, config, generation
 
 
 def transformers_sidecar(target: Path) -> tuple[Any, Any, Any]:
