@@ -64,6 +64,7 @@ class Target:
     api_key: str | None = None
     name: str | None = None  # the model it serves, when known before asking
     deterministic: bool = False  # the command asked for --deterministic: the engine must compute rows alone
+    keep_alive_s: float | None = None  # one of this user's engines: its keep-alive (None: never)
 
     def connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         if self.where.startswith("unix:"):

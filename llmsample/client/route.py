@@ -66,7 +66,7 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
             f"the warm engine for {record.name} runs llmsample {record.version}, this is {__version__}: "
             f"restart it (llmsample stop --all; llmsample start) or pass --local"
         )
-    return Target(record.where, name=record.name, deterministic=record.deterministic)
+    return Target(record.where, name=record.name, deterministic=record.deterministic, keep_alive_s=record.keep_alive_s)
 
 
 def choose_deterministic(options: dict[str, Any]) -> tuple[Target | None, bool]:

@@ -2,7 +2,8 @@
 engine renders them with the chat template, and its prompt cache keeps the conversation's
 prefix warm), streamed through the same renderers as in-process, so a piped session prints the
 same transcript. What reads the model itself (``/explain``, ``/branch``, ``/watch``,
-``/stats``, ``--replay``) says in one line that it needs ``--local``."""
+``/stats``, ``--replay``) says in one line that it needs ``--local``. A chat outlives its engine's
+keep-alive: this user's engine found stopped when a line comes is started again."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class EngineChat(Chat):
         context_length: int | None = None,
     ) -> None:  # fmt: skip
         self.target, self.name, self.context_length = target, name, context_length
+        self.load_options: dict[str, Any] | None = None  # this user's engine: what starts it again
         self.ngram: tuple[int, int] | None = None  # --draft ngram: drafted on the engine
         self.lm = None  # type: ignore[assignment]  # the engine's
         self.preset, self.cfg, self.settings, self.drafter, self.views = preset, cfg, settings, None, views
@@ -44,7 +46,6 @@ class EngineChat(Chat):
         """The conversation's messages as a job; the prompt's ids stay the engine's (nothing here
         reads them). The engine drops the oldest exchanges to leave the reply room in its context,
         as in-process (the same room, the same function); this conversation drops them too."""
-        from llmsample.client.connection import chat_job, say
         from llmsample.client.wire import Job
 
         if prefix:
@@ -54,11 +55,41 @@ class EngineChat(Chat):
                   model=None if self.target.where.startswith("unix:") else self.name, ngram=self.ngram,
                   draft_tokens=self.settings.draft_tokens if self.ngram else None,
                   fit_room=min(cfg.max_tokens, limit // 2))  # fmt: skip
-        records, dropped = chat_job(self.target, job, say)
+        records, dropped = self._admitted(job)
         if dropped:
             del self.conversation.turns[:dropped]
             self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
         return [], _pairs(records)
+
+    def _admitted(self, job: Any) -> tuple[Iterator[Any], int]:
+        """The reply's row on the engine. This user's engine gone (its keep-alive ran out while
+        the chat waited, or it was stopped) is started again, saying so; a server given by
+        --host gone ends the chat in one line saying how to go on."""
+        from llmsample.client.connection import EngineGone, Target, chat_job, say
+        from llmsample.commands.engines import running_engine
+        from llmsample.errors import RuntimeFailure
+
+        try:
+            return chat_job(self.target, job, say)
+        except EngineGone as exc:
+            if self.load_options is None:
+                raise EngineGone(f"{exc}; {self._going_on()}") from None
+        keep = self.target.keep_alive_s
+        why = "" if keep is None else f" (its keep-alive: {keep:g} s without work; or llmsample stop)"
+        say(f"the engine for {self.name} has stopped{why}; starting it again")
+        try:
+            record, _ = running_engine({**self.load_options, "batch_size": None, "max_queue": None, "quiet": True}, keep)
+        except RuntimeFailure as exc:
+            raise EngineGone(f"{exc}; {self._going_on()}") from None
+        self.target = Target(record.where, name=record.name, deterministic=record.deterministic,
+                             keep_alive_s=record.keep_alive_s)  # fmt: skip
+        return chat_job(self.target, job, say)
+
+    def _going_on(self) -> str:
+        """How to pick the conversation up again, once an engine answers."""
+        if self.log_thread is None:
+            return "this line was not answered (with --no-log, `llmsample chat -c` cannot continue this chat)"
+        return "this line was not answered; `llmsample chat -c` continues the conversation"
 
     def close(self) -> None:
         pass  # the engine keeps its own cache
@@ -77,6 +108,7 @@ def _pairs(records: Iterator[Any]) -> Generator[Any, None, None]:
 def start_on(target: Target, options: dict[str, Any], views: Views, settings: ChatSettings) -> EngineChat:
     """The chat on ``target``: the engine's model must have a chat template, as in-process."""
     from llmsample.client.connection import engine_status
+    from llmsample.client.route import hosted
     from llmsample.commands.sampling_options import resolve_sampling
 
     preset, cfg = resolve_sampling(options)
@@ -87,6 +119,8 @@ def start_on(target: Target, options: dict[str, Any], views: Views, settings: Ch
     if status.get("chat_template") is False:
         raise UserError(f"{name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
     chat = EngineChat(target, name, preset, cfg, settings, views, status.get("context_length"))
+    if hosted(options) is None:  # this user's engine, found by the model options
+        chat.load_options = options
     if options["draft"] == "ngram":
         chat.ngram = (options["ngram_min"], options["ngram_max"])
     return chat

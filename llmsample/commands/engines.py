@@ -71,6 +71,18 @@ def start(**options: Any) -> None:
             "--compile decodes rows of one prompt in lockstep; an engine's rows have their own: leave it out"
         )
     keep_s = parse_duration(options["keep_alive"])
+    record, running = running_engine(options, keep_s)
+    mode = ", deterministic" if record.deterministic else ""
+    if running:
+        click.echo(f"{record.where} (already running: {record.name}{mode}, pid {record.pid})")
+        return
+    keeps = "never stops by itself" if keep_s is None else f"keep-alive {options['keep_alive']}"
+    click.echo(f"{record.where} ({record.name}, {record.backend} {record.dtype}{mode}, pid {record.pid}, {keeps})")
+
+
+def running_engine(options: dict[str, Any], keep_s: float | None) -> tuple[registry.EngineRecord, bool]:
+    """The engine of ``options``' model options, and whether it was running: else one started
+    here (``start``'s, and a chat's whose engine stopped), one start of a spec at a time."""
     directory = registry.runtime_dir()
     spec = registry.spec_of(options)
     ident = registry.engine_id(spec)
@@ -78,13 +90,8 @@ def start(**options: Any) -> None:
     with _locked(directory / f"{ident}.lock"):
         record = registry.find(spec, directory)
         if record is not None:
-            mode = ", deterministic" if record.deterministic else ""
-            click.echo(f"{record.where} (already running: {record.name}{mode}, pid {record.pid})")
-            return
-        record = _spawn(options, directory, ident, keep_s)
-    keeps = "never stops by itself" if keep_s is None else f"keep-alive {options['keep_alive']}"
-    mode = ", deterministic" if record.deterministic else ""
-    click.echo(f"{record.where} ({record.name}, {record.backend} {record.dtype}{mode}, pid {record.pid}, {keeps})")
+            return record, True
+        return _spawn(options, directory, ident, keep_s), False
 
 
 def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float | None) -> registry.EngineRecord:
