@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import sys
 import time
@@ -32,6 +33,11 @@ from llmsample.events import Summary, TokenEvent
 WAIT_CAP_S = 1.0
 """A busy engine's ``Retry-After`` is how long an answer takes; a row may free sooner: ask again
 at least this often."""
+
+
+SILENCE_S = 15.0
+"""A client waits for its engine's answer without a limit (a long queue, a long prefill), but
+says once when none has come for this long: a stopped engine looks just like a slow one."""
 
 
 class EngineGone(RuntimeFailure):
@@ -240,6 +246,7 @@ def _admitted(
         connection = target.connection()
         try:
             connection.request("POST", JOB_PATH, body, target.headers())
+            _await(connection, target, waiting)
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as exc:
             connection.close()
@@ -257,6 +264,22 @@ def _admitted(
             waiting(f"the engine at {target.where} is busy; waiting for a free row (--local runs here instead)")
             told = True
         time.sleep(min(float(response.headers.get("Retry-After") or 1), WAIT_CAP_S))
+
+
+def _await(connection: http.client.HTTPConnection, target: Target, waiting: Callable[[str], None]) -> None:
+    """Until the answer starts; one line when it has not come for :data:`SILENCE_S` seconds,
+    naming a stopped engine of this user's and the way to resume it."""
+    if connection.sock is None or select.select([connection.sock], [], [], SILENCE_S)[0]:
+        return
+    from llmsample.client import registry
+
+    mine = target.where.startswith("unix:")  # one of this user's engines: its process can be looked at
+    record = next((r for r in registry.engines() if r.where == target.where), None) if mine else None
+    if record is not None and registry.stopped(record.pid):
+        waiting(f"the engine for {record.name} (pid {record.pid}) is stopped (SIGSTOP, Ctrl-Z or a debugger): "
+                f"`kill -CONT {record.pid}` resumes it, `llmsample stop` ends it; waiting for it (Ctrl-C stops)")  # fmt: skip
+    else:
+        waiting(f"no answer from the engine at {target.where} for {SILENCE_S:g} s; waiting for it (Ctrl-C stops)")
 
 
 def _code(body: bytes) -> str | None:

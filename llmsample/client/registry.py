@@ -140,11 +140,20 @@ def alive(pid: int) -> bool:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):  # gone, or someone else's process holds the pid now
         return False
+    return _state(pid) != "Z"  # no /proc here (None): the signal's answer stands
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, Ctrl-Z, a debugger): alive, and answering nothing."""
+    return _state(pid) in ("T", "t")
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter from ``/proc`` (Linux); None where it cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc here: the signal's answer stands
-        return True
-    return stat.rpartition(")")[2].split()[0] != "Z"
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def answers(path: str) -> bool:
