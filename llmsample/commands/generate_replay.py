@@ -39,8 +39,9 @@ def replay_options(options: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, 
         raise UserError(f"run {run.id} was logged before the log kept its flags; rerun it by hand")
     facts = run.summary.get("facts", {})
     given = {key: options[key] for key in ("device", "dtype", "backend") if options[key] != "auto"}
-    options = {**options, "prompt": run.prompt, "system": run.system, "model": options["model"] or run.model,
-               "dtype": facts.get("dtype") or "auto", "device": facts.get("device") or "auto",
+    dtype = facts.get("dtype") if run.backend != "llama.cpp" else None  # llama.cpp runs its GGUF's own
+    options = {**options, "prompt": run.prompt, "system": run.system, "model": options["model"] or logged_model(run),
+               "dtype": dtype or "auto", "device": facts.get("device") or "auto",
                "backend": run.backend or "auto", **given, **run.flags}  # fmt: skip
     try:
         cfg = SamplingConfig.from_mapping(run.settings)
@@ -53,3 +54,21 @@ def replay_options(options: dict[str, Any]) -> tuple[dict[str, Any], tuple[str, 
     if run.command == "speculate":
         options["draft"] = options.get("draft") or "ngram"
     return options, (run.preset or "custom", cfg, run.prompt), ReplayCheck(run.id, run.records)
+
+
+def logged_model(run: Any) -> str | None:
+    """The model to load for a logged run: None for the default model (logged by its name), a
+    local folder as logged; a folder that is gone is one line saying how to go on."""
+    from pathlib import Path
+
+    from llmsample.models.checkpoint import looks_like_path
+    from llmsample.models.gguf_to_hf import DEFAULT_MODEL
+
+    if Path(run.model).expanduser().exists():
+        return run.model
+    if run.model == DEFAULT_MODEL:
+        return None
+    if looks_like_path(run.model):
+        raise UserError(f"run {run.id} ran on {run.model}, which is no longer there; pass -m MODEL to replay it on "
+                        "another model (its tokens will differ)")  # fmt: skip
+    return run.model
