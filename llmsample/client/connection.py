@@ -291,15 +291,16 @@ def _code(body: bytes) -> str | None:
 
 def _refusal(target: Target, status: int, body: bytes, kind: str | None) -> Exception:
     """The engine's answer as the in-process run's error: a bad request is the user's (exit 2).
-    An answer without llmsample's error object, or a 404 for a path of llmsample's own (another
-    server's, or another version's), is not an engine's: one line for the user, never its body."""
+    An answer without llmsample's error object, or a 404 or 405 for a path of llmsample's own
+    (another server's, or another version's), is not an engine's: one line for the user, never its
+    body."""
     try:
         message = json.loads(body)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = None
-    if not isinstance(message, str) or (status == 404 and _code(body) != "model_not_found"):
+    if not isinstance(message, str) or status == 405 or (status == 404 and _code(body) != "model_not_found"):
         return _foreign(target, status, kind)
-    message = printable(message)
+    message = _printable(message)
     if status in (400, 401, 404, 409):
         return UserError(message)
     if status == 422 and _code(body) == "run_failed":  # the run itself failed there, as it would here
@@ -325,20 +326,20 @@ def _foreign(target: Target, status: int | None, kind: str | None) -> UserError:
     few words, never its page."""
     answered = "an answer that is not HTTP"
     if status is not None:
-        answered = f"HTTP {status}, {printable(kind or 'no content type', 60)}"
+        answered = f"HTTP {status}, {_printable(kind or 'no content type', 60)}"
     return UserError(f"{target.where} does not answer as llmsample serve does ({answered}); point --host or "
                      "LLMSAMPLE_HOST at an llmsample serve (http://HOST:PORT), or pass --local")  # fmt: skip
 
 
-def printable(text: str, limit: int = 300) -> str:
+def _printable(text: str, limit: int | None = None) -> str:
     """A server's words on one line: control characters escaped (a terminal's escape codes, a
-    newline), cut at ``limit`` characters."""
+    newline), cut at ``limit`` characters when given."""
     flat = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+    return flat if limit is None or len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 def _reason(exc: BaseException) -> str:
-    return printable(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
+    return _printable(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
 
 
 def say(line: str) -> None:

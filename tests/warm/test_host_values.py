@@ -7,6 +7,7 @@ HTTP). Each is one line naming what was wrong, exit 2, the same for ``generate``
 from __future__ import annotations
 
 import http.server
+import json
 import socket
 import socketserver
 import threading
@@ -76,6 +77,34 @@ class PageForAll(WebPage):
     do_POST = do_GET
 
 
+class OtherApi(WebPage):
+    """Another API's JSON errors (llama-server's shape): a 404 for paths it does not have."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}).encode()
+        self.send_response(404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+
+class Refuses(WebPage):
+    """A server of llmsample's shape refusing the request with words that hold control characters."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"error": {"message": "bad\n\x1b[31mvalue", "type": "invalid_request_error"}}).encode()
+        self.send_response(400)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_GET
+
+
 class RawBytes(socketserver.BaseRequestHandler):
     """Not HTTP: bytes with a terminal escape and a line break."""
 
@@ -103,18 +132,19 @@ def server(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize(
-    ("server", "answered"),
+    ("server", "answered", "posted"),  # posted: what generate's POST gets, where a GET gets another
     [
-        (WebPage, "(HTTP 404, text/html"),  # generate's POST: 501
-        (PageForAll, "(HTTP 200, text/html"),
-        (RawBytes, "(an answer that is not HTTP)"),
+        (WebPage, "(HTTP 404, text/html", "(HTTP 501, text/html"),
+        (PageForAll, "(HTTP 200, text/html", None),
+        (OtherApi, "(HTTP 404, application/json)", None),
+        (RawBytes, "(an answer that is not HTTP)", None),
     ],
     indirect=["server"],
 )
-def test_a_server_that_is_not_llmsample_is_one_line(command: str, server: str, answered: str) -> None:
+def test_a_server_that_is_not_llmsample_is_one_line(command: str, server: str, answered: str, posted: str) -> None:
     result = run(command, "--host", server)
     assert_one_line(result, 2, f"{server} does not answer as llmsample serve does")
-    assert answered.replace("404", "501" if command == "generate" else "404") in result.stderr
+    assert ((command == "generate" and posted) or answered) in result.stderr
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -129,3 +159,9 @@ def test_a_closed_port_is_the_engine_gone() -> None:
         port = probe.getsockname()[1]
     for command in COMMANDS:
         assert_one_line(run(command, "--host", f"http://127.0.0.1:{port}"), 1, "cannot reach the engine at")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("server", [Refuses], indirect=True)
+def test_a_servers_words_are_one_line_with_control_characters_escaped(command: str, server: str) -> None:
+    assert_one_line(run(command, "--host", server), 2, "Error: bad\\n\\x1b[31mvalue")
