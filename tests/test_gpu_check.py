@@ -79,6 +79,7 @@ def test_a_failing_step_fails_the_check(tmp_path: Path) -> None:
     assert spent.run("late", lambda step: None).status == "failed"  # out of time is a failure too
 
 
+@pytest.mark.slow  # the versions step asks the platform (`uname -p`)
 def test_versions_below_the_minimums_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gpu_check = load_script()
     python_min, packages = gpu_check.minimums()
