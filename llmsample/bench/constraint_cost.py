@@ -17,7 +17,7 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from llmsample.bench.public_schemas import SchemaFigures, run_schema_benchmark
@@ -75,13 +75,16 @@ def timed(make: Callable[[], Any]) -> tuple[Any, float]:
     return value, time.perf_counter() - start
 
 
+@dataclass
 class Run:
     """One side: ``rows`` rows of the prompt under ``configs`` (cycled); called, its tokens/s,
     and each row's tokens of its last run in ``emitted``."""
 
-    def __init__(self, lm: LoadedModel, prompt: list[int], configs: list[SamplingConfig], rows: int) -> None:
-        self.lm, self.prompt, self.configs, self.rows = lm, prompt, configs, rows
-        self.emitted: dict[int, list[int]] = defaultdict(list)
+    lm: LoadedModel
+    prompt: list[int]
+    configs: list[SamplingConfig]
+    rows: int
+    emitted: defaultdict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     def __call__(self) -> float:
         self.emitted.clear()

@@ -137,18 +137,19 @@ def compile_all(schemas: list[tuple[str, Any]]) -> list[tuple[Outcome, Any]]:
     """Every schema compiled leniently (kept, with what it left out) and strictly (its refusal)."""
     outcomes = []
     for name, schema in schemas:
-        outcome, constraint = Outcome(name, schema), None
-        try:
-            constraint = constraints.json_schema(schema, name)
-            outcome.ignored = constraint.ignored
-        except UserError as exc:
-            outcome.lenient_error = str(exc).removeprefix(f"{name}: ")[:160]
-        try:
-            constraints.json_schema(schema, name, strict=True)
-        except UserError as exc:
-            outcome.strict_error = str(exc).removeprefix(f"{name}: ")[:160]
-        outcomes.append((outcome, constraint))
+        constraint, lenient = _compiled(name, schema, strict=False)
+        _, strict = _compiled(name, schema, strict=True)
+        ignored = constraint.ignored if constraint is not None else ()
+        outcomes.append((Outcome(name, schema, lenient, strict, ignored), constraint))
     return outcomes
+
+
+def _compiled(name: str, schema: Any, strict: bool) -> tuple[Any, str | None]:
+    """The constraint, or None and why it was refused (without the name it starts with)."""
+    try:
+        return constraints.json_schema(schema, name, strict=strict), None
+    except UserError as exc:
+        return None, str(exc).removeprefix(f"{name}: ")[:160]
 
 
 def decode_all(lm: LoadedModel, compiled: list[tuple[Outcome, Any]], max_tokens: int) -> None:
