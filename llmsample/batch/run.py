@@ -98,38 +98,11 @@ def run_batch(
     outcome = BatchOutcome()
     todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
     writer = OrderedWriter(write, [i for i, _ in todo])
-    items: list[BatchItem] = []
-    requests: dict[int, Request] = {}
-    configs: dict[int, SamplingConfig] = {}
-    shapes: dict[int, ChatShape] = {}
-    scored: dict[int, PromptLogprobs | None] = {}
-    for position, item in todo:
-        try:
-            if isinstance(item, RequestError):
-                raise UserError(item.message)
-            preset, cfg = request_config(item, settings)
-            ids = prompt_ids(lm, item, settings, cfg.max_tokens)
-            cfg, shapes[position] = shaped(lm, item, cfg, ids)
-            scored[position] = _scored(lm, item, ids, settings)
-        except (UserError, RuntimeFailure) as exc:
-            outcome.failed += 1
-            code = "invalid_request" if isinstance(exc, UserError) else "decoding_failed"
-            writer.put(position, _error(settings, _as_error(item, str(exc), code)))
-            continue
-        stats = RunStats(lm.name, preset, cfg.seed)
-        if item.prompt_only:  # max_tokens 0: nothing to decode, the record now
-            outcome.succeeded += 1
-            summary = dataclasses.replace(stats.summary("length"), prompt_tokens=len(ids))
-            record = _result(settings, item, summary, [], lm.token_bytes, shapes[position], scored[position])
-            writer.put(position, record)
-            on_finished(0)
-            continue
-        requests[position], configs[position] = item, cfg
-        items.append(BatchItem(position, ids, cfg, stats, drafter, settings.draft_tokens))
-    top_n = max([settings.top_n, *(r.top_logprobs for r in requests.values())])
+    items, asked = _admit(lm, todo, settings, writer, outcome, on_finished, drafter)
+    top_n = max([settings.top_n, *(a.request.top_logprobs for a in asked.values())])
     longest = max((len(item.prompt_ids) + item.cfg.max_tokens for item in items), default=1)
     outcome.batch_size = settings.batch_size or default_batch_size(lm, longest)
-    events: dict[int, list[TokenEvent]] = {position: [] for position in requests}
+    events: dict[int, list[TokenEvent]] = {position: [] for position in asked}
     try:
         cache = PromptCache(settings.prompt_cache_mb * 2**20) if settings.prompt_cache_mb else None
         decoded = decode_batch(lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos,
@@ -138,10 +111,10 @@ def run_batch(
             if isinstance(record, TokenEvent):
                 events[position].append(record)
                 continue
-            request, tokens = requests[position], events.pop(position)
+            request, tokens = asked[position].request, events.pop(position)
             incomplete = None if isinstance(record, RowFailed) else incomplete_message(record)
             if log and not isinstance(record, RowFailed):
-                request_recorder("batch", request, settings.system, configs[position], tokens).summary(record)
+                request_recorder("batch", request, settings.system, asked[position].cfg, tokens).summary(record)
             if isinstance(record, RowFailed):
                 outcome.failed += 1
                 writer.put(position, _error(settings, _as_error(request, record.message, "decoding_failed")))
@@ -151,12 +124,60 @@ def run_batch(
             else:
                 outcome.succeeded += 1
                 outcome.tokens += record.tokens
-                writer.put(position, _result(settings, request, record, tokens, lm.token_bytes, shapes[position],
-                                             scored[position]))  # fmt: skip
+                writer.put(position, _result(settings, asked[position], record, tokens, lm.token_bytes))
             on_finished(len(tokens))
     finally:
         writer.flush_finished()
     return outcome
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """A request that decodes: its settings, how its answer's text is read back, and its prompt
+    scored (``echo`` with ``logprobs``)."""
+
+    request: Request
+    cfg: SamplingConfig
+    shape: ChatShape
+    scored: PromptLogprobs | None
+
+
+def _admit(
+    lm: LoadedModel,
+    todo: list[tuple[int, Request | RequestError]],
+    settings: BatchSettings,
+    writer: OrderedWriter,
+    outcome: BatchOutcome,
+    on_finished: Callable[[int], None],
+    drafter: Callable[[], Drafter] | None,
+) -> tuple[list[BatchItem], dict[int, _Asked]]:
+    """Each request's row, or its record at once: an error for a line that cannot run, the
+    whole answer for one that generates nothing (``max_tokens: 0``)."""
+    items: list[BatchItem] = []
+    asked: dict[int, _Asked] = {}
+    for position, item in todo:
+        try:
+            if isinstance(item, RequestError):
+                raise UserError(item.message)
+            preset, cfg = request_config(item, settings)
+            ids = prompt_ids(lm, item, settings, cfg.max_tokens)
+            cfg, shape = shaped(lm, item, cfg, ids)
+            this = _Asked(item, cfg, shape, _scored(lm, item, ids, settings))
+        except (UserError, RuntimeFailure) as exc:
+            outcome.failed += 1
+            code = "invalid_request" if isinstance(exc, UserError) else "decoding_failed"
+            writer.put(position, _error(settings, _as_error(item, str(exc), code)))
+            continue
+        stats = RunStats(lm.name, preset, cfg.seed)
+        if item.prompt_only:  # max_tokens 0: nothing to decode, the record now
+            outcome.succeeded += 1
+            summary = dataclasses.replace(stats.summary("length"), prompt_tokens=len(ids))
+            writer.put(position, _result(settings, this, summary, [], lm.token_bytes))
+            on_finished(0)
+            continue
+        asked[position] = this
+        items.append(BatchItem(position, ids, cfg, stats, drafter, settings.draft_tokens))
+    return items, asked
 
 
 def _scored(lm: LoadedModel, request: Request, ids: list[int], settings: BatchSettings) -> PromptLogprobs | None:
@@ -181,13 +202,12 @@ def _error(settings: BatchSettings, error: RequestError) -> Record:
 
 def _result(
     settings: BatchSettings,
-    request: Request,
+    asked: _Asked,
     summary: Summary,
     events: list[TokenEvent],
     token_bytes: Callable[[int], bytes | None],
-    shape: ChatShape,
-    prompt: PromptLogprobs | None = None,
 ) -> Record:
     if settings.fmt == "openai":
-        return openai_result_record(request, summary, events, token_bytes=token_bytes, shape=shape, prompt=prompt)
-    return result_record(request, summary, events, settings.tokens)
+        return openai_result_record(asked.request, summary, events, token_bytes=token_bytes, shape=asked.shape,
+                                    prompt=asked.scored)  # fmt: skip
+    return result_record(asked.request, summary, events, settings.tokens)
