@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BASE := $(VENV)/.base
 
-.PHONY: demo llamacpp test browser bench gpu-check clean bytecode
+.PHONY: demo llamacpp test test-fast browser bench gpu-check clean bytecode
 
 # Two stages, so that `make demo` answers within minutes on a fresh machine: the base (torch, llmsample
 # with the server, the default model) and, for `make test`, the rest (llama-cpp-python builds from source
@@ -39,15 +39,31 @@ demo: $(BASE)
 llamacpp: $(BASE)
 	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[serve,llamacpp]'
 
-# pip compiles what it installs, but not an editable install's own package: without its bytecode
-# every start-up compiles llmsample again wherever none is written (PYTHONDONTWRITEBYTECODE), about
-# 70 ms of a warm command's 0.3 s and more of a cold one's.
-bytecode:
+# Without bytecode every start-up compiles what it imports again wherever none is written
+# (PYTHONDONTWRITEBYTECODE): llmsample itself (pip does not compile an editable install's package),
+# about 70 ms of a warm command's 0.3 s, and any wheel installed without its bytecode (torch's
+# import took 2.9 s here for 1.7 s compiled; the suite starts hundreds of processes).
+bytecode: $(VENV)/.bytecode
 	$(BIN)/python -m compileall -q llmsample >/dev/null
+
+$(VENV)/.bytecode: $(BASE)
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
+	touch $@
+
+# The suite in two processes (pytest-xdist); the tests that must not share the machine with others
+# are grouped onto one worker (xdist_group in tests/tiers.py). Bytecode and pytest's rewritten test
+# modules are written even where the environment says not to: each worker and process reuses them.
+PYTEST := CI=true LLMSAMPLE_REQUIRE_QUANT=1 env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test: $(STAMP) browser bytecode
 	$(BIN)/ruff check llmsample tests tools experiments
-	CI=true LLMSAMPLE_REQUIRE_QUANT=1 $(BIN)/python -m pytest -q
+	$(PYTEST)
+
+# The fast tier: every unit test, without the tests that start a process, a pty, a browser or a
+# server, or load the real model (the slow and model markers, applied by tests/tiers.py).
+test-fast: $(STAMP) bytecode
+	$(BIN)/ruff check llmsample tests tools experiments
+	$(PYTEST) -m "not slow and not model"
 
 # The HTML view is tested in a real headless browser: Debian's chromium, installed when missing
 # and apt is usable (the browser test is skipped, saying why, where it is not).

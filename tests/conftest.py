@@ -12,14 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from hypothesis import settings
 
-# CI must not depend on luck: property tests draw the same examples on every run there
-# (``CI=true make test``); locally they keep exploring new ones.
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-if os.environ.get("CI"):
-    settings.load_profile("ci")
+pytest_plugins = ["tests.tiers"]  # the slow, model and llamacpp markers, applied from what a test uses
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """CI must not depend on luck: property tests draw the same examples on every run there
+    (``CI=true make test``); locally they keep exploring new ones."""
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+    if os.environ.get("CI"):
+        settings.load_profile("ci")
 
 # A suite started in the background (``make test &``, a non-interactive shell's ``&``) inherits
 # SIGINT ignored, and every CLI it starts would inherit that too: the Ctrl-C tests would then see
@@ -87,6 +91,7 @@ def save_tiny_llama(
     path: Path, tokenizer, vocab_size: int, seed: int, init: float, layers: int, hidden: int, positions: int = 1024
 ) -> Path:
     """A random LlamaForCausalLM (ids 0/1 are BOS/EOS) saved with ``tokenizer``: any tiny model's body."""
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(

@@ -1,0 +1,206 @@
+"""The suite's tiers, applied here from what each test uses rather than remembered by hand:
+
+- ``slow``: the test starts a process, a pty, a browser or a server (through any fixture or helper);
+- ``model``: it uses the real default model (SmolLM2-135M-Instruct);
+- ``llamacpp``: it needs llama-cpp-python.
+
+A test's tiers are read from the names its function and its fixtures use, followed through the
+suite's own helpers, classes and fixtures and the package's own functions to the modules that
+start processes. What
+that reading misses is held at run time: a test without ``slow`` that starts a process, or without
+``model`` that loads the real model, fails and names the marker (``make test-fast`` deselects both
+tiers, so an unmarked one would otherwise slow the fast tier down unseen)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import platform
+import subprocess
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+TIERS = {
+    "slow": "starts a process, a pty, a browser or a server (deselected by `make test-fast`)",
+    "model": "uses the real default model (deselected by `make test-fast`)",
+    "llamacpp": "needs llama-cpp-python (the llamacpp extra)",
+}
+SPAWNING = ("subprocess", "pexpect", "ptyprocess", "playwright", "multiprocessing", "concurrent.futures.process")
+"""Modules whose use means another process: a name that resolves to one (or to anything defined in one)."""
+RAW_NAMES = {"subprocess": "slow", "pexpect": "slow", "sync_playwright": "slow", "llama_cpp": "llamacpp"}
+"""Names that mark a test even unresolved: an import inside a function (``import llama_cpp as lib``)."""
+MODEL_FIXTURES = {"default_lm"}
+"""The real model's fixtures (any fixture that depends on one is found through the closure)."""
+
+
+def _module_tier(name: str) -> str | None:
+    if name == "llama_cpp" or name.startswith("llama_cpp."):
+        return "llamacpp"
+    if any(name == m or name.startswith(m + ".") for m in SPAWNING):
+        return "slow"
+    return None
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    """A code object and those nested in it (inner functions, lambdas, comprehensions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+FOLLOWED = ("tests", "llmsample")
+"""Whose functions are followed: the suite's helpers, and the package's own (``bench --startup``
+starts processes for a test that calls it); a library's are not."""
+
+
+def _own_functions(obj: Any) -> list[Callable[..., Any]]:
+    """The functions behind ``obj`` that are followed: itself, what it wraps (hypothesis,
+    functools), a class's methods."""
+    if isinstance(obj, functools.partial):
+        obj = obj.func
+    if not str(getattr(obj, "__module__", None) or "").startswith(FOLLOWED):
+        return []
+    if inspect.isclass(obj):
+        members = [inspect.unwrap(m.__func__ if isinstance(m, (staticmethod, classmethod)) else m)
+                   for m in vars(obj).values()]  # fmt: skip
+        members += [m.fget for m in vars(obj).values() if isinstance(m, property) and m.fget]
+        return [m for m in members if inspect.isfunction(m)]
+    inner = getattr(getattr(obj, "hypothesis", None), "inner_test", None)
+    obj = inspect.unwrap(inner or obj)
+    return [obj] if inspect.isfunction(obj) else []
+
+
+def tiers_of(obj: Any, seen: set[int] | None = None) -> set[str]:
+    """The tiers that running ``obj`` (a test, fixture, helper or class of the suite) needs."""
+    seen = set() if seen is None else seen
+    found: set[str] = set()
+    for function in _own_functions(obj):
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        names = {name for code in _codes(function.__code__) for name in code.co_names}
+        found |= {RAW_NAMES[name] for name in names & RAW_NAMES.keys()}
+        for name in names:
+            target = function.__globals__.get(name)
+            if isinstance(target, types.ModuleType):
+                tier = _module_tier(target.__name__)
+            else:
+                tier = _module_tier(str(getattr(target, "__module__", "") or ""))
+            if tier:
+                found.add(tier)
+            elif target is not None:
+                found |= tiers_of(target, seen)
+    return found
+
+
+def _module_level(item: pytest.Item) -> set[str]:
+    """A module that skips without llama-cpp-python (``pytest.importorskip("llama_cpp")`` at its top)."""
+    module = getattr(item, "module", None)
+    source = inspect.getsource(module) if module is not None else ""
+    lines = [line for line in source.splitlines() if not line.startswith((" ", "\t"))]
+    return {"llamacpp"} if any('importorskip("llama_cpp")' in line for line in lines) else set()
+
+
+def item_tiers(item: pytest.Item) -> set[str]:
+    """Every tier of a collected test: its function's, each fixture's in its closure, its module's."""
+    found = tiers_of(getattr(item, "obj", None)) | _module_level(item)
+    info = getattr(item, "_fixtureinfo", None)
+    for name in getattr(item, "fixturenames", ()):
+        if name in MODEL_FIXTURES:
+            found.add("model")
+        for definition in (info.name2fixturedefs.get(name, ()) if info else ()):
+            found |= tiers_of(definition.func)
+    return found
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    cache: dict[Any, set[str]] = {}
+    for item in items:
+        key = (getattr(item, "obj", None), tuple(getattr(item, "fixturenames", ())), getattr(item, "module", None))
+        if key not in cache:
+            cache[key] = item_tiers(item)
+        for tier in sorted(cache[key] - {m.name for m in item.iter_markers()}):
+            item.add_marker(tier)
+
+
+class UnmarkedTier(Exception):
+    """A test did what its tier's marker says without the marker."""
+
+
+RUNNING: list[pytest.Item] = []
+"""The test whose setup or call is running (none between tests: session fixtures of marked tests)."""
+
+
+def _check(tier: str, what: str) -> None:
+    item = RUNNING[-1] if RUNNING else None
+    if item is not None and item.get_closest_marker(tier) is None:
+        raise UnmarkedTier(
+            f"{item.nodeid} {what} without the '{tier}' marker: use a fixture or helper the tiers know "
+            f"(tests/tiers.py), or mark it @pytest.mark.{tier}"
+        )
+
+
+def _guarded(function: Callable[..., Any], tier: str, what: str, when: Callable[..., bool]) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        if when(*args, **kwargs):
+            _check(tier, what)
+        return function(*args, **kwargs)
+
+    return guarded
+
+
+def install_guards() -> None:
+    """Wrap, once for the session, what starts a process and what finds the real model. Installed
+    once rather than patched per test, so a test's own monkeypatch of the same names layers above."""
+    from llmsample.models import gguf_to_hf, llamacpp_load, loading
+
+    if hasattr(subprocess.Popen._execute_child, "__wrapped__"):
+        return  # a planted suite run inside this one (pytester) meets the same guards
+    platform.processor()  # cached from here on: its `uname -p` is no process of any test's
+    always = lambda *args, **kwargs: True  # noqa: E731
+    subprocess.Popen._execute_child = _guarded(subprocess.Popen._execute_child, "slow", "started a process", always)
+    for name in ("fork", "forkpty"):
+        setattr(os, name, _guarded(getattr(os, name), "slow", "started a process", always))
+    shipped = gguf_to_hf.gguf_path
+
+    def real(*args: Any, **kwargs: Any) -> bool:  # a test that fakes the shipped GGUF is not using it
+        return gguf_to_hf.gguf_path is shipped and llamacpp_load.gguf_path is shipped
+
+    default = _guarded(gguf_to_hf.default_model_path, "model", "loaded the real default model", real)
+    gguf_to_hf.default_model_path = loading.default_model_path = default
+    llamacpp_load.gguf_file = _guarded(
+        llamacpp_load.gguf_file, "model", "loaded the real default model", lambda spec: spec is None and real()
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    install_guards()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        RUNNING.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    RUNNING.append(item)
+    try:
+        return (yield)
+    finally:
+        RUNNING.pop()
