@@ -96,7 +96,9 @@ def call_id() -> str:
 
 def message(text: str, shape: ChatShape, id_of: Callable[[int], str] | None = None) -> tuple[dict[str, Any], bool]:
     """The assistant ``message`` for ``text`` (``reasoning_content``, ``content``,
-    ``tool_calls``) and whether it called tools; ``id_of``: the i-th call's id, else fresh ones."""
+    ``tool_calls``) and whether it ended with its calls (else the length cut it inside a call or
+    after one began: its complete calls are kept, the one cut short is left out); ``id_of``: the
+    i-th call's id, else fresh ones."""
     out: dict[str, Any] = {"role": "assistant"}
     content = text
     if shape.reasoning is not None:
@@ -105,14 +107,15 @@ def message(text: str, shape: ChatShape, id_of: Callable[[int], str] | None = No
     calls = []
     if shape.fmt is not None:
         content, calls = split_tool_calls(content, shape.fmt)
-    out["content"] = content if content.strip() or not calls else None
-    if calls:
+    whole = [call for call in calls if call.complete]
+    out["content"] = content if content.strip() or not whole else None
+    if whole:
         out["tool_calls"] = [
             {"id": id_of(i) if id_of else call_id(), "type": "function",
              "function": {"name": call.name, "arguments": call.arguments}}
-            for i, call in enumerate(calls)
+            for i, call in enumerate(whole)
         ]  # fmt: skip
-    return out, bool(calls)
+    return out, bool(calls) and calls[-1].ends
 
 
 def call_start(text: str, shape: ChatShape) -> int | None:

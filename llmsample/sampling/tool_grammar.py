@@ -219,17 +219,20 @@ def tool_constraint(
 @dataclass(frozen=True)
 class Call:
     """One call as written: its name and its arguments' JSON text (as the model wrote it);
-    ``complete``: its JSON has ended (a stream's last call may not have)."""
+    ``complete``: its JSON has ended (a stream's last call, or one cut short, may not have);
+    ``ends``: only the calls' closing text follows it, whole or begun (no other call was begun)."""
 
     name: str
     arguments: str
     complete: bool = True
+    ends: bool = False
 
 
 def split_tool_calls(text: str, fmt: CallFormat, final: bool = True) -> tuple[str, list[Call]]:
-    """``text`` as its content (before the calls) and its calls. ``final``: the whole answer (a
-    call cut short leaves all the text as content); else a stream's prefix: content that may
-    still turn into the trigger is held back, and the last call may be incomplete."""
+    """``text`` as its content (before the calls) and its calls, the last of which may be
+    incomplete. ``final``: the whole answer (with no complete call, all its text is content: a
+    call cut short alone is no call); else a stream's prefix: content that may still turn into
+    the trigger is held back."""
     begun = len(text) - len(text.lstrip())
     at = text.find(fmt.trigger) if fmt.anywhere else (begun if text.startswith(fmt.begins, begun) else -1)
     if at < 0:
@@ -251,12 +254,13 @@ def split_tool_calls(text: str, fmt: CallFormat, final: bool = True) -> tuple[st
         except json.JSONDecodeError:
             calls.append(Call(found.group(1), text[found.end() : len(text) - 1], complete=False))
             break
-        calls.append(Call(found.group(1), text[found.end() : end - 1]))
+        ends = (fmt.close + fmt.suffix).startswith(text[end:])
+        calls.append(Call(found.group(1), text[found.end() : end - 1], ends=ends))
         pos = end + len(fmt.close)
         if fmt.sep is None or not text.startswith(fmt.sep + fmt.open, pos):
             break
         pos += len(fmt.sep + fmt.open)
-    if final and (not calls or not calls[-1].complete):
+    if final and not any(call.complete for call in calls):
         return text, []
     return content, calls
 

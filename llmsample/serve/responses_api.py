@@ -190,6 +190,7 @@ class Answer:
             self.item_ids.append(secrets.token_hex(12))
         ident = self.item_ids[index]
         if block.kind == "call":
+            status = "completed" if status != "in_progress" and block.complete else status  # cut: incomplete
             return {"type": "function_call", "id": "fc_" + ident, "call_id": block.ident, "name": block.name,
                     "arguments": block.text, "status": status}  # fmt: skip
         if block.kind == "reasoning":

@@ -26,7 +26,8 @@ class StreamSplit:
     calls: list[tuple[str, int]] = field(default_factory=list)  # per call: its id, arguments sent
     ends: list[tuple[int, int]] = field(default_factory=list)  # per token: its index, where its text ends
 
-    called: bool = False  # the answer ended with whole calls
+    called: bool = False  # the answer ended with its calls, nothing cut
+    cut: bool = False  # the answer ended inside its last call (the length cut it)
 
     def feed(self, text: str, final: bool = False) -> list[dict[str, Any]]:
         """The deltas ``text`` (a token's, appended) releases; ``final``: the answer has ended."""
@@ -39,7 +40,8 @@ class StreamSplit:
         if self.shape.fmt is not None:
             content, calls = split_tool_calls(content, self.shape.fmt, final)
         fields["content"] = content
-        self.called = final and bool(calls)
+        self.called = final and bool(calls) and calls[-1].ends
+        self.cut = final and bool(calls) and not calls[-1].complete
         deltas = []
         for key, value in fields.items():
             if len(value) > self.sent[key]:
@@ -68,6 +70,7 @@ class Block:
     ident: str = ""
     name: str = ""
     text: str = ""
+    complete: bool = True  # False: a call the length cut short (a stream sent its start)
 
 
 Step = tuple[str, int, str]  # ("open" | "grow" | "close", the block's index, a grown piece)
@@ -113,6 +116,8 @@ class Blocks:
         if final:
             if self.held:
                 steps += self._grow("content", self.held)
+            if self.split.cut:
+                self.blocks[-1].complete = False
             if self.blocks:
                 steps.append(("close", len(self.blocks) - 1, ""))
         return steps
@@ -135,7 +140,8 @@ class Blocks:
 
 
 def whole_blocks(text: str, shape: ChatShape) -> tuple[list[Block], bool]:
-    """A whole answer's blocks (one empty content block when it has none) and whether it called tools."""
+    """A whole answer's blocks (one empty content block when it has none; a call cut short left
+    out) and whether it ended with its calls."""
     blocks = Blocks(shape)
     blocks.feed(text, final=True)
-    return blocks.blocks or [Block("content")], blocks.called
+    return [block for block in blocks.blocks if block.complete] or [Block("content")], blocks.called

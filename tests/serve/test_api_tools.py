@@ -205,8 +205,8 @@ def test_two_hundred_wild_messages_calls_validate(tools_server: Server) -> None:
         choice = {"type": "any"} if seed % 2 else {"type": "tool", "name": "get_weather"}
         extra = {"seed": seed, **UNTRUNCATED, **WILD}
         body = message_body(tools_server, tool_choice=choice, max_tokens=90, extra_body=extra)
-        answer = client.messages.create(**body)
-        assert answer.stop_reason == "tool_use", answer.content
+        answer = client.messages.create(**body)  # parallel calls: max_tokens may cut one after a complete one
+        assert answer.stop_reason in ("tool_use", "max_tokens"), answer.content
         return [(block.name, block.input) for block in answer.content if block.type == "tool_use"]
 
     _wild_calls(200, run)
