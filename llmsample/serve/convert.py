@@ -53,6 +53,18 @@ def function_tool(name: Any, description: Any, parameters: Any, where: str) -> d
     return {"type": "function", "function": function}
 
 
+def without_empty_tools(chat: dict[str, Any]) -> dict[str, Any]:
+    """``chat`` with an empty ``tools`` list read as no tools, as OpenAI's Responses API and
+    Anthropic's take it (openai-agents sends one for every agent without tools): it goes, with
+    ``tool_choice`` (absent, auto or none) and ``parallel_tool_calls``; a choice that must call
+    a tool is a 400. Chat completions refuses an empty list, as OpenAI's chat API does."""
+    if chat.get("tools") != []:
+        return chat
+    if chat.get("tool_choice", "auto") not in ("auto", "none"):
+        raise ApiError(400, "tool_choice: a tool must be called, but tools is empty", "tool_choice")
+    return {key: value for key, value in chat.items() if key not in ("tools", "tool_choice", "parallel_tool_calls")}
+
+
 def tool_call(call_id: Any, name: Any, arguments: str, where: str) -> dict[str, Any]:
     """An assistant message's chat ``tool_calls`` entry."""
     if not isinstance(call_id, str) or not isinstance(name, str):

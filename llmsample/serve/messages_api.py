@@ -85,7 +85,7 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
         chat["tools"] = _tools(given["tools"])
     if "tool_choice" in given:
         chat["tool_choice"] = _tool_choice(given["tool_choice"])
-    return chat, warnings
+    return convert.without_empty_tools(chat), warnings
 
 
 def _thinking_budget(value: Any) -> int | None:

@@ -99,7 +99,7 @@ def chat_body(body: Any, strict: bool) -> tuple[dict[str, Any], list[str]]:
         chat["tools"] = _tools(given["tools"])
     if "tool_choice" in given:
         chat["tool_choice"] = _tool_choice(given["tool_choice"])
-    return chat, warnings
+    return convert.without_empty_tools(chat), warnings
 
 
 def _response_format(value: Any) -> dict[str, Any]:
