@@ -275,3 +275,82 @@ def test_the_readme_stays_a_few_screens() -> None:
     top = "\n".join(readme.splitlines()[:40])
     assert "make demo" in top and "make test" in top
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme), "dated measurements belong in docs/history/"
+
+
+def _prose(path: str) -> str:
+    """A doc's text with its line breaks and runs of spaces as single spaces (sentences wrap)."""
+    return " ".join((REPO / path).read_text(encoding="utf-8").split())
+
+
+def _table(path: str, heading: str) -> list[list[str]]:
+    """The cells of each row of the first table after ``heading`` in ``path``."""
+    lines = (REPO / path).read_text(encoding="utf-8").split(heading, 1)[1].split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in lines[start + 2 : end]]
+
+
+def _said(text: str) -> str:
+    """A reason as prose writes it, compared with the code's: no code marks, case or final stop."""
+    return text.replace("`", "").rstrip(".").lower()
+
+
+def test_the_keys_the_docs_list_as_ignored_are_the_servers() -> None:
+    """docs/serve-api.md's keys ignored with a warning are the server's own tables of them (chat's
+    and completions', the Responses API's, the Messages API's), and each row's reason is the one
+    the server's warning gives: a doc cannot claim a reason the code does not (a prompt cache
+    said to be missing while the server keeps one)."""
+    from llmsample.serve import compat, messages_api, responses_api
+
+    rows = _table("docs/serve-api.md", "## Other clients' keys")
+    ignored = {key: row[3] for row in rows if row[2] == "ignored" for key in re.findall(r"`([^`]+)`", row[0])}
+    elsewhere = {"messages[].name", "stream_options.continuous_usage_stats"}  # read where the body is parsed
+    assert set(ignored) == set(compat.HINTS) | elsewhere
+    for key, reason in compat.HINTS.items():
+        assert _said(ignored[key]).startswith(_said(reason)), (key, ignored[key], reason)
+    for heading, table, checked in (
+        ("## The Responses API", responses_api.HINTS, {"text.verbosity", "store", "include", "truncation"}),
+        ("## The Messages API", messages_api.HINTS, set()),
+    ):
+        [keys] = [row[0] for row in _table("docs/serve-api.md", heading) if "ignored" in row[1]]
+        listed = {re.split(r"[: ]", key)[0] for key in re.findall(r"`([^`]+)`", keys)}
+        assert listed == set(table) | checked, heading
+    # The server keeps a prompt cache across requests (serve --prompt-cache-mb): no reason denies it.
+    assert "--prompt-cache-mb" in every_llmsample_flag(main.get_command(None, "serve"))  # type: ignore[arg-type]
+    reasons = [*ignored.values(), *compat.HINTS.values(), *responses_api.HINTS.values(), *messages_api.HINTS.values()]
+    assert not [reason for reason in reasons if "no prompt cache" in _said(reason)]
+
+
+EXIT_STATEMENTS = [
+    # (doc, the words of the statement before its exit code, generate's arguments that make it happen)
+    ("docs/constraints.md", "the output is incomplete under", ["--choice", "yes", "--max-tokens", "1"]),
+    ("docs/constraints.md", "an invalid schema, regex or grammar file", ["--regex", "["]),
+    ("docs/constraints.md", "a stage that leaves it no way to finish", ["--choice", "yes", "--ban", "s"]),
+    ("docs/constraints.md", "a stage that leaves it no way to finish", ["--choice", "yes", "--min-tokens", "5"]),
+]
+
+
+@pytest.fixture(scope="module")
+def byte_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.constraints.conftest import make_byte_model
+
+    return make_byte_model(tmp_path_factory.mktemp("byte-docs"))
+
+
+def test_every_exit_code_the_constraints_doc_states_is_checked() -> None:
+    stated = re.findall(r"\bexits? (\d)", _prose("docs/constraints.md"))
+    checked = {words for doc, words, _ in EXIT_STATEMENTS if doc == "docs/constraints.md"}
+    assert len(stated) == len(checked), "a statement of an exit code that EXIT_STATEMENTS does not check"
+
+
+@pytest.mark.parametrize(("doc", "words", "args"), EXIT_STATEMENTS, ids=lambda value: str(value)[:40])
+def test_a_documented_exit_code_is_the_commands(byte_model: Path, doc: str, words: str, args: list[str]) -> None:
+    """Each exit code a doc states, by its statement's words, is what ``generate`` exits with
+    when the statement's case happens (on a tiny byte-level model)."""
+    from click.testing import CliRunner
+
+    found = re.search(re.escape(words) + r"[^.]*?\bexits? (\d)|\bexits? (\d)[^.]*?" + re.escape(words), _prose(doc))
+    assert found, f"{doc}: no exit code stated with {words!r}"
+    stated = int(found.group(1) or found.group(2))
+    result = CliRunner().invoke(main, ["generate", "-m", str(byte_model), "--raw", "-p", "hi", "--device", "cpu", *args])
+    assert result.exit_code == stated, (doc, words, result.output)

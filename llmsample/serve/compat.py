@@ -31,13 +31,12 @@ ALIASES = {
     "guided_choice": "choice",
     "guided_grammar": "grammar",
 }
-_NO_CACHE = "no prompt cache is kept between requests"
 HINTS = {
     "metadata": "this server stores no requests",
     "store": "this server stores no requests",
     "service_tier": "this server has one tier",
-    "prompt_cache_key": _NO_CACHE,
-    "cache_prompt": _NO_CACHE,
+    "prompt_cache_key": "the prompt cache (--prompt-cache-mb) finds a prompt's cached prefix by its tokens, with no key",
+    "cache_prompt": "the prompt cache (--prompt-cache-mb) serves every request; a request cannot turn it off",
     "reasoning_effort": "the model reasons as its chat template has it",
     "skip_special_tokens": "special tokens other than the end of text are written as text",
     "guided_decoding_backend": "constraints always run on llguidance",

@@ -18,7 +18,7 @@ from llmsample.batch.result_lines import dumps
 from llmsample.batch.tool_requests import ChatShape
 from llmsample.engine.row_state import RowFailed
 from llmsample.events import Summary, TokenEvent
-from llmsample.serve import convert
+from llmsample.serve import compat, convert
 from llmsample.serve.access import TOKENS
 from llmsample.serve.api_errors import ApiError
 from llmsample.serve.completion_bodies import cached_tokens, extension, token_records
@@ -43,7 +43,7 @@ CHAT_ONLY = ("messages", "n", "max_tokens", "max_completion_tokens", "response_f
 HINTS = {
     "metadata": "this server stores no responses",
     "service_tier": "this server has one tier",
-    "prompt_cache_key": "no prompt cache is kept between requests",
+    "prompt_cache_key": compat.HINTS["prompt_cache_key"],
     "safety_identifier": "this server keeps no per-user records",
     "top_logprobs": "log probabilities are not reported on /v1/responses",
     "stream_options": "the stream's events are sent as they are",
