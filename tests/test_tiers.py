@@ -46,7 +46,7 @@ def adds(a: int, b: int) -> int:
     ],
 )
 def test_tiers_are_read_through_helpers(function: object, expected: set[str]) -> None:
-    assert tiers_of(function) == expected
+    assert tiers_of(function, ("tests",)) == expected
 
 
 PLANTED = """
@@ -84,7 +84,7 @@ def test_hidden():
 
 
 def test_markers_are_applied_and_an_unmarked_process_fails(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(tests_planted=PLANTED)
+    pytester.makepyfile(test_planted=PLANTED)
     pytester.makeconftest('pytest_plugins = ["tests.tiers"]')
     fast = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-m", "not slow", "-q")
     fast.assert_outcomes(passed=1, failed=1, deselected=2)  # test_plain passes; test_hidden is refused
@@ -94,11 +94,11 @@ def test_markers_are_applied_and_an_unmarked_process_fails(pytester: pytest.Pyte
 def test_a_model_load_without_its_marker_fails(pytester: pytest.Pytester) -> None:
     pytester.makeconftest('pytest_plugins = ["tests.tiers"]')
     pytester.makepyfile(
-        tests_model="""
-from llmsample.models.loading import default_model_path
+        test_planted_model="""
+from llmsample.models import loading
 
 def test_loads_it():
-    default_model_path()
+    getattr(loading, "default_" + "model_path")()  # no name the reading can follow
 """
     )
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-q")

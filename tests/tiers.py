@@ -13,11 +13,14 @@ tiers, so an unmarked one would otherwise slow the fast tier down unseen)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
 import inspect
 import os
 import platform
 import subprocess
+import sys
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,10 +34,20 @@ TIERS = {
 }
 SPAWNING = ("subprocess", "pexpect", "ptyprocess", "playwright", "multiprocessing", "concurrent.futures.process")
 """Modules whose use means another process: a name that resolves to one (or to anything defined in one)."""
-RAW_NAMES = {"subprocess": "slow", "pexpect": "slow", "sync_playwright": "slow", "llama_cpp": "llamacpp"}
+RAW_NAMES = {
+    "subprocess": "slow",
+    "pexpect": "slow",
+    "sync_playwright": "slow",
+    "llama_cpp": "llamacpp",
+    "default_model_path": "model",  # the real model's folder, converted from the shipped GGUF
+}
 """Names that mark a test even unresolved: an import inside a function (``import llama_cpp as lib``)."""
 MODEL_FIXTURES = {"default_lm"}
-"""The real model's fixtures (any fixture that depends on one is found through the closure)."""
+"""The real model's fixtures (any fixture that depends on one is found through the closure, and a
+test that asks for one by name, ``request.getfixturevalue("default_lm")``, through its strings)."""
+SLOW_WORDS = {"--compile", "compile"}
+"""A flag or keyword that means processes: ``--compile`` / ``compile=True`` runs inductor, which
+compiles its C++ kernels with the system compiler, one process a kernel."""
 
 
 def _module_tier(name: str) -> str | None:
@@ -58,12 +71,12 @@ FOLLOWED = ("tests", "llmsample")
 starts processes for a test that calls it); a library's are not."""
 
 
-def _own_functions(obj: Any) -> list[Callable[..., Any]]:
+def _own_functions(obj: Any, followed: tuple[str, ...]) -> list[Callable[..., Any]]:
     """The functions behind ``obj`` that are followed: itself, what it wraps (hypothesis,
     functools), a class's methods."""
     if isinstance(obj, functools.partial):
         obj = obj.func
-    if not str(getattr(obj, "__module__", None) or "").startswith(FOLLOWED):
+    if not str(getattr(obj, "__module__", None) or "").startswith(followed):
         return []
     if inspect.isclass(obj):
         members = [inspect.unwrap(m.__func__ if isinstance(m, (staticmethod, classmethod)) else m)
@@ -75,18 +88,50 @@ def _own_functions(obj: Any) -> list[Callable[..., Any]]:
     return [obj] if inspect.isfunction(obj) else []
 
 
-def tiers_of(obj: Any, seen: set[int] | None = None) -> set[str]:
-    """The tiers that running ``obj`` (a test, fixture, helper or class of the suite) needs."""
+def _imported(name: str) -> types.ModuleType | None:
+    """The module a name in a function's code is, if it is one: imported inside the function, it
+    names itself in full (the suite's own are imported here if the run has not yet)."""
+    if name not in sys.modules and name.startswith("tests."):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    return sys.modules.get(name)
+
+
+def _word_tiers(codes: list[types.CodeType]) -> set[str]:
+    """Tiers named by a code's constants: a model fixture asked for by name, ``--compile`` as an
+    argument, ``compile=`` as a keyword (keyword names are constants: a tuple of them)."""
+    words: set[str] = set()
+    for code in codes:
+        for const in code.co_consts:
+            if isinstance(const, str):
+                words.add(const)
+            elif isinstance(const, tuple) and all(isinstance(c, str) for c in const):
+                words.update(const)
+    return ({"model"} if words & MODEL_FIXTURES else set()) | ({"slow"} if words & SLOW_WORDS else set())
+
+
+def tiers_of(obj: Any, followed: tuple[str, ...] = FOLLOWED, seen: set[int] | None = None) -> set[str]:
+    """The tiers that running ``obj`` (a test, fixture, helper or class of the suite) needs;
+    ``followed``: the modules whose functions are read (the suite's, the package's, the test's own)."""
     seen = set() if seen is None else seen
     found: set[str] = set()
-    for function in _own_functions(obj):
+    for function in _own_functions(obj, followed):
         if id(function) in seen:
             continue
         seen.add(id(function))
-        names = {name for code in _codes(function.__code__) for name in code.co_names}
-        found |= {RAW_NAMES[name] for name in names & RAW_NAMES.keys()}
+        codes = list(_codes(function.__code__))
+        names = {name for code in codes for name in code.co_names}
+        if not function.__module__.startswith("llmsample"):  # the package's own names and words are its business
+            found |= {RAW_NAMES[name] for name in names & RAW_NAMES.keys()} | _word_tiers(codes)
+        # A module imported inside the function names itself in full; what it gives is looked up there.
+        local = [module for name in names if (module := _imported(name))]
+        found |= {tier for module in local if (tier := _module_tier(module.__name__))}
         for name in names:
             target = function.__globals__.get(name)
+            for module in local if target is None else ():
+                target = getattr(module, name, None) if module.__name__.startswith(followed) else None
+                if target is not None:
+                    break
             if isinstance(target, types.ModuleType):
                 tier = _module_tier(target.__name__)
             else:
@@ -94,7 +139,9 @@ def tiers_of(obj: Any, seen: set[int] | None = None) -> set[str]:
             if tier:
                 found.add(tier)
             elif target is not None:
-                found |= tiers_of(target, seen)
+                found |= tiers_of(target, followed, seen)
+        if function.__module__.startswith("llmsample"):
+            found &= {"slow"}  # what the package imports for itself is followed for its processes alone
     return found
 
 
@@ -108,13 +155,15 @@ def _module_level(item: pytest.Item) -> set[str]:
 
 def item_tiers(item: pytest.Item) -> set[str]:
     """Every tier of a collected test: its function's, each fixture's in its closure, its module's."""
-    found = tiers_of(getattr(item, "obj", None)) | _module_level(item)
+    module = getattr(item, "module", None)
+    followed = (*FOLLOWED, module.__name__) if module is not None else FOLLOWED
+    found = tiers_of(getattr(item, "obj", None), followed) | _module_level(item)
     info = getattr(item, "_fixtureinfo", None)
     for name in getattr(item, "fixturenames", ()):
         if name in MODEL_FIXTURES:
             found.add("model")
         for definition in (info.name2fixturedefs.get(name, ()) if info else ()):
-            found |= tiers_of(definition.func)
+            found |= tiers_of(definition.func, followed)
     return found
 
 
@@ -179,9 +228,11 @@ def install_guards() -> None:
 
     default = _guarded(gguf_to_hf.default_model_path, "model", "loaded the real default model", real)
     gguf_to_hf.default_model_path = loading.default_model_path = default
-    llamacpp_load.gguf_file = _guarded(
-        llamacpp_load.gguf_file, "model", "loaded the real default model", lambda spec: spec is None and real()
-    )
+    # The load on llama.cpp reads the shipped file's tokenizer first (--backend auto only looks at which file it is).
+    llamacpp_load.read_sidecar = _guarded(
+        llamacpp_load.read_sidecar, "model", "loaded the real default model",
+        lambda source, *args, **kwargs: source == shipped(),
+    )  # fmt: skip
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

@@ -44,6 +44,7 @@ def test_weight_bytes_of_plain_and_quantized_tensors() -> None:
     assert torchao and 64 * 32 <= tensor_bytes(linear.weight) < 64 * 32 * 2  # int8 data and per-row scales
 
 
+@pytest.mark.slow  # bench --quant runs each variant in a process of its own, through the command
 def test_quant_through_the_command(tiny_model_dir: Path, tmp_path: Path) -> None:
     """The variant in a child process of its own (no ``python -m`` entry), scored against fp32."""
     out = tmp_path / "results"
@@ -92,6 +93,7 @@ def test_quant_refusals_are_one_line(args: list[str], fragment: str, tmp_path: P
     assert result.stderr.startswith("Error: ") and result.stderr.count("\n") == 1 and fragment in result.stderr
 
 
+@pytest.mark.slow  # the variant's process, through the command
 def test_a_failing_variant_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The child's own message, exit 1, and nothing written: not the parent's traceback."""
     import llmsample.bench.quant
