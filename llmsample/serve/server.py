@@ -4,6 +4,8 @@ row cancelled so its stream ends with a final chunk and ``[DONE]``, then exit 0.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
 import socket
 import sys
@@ -45,6 +47,19 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class CancelledStreams(logging.Filter):
+    """A stream whose client stopped reading cannot send its final chunk, so a shutdown ends it by
+    cancelling its task (a second Ctrl-C, or uvicorn's graceful timeout), and uvicorn logs each
+    cancelled task as a 45-line traceback ending in ``CancelledError``: one line each instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (record.exc_info and isinstance(record.exc_info[1], asyncio.CancelledError)):
+            return True
+        message = "llmsample serve: a stream was cut off at shutdown (its client was not reading it)"
+        print(message, file=sys.stderr, flush=True)
+        return False
+
+
 def serve_forever(
     app: object,
     sock: socket.socket,
@@ -67,6 +82,8 @@ def serve_forever(
     config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=10,
                             http=with_header_deadline(read_timeout))  # fmt: skip
     server = uvicorn.Server(config)  # off the main thread it installs no signal handlers
+    quiet = CancelledStreams()
+    logging.getLogger("uvicorn.error").addFilter(quiet)  # after Config, which sets uvicorn's logging up
 
     requested: list[int] = []  # the signals that asked for the stop
     failed: list[BaseException] = []  # what ended uvicorn, when it ended on its own
@@ -100,6 +117,7 @@ def serve_forever(
             thread.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
         sys.stderr.flush()
     if not requested:
         ended = failed[0] if failed else None  # uvicorn logs why it could not start, then returns or exits

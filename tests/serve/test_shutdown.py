@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -61,6 +62,39 @@ def test_sigterm_ends_queued_streams_with_a_final_chunk_per_choice(tmp_path: Pat
         assert chunks[-1]["usage"]["completion_tokens"] == 0 and chunks[-1]["usage"]["prompt_tokens"] > 0
         assert server.proc.wait(30) == 0
     finally:
+        server.stop()
+
+
+@pytest.mark.slow
+def test_ctrl_c_twice_with_stalled_clients_logs_a_line_per_stream(tmp_path: Path) -> None:
+    """Two clients that never read their streams: each first chunk (16 echoes of a 300 kB prompt)
+    fills the socket, so a stream cannot send its final chunk; the first Ctrl-C waits for them,
+    the second cancels them: one line each, no traceback, exit 0."""
+    model = make_tiny_model(tmp_path / "model", positions=1_000_000)
+    server = start_server(model, tmp_path / "stderr", "--batch-size", "32")
+    body = json.dumps({"prompt": "x" * 300_000, "echo": True, "n": 16, "max_tokens": 900_000, "logit_bias": NO_EOS,
+                       "stream": True}).encode()  # fmt: skip
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    stalled = []
+    try:
+        for _ in range(2):
+            client = socket.socket()
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the sends stall soon
+            client.connect(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+            client.sendall(head + body)
+            stalled.append(client)
+        wait_in_flight(server, 32)
+        server.proc.send_signal(signal.SIGINT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            server.proc.wait(2)  # the streams cannot end: it waits for them
+        server.proc.send_signal(signal.SIGINT)
+        assert server.proc.wait(30) == 0
+        log = server.log.read_text()
+        assert "Traceback" not in log and "CancelledError" not in log
+        assert log.count("a stream was cut off at shutdown (its client was not reading it)") == 2
+    finally:
+        for client in stalled:
+            client.close()
         server.stop()
 
 
