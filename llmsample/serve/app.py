@@ -90,7 +90,8 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
     if gathered is None:
         return Response(status_code=499)  # the client went away; nobody reads this
     summaries, events = gathered
-    request.scope[TOKENS] = [summaries[0].prompt_tokens, sum(summary.tokens for summary in summaries)]
+    prompts = sum(summary.prompt_tokens for summary in summaries[:: serve.n])  # each prompt's, as usage counts
+    request.scope[TOKENS] = [prompts, sum(summary.tokens for summary in summaries)]
     return JSONResponse(answer.body(summaries, events))
 
 

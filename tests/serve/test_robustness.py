@@ -24,7 +24,7 @@ from llmsample.serve.app import create_app
 from llmsample.serve.engine import Engine
 from llmsample.serve.state import ServeState
 from tests.conftest import make_tiny_model
-from tests.serve.conftest import Server, serve_process
+from tests.serve.conftest import NO_EOS, Server, serve_process
 
 LINE = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d 127\.0\.0\.1 "
 
@@ -62,6 +62,11 @@ def test_every_request_is_one_line_of_the_log(server: Server, model_id: str) -> 
     whole = client.completions.create(model=model_id, prompt="w3 w4", max_tokens=3, extra_body={"seed": 11})
     usage = whole.usage
     waited_line(server.log, rf"^{LINE}POST /v1/completions 200 {usage.prompt_tokens}\+{usage.completion_tokens} tokens \d+\.\d{{3}} s$")  # fmt: skip
+    listed = client.completions.create(model=model_id, prompt=["w3 w4 w5 w6", "w7"], n=2, max_tokens=3,
+                                       logit_bias=NO_EOS, extra_body={"seed": 12})  # every prompt's tokens
+    usage = listed.usage
+    assert usage.completion_tokens == 12
+    waited_line(server.log, rf"^{LINE}POST /v1/completions 200 {usage.prompt_tokens}\+12 tokens ")
     chunks = list(client.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "w5"}],
                   max_tokens=4, stream=True, stream_options={"include_usage": True}))  # fmt: skip
     usage = chunks[-1].usage
