@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 BASE := $(VENV)/.base
 
-.PHONY: demo llamacpp test test-fast browser bench gpu-check clean bytecode
+.PHONY: demo llamacpp test test-fast test-heavy browser bench gpu-check clean bytecode
 
 # Two stages, so that `make demo` answers within minutes on a fresh machine: the base (torch, llmsample
 # with the server, the default model) and, for `make test`, the rest (llama-cpp-python builds from source
@@ -50,14 +50,18 @@ $(VENV)/.bytecode: $(BASE)
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
 	touch $@
 
-# The suite in two processes (pytest-xdist); the tests that must not share the machine with others
-# are grouped onto one worker (xdist_group in tests/tiers.py). Bytecode and pytest's rewritten test
-# modules are written even where the environment says not to: each worker and process reuses them.
+# The suite in two processes (pytest-xdist). Bytecode and pytest's rewritten test modules are
+# written even where the environment says not to: each worker and process reuses them.
 PYTEST := CI=true LLMSAMPLE_REQUIRE_QUANT=1 env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test: $(STAMP) browser bytecode
 	$(BIN)/ruff check llmsample tests tools experiments
 	$(PYTEST)
+
+# The whole suite, recording the tests that took over 1.5 s in tests/heavy.txt (slow from then on:
+# commit the file when it changes; measure on a quiet machine).
+test-heavy: $(STAMP) browser bytecode
+	$(PYTEST) --record-heavy
 
 # The fast tier: every unit test, without the tests that start a process, a pty, a browser or a
 # server, or load the real model (the slow and model markers, applied by tests/tiers.py).

@@ -269,3 +269,18 @@ class StepFigures:
     candidates: int = 1  # tokens the chain's last stage kept: 0 when bans/min-tokens removed every one
     watch: tuple[Watched, ...] = ()  # the watched ids, in the order step_figures was given them
     accepted: int = 0  # speculation: how many of its row's drafts this step accepted
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """Every prompt token: its text (the texts concatenate to the prompt's decoded text), its
+    natural log probability and rank given the tokens before it, and the ``top_n`` likeliest
+    tokens at its position (id, text, log probability), likeliest first, then the token itself
+    when it is not among them (up to ``top_n + 1``, as OpenAI and vLLM list them). The first
+    token's figures are None and its alternatives empty: nothing before it predicts it."""
+
+    token_ids: tuple[int, ...]
+    texts: tuple[str, ...]
+    logprobs: tuple[float | None, ...]
+    ranks: tuple[int | None, ...]
+    top: tuple[tuple[tuple[int, str, float], ...], ...]

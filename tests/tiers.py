@@ -1,6 +1,7 @@
 """The suite's tiers, applied here from what each test uses rather than remembered by hand:
 
-- ``slow``: the test starts a process, a pty, a browser or a server (through any fixture or helper);
+- ``slow``: the test starts a process, a pty, a browser or a server (through any fixture or helper),
+  or took over ``HEAVY_S`` seconds in the recorded run (``heavy.txt``);
 - ``model``: it uses the real default model (SmolLM2-135M-Instruct);
 - ``llamacpp``: it needs llama-cpp-python.
 
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -167,18 +169,56 @@ def item_tiers(item: pytest.Item) -> set[str]:
     return found
 
 
+HEAVY = Path(__file__).with_name("heavy.txt")
+"""Tests that took over ``HEAVY_S`` in a recorded run of the whole suite (``make test-heavy``):
+slow too, so the fast tier stays fast. A statistical test with thousands of draws needs no
+process to take a minute; its time is measured, not guessed."""
+HEAVY_S = 1.5
+
+
+def heavy_tests() -> set[str]:
+    lines = HEAVY.read_text(encoding="utf-8").splitlines() if HEAVY.exists() else []
+    return {line.split("\t", 1)[1] for line in lines if "\t" in line and not line.startswith("#")}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--record-heavy", action="store_true", help=f"write {HEAVY.name}: the tests over {HEAVY_S} s")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
+    if config.getoption("--record-heavy"):
+        config.pluginmanager.register(HeavyRecorder(), "heavy-recorder")
+
+
+class HeavyRecorder:
+    """Each test's setup and call, added up (reports reach the controller from xdist's workers)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when in ("setup", "call"):
+            self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if session.config.getoption("-m") or getattr(session.config.option, "keyword", ""):
+            return  # a part of the suite: the rest's record stays as it was
+        rows = sorted(((s, n) for n, s in self.seconds.items() if s > HEAVY_S), reverse=True)
+        lines = [f"# over {HEAVY_S} s in a run of the whole suite (make test-heavy); slow for tests/tiers.py"]
+        HEAVY.write_text("\n".join([*lines, *(f"{s:.1f}\t{n}" for s, n in rows)]) + "\n", encoding="utf-8")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     cache: dict[Any, set[str]] = {}
+    heavy = heavy_tests()
     for item in items:
         key = (getattr(item, "obj", None), tuple(getattr(item, "fixturenames", ())), getattr(item, "module", None))
         if key not in cache:
             cache[key] = item_tiers(item)
-        for tier in sorted(cache[key] - {m.name for m in item.iter_markers()}):
+        found = cache[key] | ({"slow"} if item.nodeid in heavy else set())
+        for tier in sorted(found - {m.name for m in item.iter_markers()}):
             item.add_marker(tier)
 
 

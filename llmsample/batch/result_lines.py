@@ -65,8 +65,7 @@ from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.tool_requests import PLAIN, ChatShape, message
 
 if TYPE_CHECKING:  # events.py imports torch; these records are only read here
-    from llmsample.engine.prompt_logprobs import PromptLogprobs
-    from llmsample.events import Summary, TokenEvent
+    from llmsample.events import PromptLogprobs, Summary, TokenEvent
 
 TokenLevel = Literal["none", "ids", "full"]
 TokenBytesOf = Callable[[int], bytes | None]

@@ -28,7 +28,7 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import incomplete_message
 
 if TYPE_CHECKING:
-    from llmsample.engine.prompt_logprobs import PromptLogprobs
+    from llmsample.events import PromptLogprobs
 
 Record = dict[str, Any]
 

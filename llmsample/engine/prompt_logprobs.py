@@ -8,33 +8,18 @@ the generated tokens' ``logprobs`` are."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from llmsample.engine.forcing import forced_logits
 from llmsample.engine.text_stream import Detokenizer
 from llmsample.errors import RuntimeFailure
+from llmsample.events import PromptLogprobs
 from llmsample.models.loading import LoadedModel
 
 ROWS_AT_ONCE = 256
 """Positions normalised at a time, in place: a long prompt over a large vocabulary holds one
 copy of its logits, not two (a 2,000-token prompt over 150,000 tokens is 1.2 GB in float32)."""
-
-
-@dataclass(frozen=True)
-class PromptLogprobs:
-    """Every prompt token: its text (the texts concatenate to the prompt's decoded text), its
-    natural log probability and rank given the tokens before it, and the ``top_n`` likeliest
-    tokens at its position (id, text, log probability), likeliest first, then the token itself
-    when it is not among them (up to ``top_n + 1``, as OpenAI and vLLM list them). The first
-    token's figures are None and its alternatives empty: nothing before it predicts it."""
-
-    token_ids: tuple[int, ...]
-    texts: tuple[str, ...]
-    logprobs: tuple[float | None, ...]
-    ranks: tuple[int | None, ...]
-    top: tuple[tuple[tuple[int, str, float], ...], ...]
 
 
 def prompt_logprobs(lm: LoadedModel, ids: Sequence[int], top_n: int) -> PromptLogprobs:

@@ -30,7 +30,7 @@ from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.compat import translate
 
 if TYPE_CHECKING:
-    from llmsample.engine.prompt_logprobs import PromptLogprobs
+    from llmsample.events import PromptLogprobs
 
 SERVER_KEYS = (
     "n", "stream", "stream_options", "user", "preset", "llmsample",

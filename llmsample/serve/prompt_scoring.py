@@ -22,8 +22,8 @@ from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.state import ServeState
 
 if TYPE_CHECKING:
-    from llmsample.engine.prompt_logprobs import PromptLogprobs
     from llmsample.engine.row_state import BatchItem
+    from llmsample.events import PromptLogprobs
     from llmsample.models.loading import LoadedModel
 
 

@@ -28,6 +28,7 @@ from llmsample.bench.results import (
 from llmsample.cli import main
 
 
+@pytest.mark.slow  # the single-stream run times a warm start in a process of its own
 def test_bench_writes_every_figure(tiny_model_dir, tmp_path) -> None:
     out = tmp_path / "results"
     result = CliRunner().invoke(

@@ -119,6 +119,7 @@ def test_bad_input_table(bad_things: dict[str, Path], args: list[str], stdin: st
     assert result.stdout == b""
 
 
+@pytest.mark.model  # no --model: the default model's chat template is read before the prompt is
 def test_empty_chat_prompt_and_bos_start(bad_things: dict[str, Path]) -> None:
     result = CliRunner().invoke(main, ["generate", "-p", "   "])
     assert result.exit_code == 2 and "prompt is empty" in result.stderr
