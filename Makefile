@@ -43,12 +43,10 @@ llamacpp: $(BASE)
 # (PYTHONDONTWRITEBYTECODE): llmsample itself (pip does not compile an editable install's package),
 # about 70 ms of a warm command's 0.3 s, and any wheel installed without its bytecode (torch's
 # import took 2.9 s here for 1.7 s compiled; the suite starts hundreds of processes).
-bytecode: $(VENV)/.bytecode
+# Once compiled, a run only compares timestamps (a few seconds for the whole venv).
+bytecode:
 	$(BIN)/python -m compileall -q llmsample >/dev/null
-
-$(VENV)/.bytecode: $(BASE)
-	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true
-	touch $@
+	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true  # some wheels ship files that do not compile
 
 # The suite in two processes (pytest-xdist). Bytecode and pytest's rewritten test modules are
 # written even where the environment says not to: each worker and process reuses them.

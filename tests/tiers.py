@@ -279,19 +279,22 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     install_guards()
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Any:
+@contextlib.contextmanager
+def _running(item: pytest.Item) -> Iterator[None]:
     RUNNING.append(item)
     try:
-        return (yield)
+        yield
     finally:
         RUNNING.pop()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Any:
+    with _running(item):
+        return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Any:
-    RUNNING.append(item)
-    try:
+    with _running(item):
         return (yield)
-    finally:
-        RUNNING.pop()
