@@ -7,6 +7,7 @@ body (:mod:`llmsample.serve.convert`) on the engine path chat takes (:mod:`llmsa
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -90,12 +91,18 @@ def chat_body(body: Any, strict: bool, counting: bool = False) -> tuple[dict[str
 
 def _thinking_budget(value: Any) -> int | None:
     """``thinking``: disabled is 0 (the template's own way), enabled with ``budget_tokens`` is the
-    reasoning budget (the block closed by force after that many tokens); None: neither."""
+    reasoning budget (the block closed by force after that many tokens); None: neither. A budget
+    that is no positive whole number is a 400, as chat completions' ``reasoning_budget`` is:
+    the same bad value gets the same answer from both APIs."""
     kind = value.get("type") if isinstance(value, dict) else None
     if kind == "disabled":
         return 0
-    budget = value.get("budget_tokens") if kind == "enabled" else None
-    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else None
+    if kind != "enabled" or "budget_tokens" not in value:
+        return None
+    budget = value["budget_tokens"]
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise ApiError(400, f"thinking.budget_tokens: expected a positive integer, got {budget!r}", "thinking")
+    return budget
 
 
 def _messages(value: Any, system: Any) -> list[dict[str, Any]]:
@@ -141,16 +148,30 @@ def _block(messages: list[dict[str, Any]], role: str, block: Any, where: str) ->
         raise ApiError(400, f"{where}: blocks of type {kind!r} are not supported here", "messages")
 
 
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
 def _tools(value: Any) -> list[dict[str, Any]]:
+    """Anthropic's tools as chat tools, checked in Anthropic's own terms first (``name``,
+    ``input_schema``, ``description``): a caller of this API never reads about ``function.parameters``."""
     if not isinstance(value, list):
         raise ApiError(400, f"tools: expected a list of tools, got {value!r}", "tools")
-    tools = []
+    tools, names = [], set()
     for i, tool in enumerate(value):
+        at = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type", "custom") != "custom":
-            raise ApiError(400, f"tools[{i}]: only custom tools (name, input_schema) are supported", "tools")
-        tools.append(
-            convert.function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"), "tools")
-        )
+            raise ApiError(400, f"{at}: only custom tools (name, input_schema) are supported", "tools")
+        name, schema, description = tool.get("name"), tool.get("input_schema"), tool.get("description")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise ApiError(400, f"{at}.name: expected letters, digits, _ . - (at most 64), got {name!r}", "tools")
+        if name in names:
+            raise ApiError(400, f"{at}.name: {name!r} is offered twice", "tools")
+        if schema is not None and not isinstance(schema, dict):
+            raise ApiError(400, f"{at}.input_schema: expected a JSON Schema object, got {schema!r}", "tools")
+        if description is not None and not isinstance(description, str):
+            raise ApiError(400, f"{at}.description: expected a string, got {description!r}", "tools")
+        names.add(name)
+        tools.append(convert.function_tool(name, description, schema, "tools"))
     return tools
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import anthropic
 import pytest
 
+from llmsample.serve.api_errors import ApiError
 from llmsample.serve.messages_api import chat_body
 from tests.serve.conftest import Server, start_byte_chat_server
 
@@ -198,3 +199,37 @@ def test_tool_blocks_become_chat_messages() -> None:
     tool = {"type": "function", "function": {"name": "get", "parameters": {"type": "object"}, "description": "d"}}
     assert chat["tools"] == [tool] and chat["tool_choice"] == "required"
     assert chat["stop"] == ["\n\n"] and chat["max_tokens"] == 5 and warnings == []
+
+
+@pytest.mark.parametrize(
+    ("tool", "said"),
+    [
+        ({"name": "a b", "input_schema": {}}, "tools[0].name: expected letters, digits"),
+        ({"name": "get", "input_schema": "object"}, "tools[0].input_schema: expected a JSON Schema object"),
+        ({"name": "get", "input_schema": {}, "description": 3}, "tools[0].description: expected a string"),
+    ],
+)
+def test_a_bad_tool_is_said_in_anthropics_terms(tool: dict, said: str) -> None:
+    """Issue 58: the error named chat completions' ``function.parameters``, a shape this API's
+    callers never wrote."""
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    with pytest.raises(ApiError) as caught:
+        chat_body(body, strict=False)
+    assert caught.value.status == 400 and said in str(caught.value) and "function" not in str(caught.value)
+
+
+def test_a_tool_offered_twice_is_refused() -> None:
+    tools = [{"name": "get", "input_schema": {}}, {"name": "get", "input_schema": {}}]
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}], "tools": tools}
+    with pytest.raises(ApiError, match=r"tools\[1\]\.name: 'get' is offered twice"):
+        chat_body(body, strict=False)
+
+
+@pytest.mark.parametrize("budget", [-1, 0, 2.5, "8", True])
+def test_a_thinking_budget_that_is_no_positive_integer_is_refused(budget: object) -> None:
+    """As chat completions refuses such a ``reasoning_budget`` (it was ignored with a warning)."""
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}],
+            "thinking": {"type": "enabled", "budget_tokens": budget}}  # fmt: skip
+    with pytest.raises(ApiError, match=r"thinking\.budget_tokens: expected a positive integer") as caught:
+        chat_body(body, strict=False)
+    assert caught.value.status == 400
