@@ -7,10 +7,9 @@
 
 A test's tiers are read from the names its function and its fixtures use, followed through the
 suite's own helpers, classes and fixtures and the package's own functions to the modules that
-start processes. What
-that reading misses is held at run time: a test without ``slow`` that starts a process, or without
-``model`` that loads the real model, fails and names the marker (``make test-fast`` deselects both
-tiers, so an unmarked one would otherwise slow the fast tier down unseen)."""
+start processes. What that reading misses is held at run time: a test without ``slow`` that
+starts a process, or without ``model`` that loads the real model, fails and names the marker
+(``make test-fast`` deselects both tiers, so an unmarked one would otherwise slow it down unseen)."""
 
 from __future__ import annotations
 
