@@ -48,9 +48,11 @@ bytecode:
 	$(BIN)/python -m compileall -q llmsample >/dev/null
 	$(BIN)/python -m compileall -q -j 0 $(VENV)/lib >/dev/null 2>&1 || true  # some wheels ship files that do not compile
 
-# The suite in two processes (pytest-xdist). Bytecode and pytest's rewritten test modules are
-# written even where the environment says not to: each worker and process reuses them.
-PYTEST := CI=true LLMSAMPLE_REQUIRE_QUANT=1 env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+# The suite in two processes (pytest-xdist), in the order tests/tiers.py gives: the heaviest modules
+# first, and a module that shares a fixture as one xdist_group (on one worker, built once).
+# Bytecode and pytest's rewritten test modules are written even where the environment says not
+# to: each worker and process reuses them.
+PYTEST := CI=true LLMSAMPLE_REQUIRE_QUANT=1 env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: $(STAMP) browser bytecode
 	$(BIN)/ruff check llmsample tests tools experiments

@@ -175,9 +175,22 @@ process to take a minute; its time is measured, not guessed."""
 HEAVY_S = 1.5
 
 
-def heavy_tests() -> set[str]:
+def heavy_seconds() -> dict[str, float]:
+    """Each recorded test's seconds, by node id."""
     lines = HEAVY.read_text(encoding="utf-8").splitlines() if HEAVY.exists() else []
-    return {line.split("\t", 1)[1] for line in lines if "\t" in line and not line.startswith("#")}
+    rows = [line.split("\t", 1) for line in lines if "\t" in line and not line.startswith("#")]
+    return {nodeid: float(seconds) for seconds, nodeid in rows}
+
+
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def plain_nodeid(nodeid: str) -> str:
+    """A node id without the ``@group`` that xdist's ``--dist loadgroup`` appends (the group is
+    the module's own: see :func:`pytest_collection_modifyitems`)."""
+    head, _, group = nodeid.rpartition("@")
+    return head if head and group == module_of(head) else nodeid
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -187,6 +200,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in TIERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
+    if getattr(config.option, "loadgroup", False):  # an xdist worker under --dist loadgroup
+        config.pluginmanager.register(GroupIds(), "tiers-group-ids")
     if config.getoption("--record-heavy"):
         config.pluginmanager.register(HeavyRecorder(), "heavy-recorder")
 
@@ -199,7 +214,8 @@ class HeavyRecorder:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when in ("setup", "call"):
-            self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+            nodeid = plain_nodeid(report.nodeid)
+            self.seconds[nodeid] = self.seconds.get(nodeid, 0.0) + report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if session.config.getoption("-m") or getattr(session.config.option, "keyword", ""):
@@ -209,16 +225,66 @@ class HeavyRecorder:
         HEAVY.write_text("\n".join([*lines, *(f"{s:.1f}\t{n}" for s, n in rows)]) + "\n", encoding="utf-8")
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+SHARED_SCOPES = ("module", "class")
+"""A module whose tests share a fixture of one of these scopes runs on one xdist worker (an
+``xdist_group`` of its own under ``--dist loadgroup``): split between two, each would build it."""
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    """A fixture of a shared scope in the test's closure, or defined in its module (one asked for
+    by name, ``request.getfixturevalue``, is in no closure)."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info else ()
+    if any(d.scope in SHARED_SCOPES for defs in definitions for d in defs):
+        return True
+    module = vars(getattr(item, "module", None) or types.ModuleType("none")).values()
+    return any(getattr(getattr(f, "_fixture_function_marker", None), "scope", None) in SHARED_SCOPES for f in module)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the xdist_group marks added here
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks each test's tiers, groups a module that shares a fixture, and orders the modules by
+    their recorded seconds, heaviest first (each module's tests stay together and in their order,
+    so its fixtures are built once): xdist hands tests out in this order, so the last ones a
+    worker takes are short and the two workers end together, where a minute-long test started
+    last would run alone at the end."""
     cache: dict[Any, set[str]] = {}
-    heavy = heavy_tests()
+    recorded = heavy_seconds()
+    weight: dict[str, float] = {}
+    grouped: set[str] = set()
+    # A worker's dist is "no"; xdist keeps "loadgroup" for it as a flag of its own.
+    loadgroup = getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup"
     for item in items:
         key = (getattr(item, "obj", None), tuple(getattr(item, "fixturenames", ())), getattr(item, "module", None))
         if key not in cache:
             cache[key] = item_tiers(item)
-        found = cache[key] | ({"slow"} if item.nodeid in heavy else set())
+        found = cache[key] | ({"slow"} if item.nodeid in recorded else set())
         for tier in sorted(found - {m.name for m in item.iter_markers()}):
             item.add_marker(tier)
+        module = module_of(item.nodeid)
+        weight[module] = weight.get(module, 0.0) + recorded.get(item.nodeid, 0.0)
+        if loadgroup and _shares_a_fixture(item):
+            grouped.add(module)
+    for item in items:
+        module = module_of(item.nodeid)
+        if module in grouped and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(module))
+    items.sort(key=lambda item: -weight[module_of(item.nodeid)])  # stable: in a module, the order stays
+
+
+class GroupIds:
+    """xdist (3.8) tells the controller a test's group by renaming it ``<node id>@<group>``
+    through ``item._nodeid``, which pytest 9's node ids no longer read: the groups would be lost
+    and a module's tests split again. Renamed here where xdist's rename did not take."""
+
+    @pytest.hookimpl(trylast=True)  # after xdist's own rename
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            mark = item.get_closest_marker("xdist_group")
+            structured = getattr(item, "_id", None)
+            if mark is None or "@" + str(mark.args[0]) in item.nodeid or not hasattr(structured, "parse"):
+                continue
+            item._id = type(structured).parse(f"{item.nodeid}@{mark.args[0]}")  # type: ignore[attr-defined]
 
 
 class UnmarkedTier(Exception):
