@@ -4,6 +4,9 @@ ships), so llama.cpp and transformers read the same weights and the same 49152-t
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +51,30 @@ def copy_tokenizer(writer, source: Path) -> int:
     return vocab
 
 
+KEPT = Path(__file__).resolve().parents[2] / ".test-home" / "tiny-gguf"
+"""Written files kept across tests and processes (the suite's model cache, beside the converted
+default model): reading the 49152-token tokenizer out of the shipped GGUF and writing it again
+takes seconds, and a dozen module fixtures and tests ask for the same file."""
+
+
 def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: float = 0.1, context: int = 1024) -> Path:
-    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings) of ``context`` positions at ``path``."""
+    """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings) of ``context`` positions at
+    ``path``: a fresh copy of the kept file for these arguments (written once, then copied: a test
+    may damage its own copy), named by the source file's version and this module's code."""
+    stat = tokenizer_source.stat()
+    version = f"{tokenizer_source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{seed}:{init}:{context}"
+    key = hashlib.sha256(version.encode() + Path(__file__).read_bytes()).hexdigest()[:16]
+    kept = KEPT / f"tiny-{key}.gguf"
+    if not kept.is_file():
+        KEPT.mkdir(parents=True, exist_ok=True)
+        staging = kept.with_name(f".{kept.name}.{os.getpid()}")
+        _write_tiny_gguf(staging, tokenizer_source, seed, init, context)
+        os.replace(staging, kept)  # whole or absent: two processes writing it at once both succeed
+    shutil.copyfile(kept, path)
+    return path
+
+
+def _write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int, init: float, context: int) -> Path:
     import gguf
     from transformers import LlamaConfig, LlamaForCausalLM
 
