@@ -11,7 +11,6 @@ from typing import Any
 import click
 from rich_click import RichGroup
 
-from llmsample import __version__
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -22,6 +21,7 @@ from llmsample.errors import (
     raise_interrupted,
 )
 from llmsample.terminal import prepare_streams, silence
+from llmsample.version import __version__
 
 
 def leave_objects_to_the_exit() -> None:

@@ -93,6 +93,7 @@ UPPER = (
     "llmsample.chat",
     "llmsample.serve",
     "llmsample.client",
+    "llmsample.api",
 )
 
 

@@ -15,6 +15,7 @@ from torch import Tensor
 from llmsample.analysis.explain_records import Answer, ChainReport, ScoredToken, StageCandidate
 from llmsample.engine.emitter import raise_nothing_left
 from llmsample.engine.forcing import forced_logits
+from llmsample.jobs import Explanation
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling import blocks
 from llmsample.sampling.config import SamplingConfig
@@ -167,3 +168,13 @@ def explain_prompt(
     if continuation is not None:
         return score_continuation(lm, prompt_ids, continuation_ids(lm, continuation), cfg)
     return explain_next(lm, prompt_ids, cfg, top_n, [token for _, token in watched])
+
+
+def explain_job(lm: LoadedModel, asked: Explanation) -> Answer:
+    """:func:`explain_prompt` for an engine's question: on a model loaded without
+    ``--deterministic`` (explain has no such mode), so an engine started with it answers with
+    the same numbers as one without."""
+    job = asked.job
+    plain = dataclasses.replace(lm, deterministic=False) if lm.deterministic else lm
+    return explain_prompt(plain, job.prompt, job.cfg, system=job.system, raw=job.raw, truncate=job.truncate,
+                          top_n=job.top_n, continuation=asked.continuation, watch=asked.watch)  # fmt: skip

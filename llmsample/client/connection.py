@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from llmsample import __version__
 from llmsample.client.wire import (
     DETERMINISTIC_HEADER,
     DROPPED_HEADER,
@@ -23,12 +22,13 @@ from llmsample.client.wire import (
     JOB_PATH,
     VERSION_HEADER,
     Failed,
-    Job,
     decode,
     served,
 )
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
+from llmsample.jobs import Job
+from llmsample.version import __version__
 
 WAIT_CAP_S = 1.0
 """A busy engine's ``Retry-After`` is how long an answer takes; a row may free sooner: ask again

@@ -10,17 +10,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from llmsample import __version__
 from llmsample.client import registry
 from llmsample.client.connection import Target, address
 from llmsample.errors import UserError
+from llmsample.version import __version__
 
 UNSERVED = {
     "tp": "--tp",
     "compile_model": "--compile",
     "reference": "--reference",
     "watch": "--watch",
-    "ignore_eos": "--ignore-eos",
     "device_map": "--device-map",
     "max_memory": "--max-memory",
     "offload_folder": "--offload-folder",

@@ -23,6 +23,7 @@ from llmsample.events import (
     TokenEvent,
     Watched,
 )
+from llmsample.jobs import Explanation, Job
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Constraint
 
@@ -33,42 +34,6 @@ VERSION_HEADER = "X-Llmsample-Version"
 DROPPED_HEADER = "X-Llmsample-Dropped"
 DETERMINISTIC_HEADER = "X-Llmsample-Deterministic"
 """Sent by a command run with ``--deterministic``: an engine not started in that mode refuses it."""
-
-
-@dataclass(frozen=True)
-class Job:
-    """One prompt for the engine, as ``generate`` resolved it before loading anything: the text
-    (the engine applies the chat template, as the in-process run does), the settings with their
-    seed and compiled constraint, how many alternatives each record lists, and ``--draft ngram``
-    (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive).
-    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text;
-    ``fit_room``: a chat's positions kept for the reply, the conversation's oldest exchanges
-    dropped until it fits the context (how many: the answer's :data:`DROPPED_HEADER`);
-    ``cache_prompt``: False, the engine prefills the prompt whole rather than after a cached
-    prefix (llama-server's ``cache_prompt``): a prefix prefilled apart rounds apart, so a
-    one-shot command's bytes are the in-process run's only so."""
-
-    prompt: str
-    cfg: SamplingConfig
-    preset: str
-    system: str | None = None
-    raw: bool = False
-    truncate: str = "error"
-    top_n: int = 5
-    model: str | None = None  # the model the caller expects (None: whatever the engine serves)
-    ngram: tuple[int, int] | None = None
-    draft_tokens: int | None = None
-    messages: list[dict[str, Any]] | None = None
-    fit_room: int | None = None
-    cache_prompt: bool = True
-
-    def to_json(self) -> dict[str, Any]:
-        config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
-        if self.cfg.constraint is not None:
-            config["constraint"] = asdict(self.cfg.constraint)
-        data = asdict(self)
-        data["cfg"] = config
-        return data
 
 
 def job_from_json(data: Any) -> Job:
@@ -90,21 +55,16 @@ def job_from_json(data: Any) -> Job:
         raise ValueError(f"fit_room: expected a whole number from 0, with messages, got {room!r}")
     if not isinstance(data.get("cache_prompt", True), bool):
         raise ValueError(f"cache_prompt: expected true or false, got {data['cache_prompt']!r}")
+    for key in ("ignore_eos", "reference"):
+        if not isinstance(data.get(key, False), bool):
+            raise ValueError(f"{key}: expected true or false, got {data[key]!r}")
+    if data.get("drafter") not in (None, "suffix", "model"):
+        raise ValueError(f"drafter: expected suffix, model or null, got {data['drafter']!r}")
+    watch = data.get("watch", [])
+    if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
+        raise ValueError(f"watch: expected a list of strings, got {watch!r}")
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
-                  "messages": _messages(data.get("messages"))})  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Explanation:
-    """``explain``'s question for an engine: a job's prompt and settings (``top_n``: candidates
-    shown), and ``continuation`` to score (None: the next token) or ``watch``'s tokens as given."""
-
-    job: Job
-    continuation: str | None = None
-    watch: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"job": self.job.to_json(), "continuation": self.continuation, "watch": list(self.watch)}
+                  "messages": _messages(data.get("messages")), "watch": tuple(watch)})  # fmt: skip
 
 
 def explanation_from_json(data: Any) -> Explanation:

@@ -258,7 +258,7 @@ def _run(
 
     from llmsample.batch.run import run_batch
     from llmsample.commands.batch_warm import record_writer
-    from llmsample.commands.generate import build_drafter, load_reference
+    from llmsample.commands.model_options import build_drafter, load_reference
     from llmsample.terminal import stderr_console
 
     drafter = build_drafter(options, lm) if options["draft"] else None

@@ -20,8 +20,9 @@ import click
 from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.settings import BatchSettings, request_config, request_recorder
 from llmsample.client.connection import Target
-from llmsample.client.wire import Failed, Job
+from llmsample.client.wire import Failed
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
+from llmsample.jobs import Job
 
 Record = dict[str, Any]
 WINDOW_FALLBACK = 8
@@ -151,7 +152,7 @@ def _job(
     model = None if target.where.startswith("unix:") else options["model"]
     return Job(request.prompt or "", cfg, preset, request.system or settings.system, raw, settings.truncate,
                settings.top_n, model=model, ngram=ngram, draft_tokens=settings.draft_tokens if ngram else None,
-               messages=request.messages)  # fmt: skip
+               messages=request.messages, ignore_eos=settings.ignore_eos)  # fmt: skip
 
 
 def _record(

@@ -114,7 +114,7 @@ def _in_process(options: dict[str, Any], settings: Any, views: Any) -> Any:
         raise UserError(f"{lm.name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
     drafter = None
     if options["draft"]:
-        from llmsample.commands.generate import build_drafter
+        from llmsample.commands.model_options import build_drafter
 
         drafter = build_drafter(options, lm)
     return Chat(lm, preset, cfg, settings, views, resolve_watch(options, lm), drafter)

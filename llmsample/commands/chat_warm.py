@@ -46,7 +46,7 @@ class EngineChat(Chat):
         """The conversation's messages as a job; the prompt's ids stay the engine's (nothing here
         reads them). The engine drops the oldest exchanges to leave the reply room in its context,
         as in-process (the same room, the same function); this conversation drops them too."""
-        from llmsample.client.wire import Job
+        from llmsample.jobs import Job
 
         if prefix:
             raise UserError("forcing tokens into a reply needs the model in this process; start the chat with --local")
@@ -54,7 +54,7 @@ class EngineChat(Chat):
         job = Job("", cfg, self.preset, top_n=self.settings.top_n, messages=self.conversation.messages(),
                   model=None if self.target.where.startswith("unix:") else self.name, ngram=self.ngram,
                   draft_tokens=self.settings.draft_tokens if self.ngram else None,
-                  fit_room=min(cfg.max_tokens, limit // 2))  # fmt: skip
+                  fit_room=min(cfg.max_tokens, limit // 2), ignore_eos=self.settings.ignore_eos)  # fmt: skip
         records, dropped = self._admitted(job)
         if dropped:
             del self.conversation.turns[:dropped]

@@ -11,7 +11,7 @@ import click
 
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.host_options import with_engine_options
-from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
+from llmsample.commands.model_options import local_engine, model_options, placement_options
 from llmsample.commands.options import (
     deterministic_option,
     format_option,
@@ -27,7 +27,7 @@ from llmsample.render.numbers import format_number
 
 if TYPE_CHECKING:
     from llmsample.analysis.preset_comparison import PresetAggregate, PresetRun, Rows
-    from llmsample.client.connection import Target
+    from llmsample.client.engine_client import EngineClient
 
 
 @click.command("compare-presets", cls=GroupedCommand)
@@ -54,7 +54,8 @@ def compare_presets(**options: Any) -> None:
 
     A warm engine of the same model (llmsample start) decodes the samples instead of this process.
     """
-    from llmsample.analysis.preset_comparison import compare_rows, local_rows
+    from llmsample.analysis.preset_comparison import compare_rows
+    from llmsample.client.engine_client import RemoteEngine
     from llmsample.client.route import choose_deterministic
     from llmsample.render.jsonout import strict_json
     from llmsample.sampling import presets as preset_store
@@ -74,16 +75,8 @@ def compare_presets(**options: Any) -> None:
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
     target, options["deterministic"] = choose_deterministic(options)  # on, unless rows share an engine's passes
-    if target is not None:
-        rows, model = engine_rows(target, prompt, options), target.name or options["model"] or ""
-    else:
-        from llmsample.engine.prompt import encode_prompt
-
-        lm = load_model_with_progress(options)
-        prompt_ids = encode_prompt(
-            lm, prompt, options["system"], options["raw"], options["truncate"], options["max_tokens"]
-        )
-        rows, model = local_rows(lm, prompt_ids), lm.name
+    engine = RemoteEngine(target) if target is not None else local_engine(options)
+    rows, model = sample_rows(engine, prompt, options), engine.model_name() or options["model"] or ""
     comparison = compare_rows(
         rows, model, configs, options["samples"], options["seed"], options["max_tokens"],
         progress=lambda total: progress_bar(total, options["quiet"]),
@@ -110,18 +103,15 @@ def compare_presets(**options: Any) -> None:
         raise click.exceptions.Exit(comparison.exit_code or 1)
 
 
-def engine_rows(target: Target, prompt: str, options: dict[str, Any]) -> Rows:
-    """A preset's samples as jobs sent together, so they share the engine's batch as they share
-    one batch in-process (each row's own seed: the same tokens either way)."""
-    from llmsample.client.connection import say, stream_rows
-    from llmsample.client.wire import Job
-
-    model = None if target.where.startswith("unix:") else options["model"]
+def sample_rows(engine: EngineClient, prompt: str, options: dict[str, Any]) -> Rows:
+    """A preset's samples as jobs sent together, so they share one batch (each row's own seed:
+    the same tokens on any engine)."""
+    from llmsample.jobs import Job
 
     def rows(cfg: Any, stats: list[Any], seeds: list[int | None]) -> Any:
         jobs = [Job(prompt, dataclasses.replace(cfg, seed=seed), row.preset, options["system"], options["raw"],
-                    options["truncate"], model=model) for row, seed in zip(stats, seeds, strict=True)]  # fmt: skip
-        return stream_rows(target, jobs, say)
+                    options["truncate"], model=options["model"]) for row, seed in zip(stats, seeds, strict=True)]  # fmt: skip
+        return engine.run_many(jobs)
 
     return rows
 

@@ -96,25 +96,28 @@ def explain(**options: Any) -> None:
     A warm engine of the same model (llmsample start) computes the next token's table and
     --continuation's instead of this process; --layers and --tree run here (--local).
     """
+    from llmsample.client.engine_client import IN_PROCESS
     from llmsample.client.route import choose
+    from llmsample.commands.host_options import open_engine
+    from llmsample.jobs import Explanation, Job
 
     preset, cfg = resolve_sampling(options)
     check_views(options)
     views = [flag for flag, key in (("--layers", "layers"), ("--tree", "tree")) if options[key]]
-    target = choose({**options, "watch": None}, views)  # --watch runs there; before torch: the warm path stays light
-    if target is not None:
-        answer = explain_on(target, read_prompt(options["prompt"], options["raw"]), preset, cfg, options)
-    elif views:
+    if views:
+        choose({**options, "watch": None}, views)  # refused in one line where a warm engine would run it
         show_view(options, cfg)
         return
-    else:
-        from llmsample.analysis.explain import explain_prompt
+    engine = open_engine({**options, "watch": None})  # --watch runs there; before torch: the warm path stays light
+    prompt = read_prompt(options["prompt"], options["raw"])
+    job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"] or 10,
+              model=options["model"])  # fmt: skip
+    asked = Explanation(job, options["continuation"], tuple(options["watch"] or ()))
+    answer = engine.explain(asked)
+    if engine.where != IN_PROCESS and not options["quiet"]:
+        from llmsample.client.connection import say
 
-        prompt = read_prompt(options["prompt"], options["raw"])
-        lm = load_model_with_progress(options)
-        answer = explain_prompt(lm, prompt, cfg, system=options["system"], raw=options["raw"],
-                                truncate=options["truncate"], top_n=options["top_n"] or 10,
-                                continuation=options["continuation"], watch=options["watch"] or ())  # fmt: skip
+        say(f"explained by the engine at {engine.where}")
     show_answer(answer, preset, options)
 
 
@@ -142,24 +145,6 @@ def show_view(options: dict[str, Any], cfg: Any) -> None:
         show_layers(options, lm, prompt, prompt_ids, ids, cfg, [token for _, token in watch], console)
     else:
         show_tree(options, lm, prompt, prompt_ids, console)
-
-
-def explain_on(target: Any, prompt: str, preset: str, cfg: Any, options: dict[str, Any]) -> Any:
-    """The answer of a warm engine: the settings and seed resolved here as in-process, the prompt
-    sent as text, and the in-process run's own function run there on the engine's model
-    (:func:`llmsample.analysis.explain.explain_prompt`), its records back to the last bit."""
-    from llmsample.analysis.explain_records import answer_from_json
-    from llmsample.client.connection import post_json, say
-    from llmsample.client.wire import EXPLAIN_PATH, Explanation, Job
-
-    model = None if target.where.startswith("unix:") else options["model"]
-    job = Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"] or 10,
-              model=model)  # fmt: skip
-    asked = Explanation(job, options["continuation"], tuple(options["watch"] or ()))
-    answer = answer_from_json(post_json(target, EXPLAIN_PATH, asked.to_json()))
-    if not options["quiet"]:
-        say(f"explained by the engine at {target.where}")
-    return answer
 
 
 def show_answer(answer: Any, preset: str, options: dict[str, Any]) -> None:

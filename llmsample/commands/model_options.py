@@ -1,5 +1,6 @@
 """The options that choose the model, its device and backend, and spread it over devices; and
-loading it with progress on stderr."""
+loading it with progress on stderr (with its drafter and its reference: the engine in this
+process, :func:`local_engine`)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.option_group import option_group
+from llmsample.errors import UserError
 
 if TYPE_CHECKING:
+    from llmsample.api.local import LocalEngine
+    from llmsample.engine.speculative import Drafter
     from llmsample.models.loading import LoadedModel
 
 
@@ -168,3 +172,60 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
             progress.remove_task(task)
     lm.deterministic = bool(options.get("deterministic"))
     return lm
+
+
+def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
+    """``--reference``: the same checkpoint in float32, unquantized, placed like the model (on
+    llama.cpp: the same GGUF dequantized on transformers, which measures the quantized kernels)."""
+    from llmsample.commands.model_options import placement_from_options
+    from llmsample.models.loading import load_model
+
+    if lm.quantization and not options.get("quantize") and lm.backend != "llama.cpp":
+        raise UserError(
+            f"--reference needs full-precision weights, and model {lm.name!r} is stored quantized "
+            f"({lm.quantization}); compare against the checkpoint it was quantized from"
+        )
+    placement = placement_from_options(options)
+    device = "auto" if placement is not None else str(lm.device)
+    return load_model(options["model"], device, "float32", placement=placement)
+
+
+def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Drafter]:
+    """``--draft ngram`` (prompt lookup), ``--draft suffix`` (a pool across requests) or a model sharing the target's tokenizer, loaded once:
+    a maker of one drafter per row (a draft model's drafter keeps that row's draft cache)."""
+    from llmsample.engine.speculative import ModelDrafter, NgramDrafter, check_same_tokenizer
+    from llmsample.models.loading import load_model
+
+    vocab = lm.model.config.vocab_size
+    if options["draft"] in ("ngram", "suffix"):
+        if options["ngram_min"] > options["ngram_max"]:
+            raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
+
+        def ngram() -> NgramDrafter:  # a row's own: it indexes that row's tokens
+            return NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
+
+        if options["draft"] == "suffix":  # one pool for the run (a server's: every request's)
+            from llmsample.engine.suffix_pool import SuffixDrafter, SuffixPool
+
+            pool = SuffixPool(options["ngram_min"], max(options["ngram_max"], 6))
+            return lambda: SuffixDrafter(pool, ngram())
+        return ngram
+    from llmsample.models.llamacpp_load import gguf_file
+
+    if gguf_file(options["draft"]) is not None and lm.sample_device.type == "cpu":
+        draft = load_model(options["draft"], "cpu", backend="auto")  # llama.cpp where it is installed
+    else:  # on the device the target samples on (its input device when it is placed over several)
+        backend = "auto" if lm.backend == "torch" else "transformers"  # a torch target's draft on torch where it can
+        draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."), backend=backend)
+    check_same_tokenizer(draft, lm)
+    return lambda: ModelDrafter(draft, vocab, lm.sample_device)
+
+
+def local_engine(options: dict[str, Any]) -> LocalEngine:
+    """The engine in this process for a command's options: the model loaded with progress when
+    first asked, and, as a job asks, the drafter (``--draft``) and the reference (``--reference``)."""
+    from llmsample.api.local import LocalEngine
+
+    drafter = (lambda lm: build_drafter(options, lm)) if options.get("draft") not in (None, "ngram") else None
+    reference = (lambda lm: load_reference(options, lm)) if options.get("reference") else None
+    return LocalEngine(lambda: load_model_with_progress(options), drafter=drafter, reference=reference)

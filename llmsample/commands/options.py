@@ -16,6 +16,7 @@ from llmsample.commands.model_options import model_options, placement_options
 from llmsample.commands.option_group import check_utf8_option, option_group
 from llmsample.commands.sampling_options import constraint_options, sampling_options, watch_option
 from llmsample.errors import UserError
+from llmsample.jobs import NGRAM
 
 
 def _check_html_path(ctx: click.Context, param: click.Parameter, value: str | None) -> Path | None:
@@ -127,12 +128,12 @@ draft_options = option_group(
     ),
     click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),
     click.option(
-        "--ngram-max", type=click.IntRange(1, 64), default=4, show_default=True, help="Longest n-gram to match."
+        "--ngram-max", type=click.IntRange(1, 64), default=NGRAM[1], show_default=True, help="Longest n-gram to match."
     ),
     click.option(
         "--ngram-min",
         type=click.IntRange(1, 64),
-        default=2,
+        default=NGRAM[0],
         show_default=True,
         help="Shortest n-gram to match (1 guesses too often).",
     ),

@@ -112,7 +112,7 @@ def serve(**options: Any) -> None:
         raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
     drafter = None
     if options["draft"]:
-        from llmsample.commands.generate import build_drafter
+        from llmsample.commands.model_options import build_drafter
 
         drafter = build_drafter(options, lm)
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))

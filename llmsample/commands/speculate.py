@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from llmsample.commands.generate import generate_on, run
+from llmsample.commands.generate import run
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.options import generation_options, reference_option
@@ -28,11 +28,4 @@ def speculate(**options: Any) -> None:
     llmsample speculate -p "Add docstrings to: $(cat f.py)" --draft ngram --compare
     llmsample speculate -m HuggingFaceTB/SmolLM2-1.7B-Instruct --draft HuggingFaceTB/SmolLM2-135M-Instruct -p ...
     """
-    from llmsample.client.route import choose
-
-    options = {**options, "draft": options["draft"] or "ngram"}
-    target = choose(options)  # --draft ngram drafts on a warm engine; a draft model runs here (--local)
-    if target is not None:
-        generate_on(target, options)
-        return
-    run(options)
+    run({**options, "draft": options["draft"] or "ngram"})

@@ -144,7 +144,7 @@ def run_rows(
             for item in joining:
                 if backend.compile_s:
                     item.stats.note(compile_s=backend.compile_s)
-            new = [start_row(lm, item, vocab, options.ignore_eos, names, reference_dtype) for item in joining]
+            new = [start_row(lm, item, vocab, options.ignore_eos or item.ignore_eos, names, reference_dtype) for item in joining]
             step = _joined(step, rows, admitted)
             rows += new
         if not rows:

@@ -45,6 +45,7 @@ class BatchItem:
     stop_ids: frozenset[int] = frozenset()
     keep_stop: bool = False
     cache_prompt: bool = True
+    ignore_eos: bool = False  # this row runs to its length past EOS (DecodeOptions.ignore_eos: every row)
 
 
 @dataclass(frozen=True)

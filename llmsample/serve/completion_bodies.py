@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from llmsample import __version__
 from llmsample.batch.result_lines import (
     FINISH_REASONS,
     TokenLevel,
@@ -30,6 +29,7 @@ from llmsample.batch.tool_requests import PLAIN, ChatShape, call_start, message
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.parsing import ServeRequest
 from llmsample.serve.tool_stream import StreamSplit
+from llmsample.version import __version__
 
 
 def fingerprint(model: str, dtype: str, device: str) -> str:

@@ -9,7 +9,6 @@ keep-alive (idle that long, it stops itself as SIGTERM would stop it)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import os
 import signal
@@ -24,7 +23,8 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llmsample import __version__
+from llmsample.analysis.explain import explain_job
+from llmsample.analysis.explain_records import answer_to_json
 from llmsample.client import registry
 from llmsample.client.wire import (
     DETERMINISTIC_HEADER,
@@ -33,22 +33,22 @@ from llmsample.client.wire import (
     EXPLAIN_PATH,
     JOB_PATH,
     VERSION_HEADER,
-    Explanation,
-    Job,
     encode,
     explanation_from_json,
     job_from_json,
 )
-from llmsample.engine.prompt import fit_exchanges, has_chat_template, message_id_list, prompt_id_list
+from llmsample.engine.job_row import job_row
+from llmsample.engine.prompt import has_chat_template
 from llmsample.engine.row_state import BatchItem
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.events import RunStats
+from llmsample.jobs import Job
 from llmsample.models.device import dtype_name
 from llmsample.serve.api_errors import ApiError
 from llmsample.serve.app import _endpoint
 from llmsample.serve.engine import Closing
 from llmsample.serve.flow import enqueue, off_loop, read_json, records
 from llmsample.serve.state import ServeState
+from llmsample.version import __version__
 
 
 class Idle:
@@ -138,7 +138,7 @@ async def run_explain(state: ServeState, request: HttpRequest) -> Response:
         raise ApiError(400, f"not an explanation: {exc}") from None
     _check_model(state, asked.job)
     try:
-        future = state.engine.call(functools.partial(explain_answer, state.lm, asked))
+        future = state.engine.call(functools.partial(explain_job, state.lm, asked))
     except Closing:
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
     try:
@@ -149,21 +149,7 @@ async def run_explain(state: ServeState, request: HttpRequest) -> Response:
         raise ApiError(422, str(exc), None, "run_failed") from None
     except RuntimeError:  # the feed closed before the work ran
         raise ApiError(503, "the server is shutting down", None, "shutting_down") from None
-    return JSONResponse(answer)
-
-
-def explain_answer(lm: Any, asked: Explanation) -> dict[str, Any]:
-    """:func:`~llmsample.analysis.explain.explain_prompt` as ``explain`` runs it in-process: on a
-    model loaded without ``--deterministic`` (explain has no such mode), so an engine started
-    with it answers with the same numbers."""
-    from llmsample.analysis.explain import explain_prompt
-    from llmsample.analysis.explain_records import answer_to_json
-
-    job = asked.job
-    plain = dataclasses.replace(lm, deterministic=False) if lm.deterministic else lm
-    answer = explain_prompt(plain, job.prompt, job.cfg, system=job.system, raw=job.raw, truncate=job.truncate,
-                            top_n=job.top_n, continuation=asked.continuation, watch=asked.watch)  # fmt: skip
-    return answer_to_json(answer)
+    return JSONResponse(answer_to_json(answer))
 
 
 def _check_model(state: ServeState, job: Job) -> None:
@@ -173,42 +159,19 @@ def _check_model(state: ServeState, job: Job) -> None:
 
 
 def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
-    """The job's row, built as ``generate`` builds its own in-process (tokenizer alone: no torch
-    here), and how many of a chat's oldest exchanges were dropped to fit (``fit_room``)."""
-    lm = state.lm
-    dropped = 0
+    """The job's row (:func:`~llmsample.engine.job_row.job_row`, as the in-process engine builds
+    it) and how many of a chat's oldest exchanges were dropped to fit; what a row of this
+    engine's batch cannot carry is refused, naming ``--local``."""
+    needs = [flag for flag, given in (("--watch", job.watch), ("--reference", job.reference),
+                                      (f"--draft {job.drafter}", job.drafter)) if given]  # fmt: skip
+    if needs:
+        raise ApiError(400, f"{needs[0]} does not run on this engine's batch; leave it out or pass --local", None,
+                       "not_served")  # fmt: skip
     try:
-        if job.fit_room is not None and job.messages is not None:
-            ids, dropped = fit_exchanges(lm, job.messages, job.fit_room)
-        elif job.messages is not None:
-            ids = message_id_list(lm, job.messages, job.truncate, job.cfg.max_tokens)
-        else:
-            ids = prompt_id_list(lm, job.prompt, job.system, job.raw, job.truncate, job.cfg.max_tokens)
+        item, dropped = job_row(state.lm, job, state.engine.new_key())
     except UserError as exc:
         raise ApiError(400, str(exc)) from None
-    stats = RunStats(model=lm.name, preset=job.preset, seed=job.cfg.seed)
-    if lm.quantization:
-        stats.note(quantization=lm.quantization)
-    if lm.placed_on:
-        stats.note(device_map=tuple(lm.placed_on))
-    drafter = None
-    if job.ngram is not None:
-        drafter = _ngram_drafter(lm, *job.ngram)
-    item = BatchItem(state.engine.new_key(), ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n,
-                     cache_prompt=job.cache_prompt)  # fmt: skip
     return [item], dropped
-
-
-def _ngram_drafter(lm: Any, ngram_min: int, ngram_max: int) -> Any:
-    """``--draft ngram``'s drafter, made when the row starts (on the engine's thread, as the
-    in-process run makes its own before the loop)."""
-
-    def make() -> Any:
-        from llmsample.engine.speculative import NgramDrafter
-
-        return NgramDrafter(lm.model.config.vocab_size, lm.sample_device, ngram_min, ngram_max)
-
-    return make
 
 
 def bind_unix(path: Path) -> socket.socket:

@@ -357,20 +357,20 @@ def test_sighup_ends_like_sigterm_with_a_summary(tiny_model_dir: Path) -> None:
 
 
 # Interrupt compare-presets with a real signal once the second preset has produced one token
-# (the greedy reference before them decodes through generate_rows too, as the presets' samples
-# do: its call is the first, the second preset's the third).
+# (the greedy reference before them decodes through the engine's run_many too, as the presets'
+# samples do: its call is the first, the second preset's the third).
 INTERRUPT_SECOND_PRESET = """
-import llmsample.engine.loop as generation
-rows = generation.generate_rows
+from llmsample.api.local import LocalEngine
+rows = LocalEngine.run_many
 started = []
-def interrupted_rows(*args, **kwargs):
+def interrupted_rows(self, *args, **kwargs):
     started.append(1)
-    for n, item in enumerate(rows(*args, **kwargs)):
+    for n, item in enumerate(rows(self, *args, **kwargs)):
         if len(started) == 3 and n == 1:
             os.kill(os.getpid(), {sig})
             time.sleep(0.2)
         yield item
-generation.generate_rows = interrupted_rows
+LocalEngine.run_many = interrupted_rows
 """
 
 

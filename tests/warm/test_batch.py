@@ -76,6 +76,21 @@ def test_the_same_records_as_in_process(serial: Engine, requests_file: Path, tok
     assert (tokens == "none") == all("per_token" not in record for record in warm_records)
 
 
+def test_ignore_eos_runs_on_the_engine_as_in_process(serial: Engine, requests_file: Path) -> None:
+    """A row of the engine's batch runs past its end of text as the in-process row does (without
+    the flag, a row of these ends at its end of text: the flag is seen)."""
+    args = ("--tokens", "ids", "--no-log", "-n", "40")
+    warm = comparable(batch(serial, requests_file, *args, "--ignore-eos").stdout)
+    local = comparable(batch(serial, requests_file, *args, "--ignore-eos", *ONE_AT_A_TIME).stdout)
+    plain = comparable(batch(serial, requests_file, *args).stdout)
+    for record in warm + plain:
+        if "error" not in record:
+            assert record.pop("engine").startswith("unix:") and record.pop("warm") is True
+    assert warm == local
+    stops = lambda records: [record["stop_reason"] for record in records if "error" not in record]  # noqa: E731
+    assert "eos" not in stops(warm) and "eos" in stops(plain)
+
+
 def test_rows_decoded_together_draw_the_same_tokens(engine: Engine, requests_file: Path) -> None:
     """In the engine's batch and in this process's, the same tokens; figures to float32 rounding."""
     warm = comparable(batch(engine, requests_file, "--tokens", "full", "--no-log").stdout)
@@ -104,8 +119,7 @@ def test_resuming_a_file_on_the_engine(serial: Engine, requests_file: Path, tmp_
 @pytest.mark.parametrize(
     ("flag", "named"),
     [(("--format", "openai"), "--format openai"), (("--batch-size", "2"), "--batch-size"),
-     (("--prompt-cache-mb", "64"), "--prompt-cache-mb"), (("--ignore-eos",), "--ignore-eos"),
-     (("--draft", "suffix"), "--draft MODEL")],
+     (("--prompt-cache-mb", "64"), "--prompt-cache-mb"), (("--draft", "suffix"), "--draft MODEL")],
 )  # fmt: skip
 def test_a_flag_the_engine_cannot_honour_is_one_line(
     engine: Engine, requests_file: Path, flag: tuple[str, ...], named: str

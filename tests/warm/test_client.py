@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from llmsample.client.wire import Job, decode, encode, job_from_json
+from llmsample.client.wire import decode, encode, job_from_json
 from llmsample.events import Candidate, ReferenceFigures, RunFacts, Speculation, Summary, TokenEvent, Watched
+from llmsample.jobs import Job
 from llmsample.sampling.config import SamplingConfig
 from tests.conftest import REPO
 from tests.warm.conftest import Engine
@@ -93,7 +94,8 @@ def test_an_explanation_and_its_answer_round_trip() -> None:
         answer_from_json,
         answer_to_json,
     )
-    from llmsample.client.wire import Explanation, explanation_from_json
+    from llmsample.client.wire import explanation_from_json
+    from llmsample.jobs import Explanation
 
     job = Job("hi", SamplingConfig(seed=5), "balanced", top_n=10, messages=[{"role": "user", "content": "x"}], fit_room=8)
     assert job_from_json(json.loads(json.dumps(job.to_json()))) == job

@@ -20,7 +20,7 @@ import pytest
 from llmsample import __version__
 from llmsample.client import connection, registry
 from llmsample.client.connection import EngineGone, Target, stream_job
-from llmsample.client.wire import Job
+from llmsample.jobs import Job
 from llmsample.sampling.config import SamplingConfig
 
 

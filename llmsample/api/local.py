@@ -1,0 +1,131 @@
+"""The engine in this process: an :class:`~llmsample.client.engine_client.EngineClient` that
+loads its model when first asked and runs every job through the one loop
+(:func:`~llmsample.engine.decode.decode`), its rows built by the same function as a warm
+engine's (:func:`~llmsample.engine.job_row.job_row`). What a row of a warm engine's batch
+cannot carry runs here: ``--watch``, ``--reference`` and a drafter of the engine's own (a
+suffix pool across its jobs, or a draft model), each loaded once, when a job first asks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from llmsample.client.engine_client import IN_PROCESS
+from llmsample.client.wire import Failed
+from llmsample.engine.decode import DecodeOptions, decode
+from llmsample.engine.job_row import job_row
+from llmsample.engine.prompt import has_chat_template
+from llmsample.engine.row_state import RowFailed
+from llmsample.errors import RuntimeFailure, UserError
+from llmsample.events import Summary, TokenEvent
+from llmsample.jobs import Explanation, Job
+from llmsample.models.device import dtype_name
+from llmsample.models.loading import LoadedModel
+
+if TYPE_CHECKING:
+    from llmsample.analysis.explain_records import Answer
+
+Record = TokenEvent | Summary
+
+
+class LocalEngine:
+    """``load`` makes the model (once, lazily); ``drafter`` makes the engine's drafter for a
+    job's ``drafter`` (given the model: a maker of one drafter per row), ``reference`` its
+    float32 reference model; either None: this engine has no such capability."""
+
+    where = IN_PROCESS
+
+    def __init__(
+        self,
+        load: Callable[[], LoadedModel],
+        *,
+        drafter: Callable[[LoadedModel], Callable[[], Any]] | None = None,
+        reference: Callable[[LoadedModel], LoadedModel] | None = None,
+    ) -> None:
+        self._load, self._make_drafter, self._load_reference = load, drafter, reference
+        self._lm: LoadedModel | None = None
+        self._drafter: Callable[[], Any] | None = None
+        self._reference: LoadedModel | None = None
+
+    def model(self) -> LoadedModel:
+        """The model, loaded on first use (a load's progress and errors come from here)."""
+        if self._lm is None:
+            self._lm = self._load()
+        return self._lm
+
+    def model_name(self) -> str:
+        return self.model().name
+
+    def status(self) -> dict[str, Any]:
+        lm = self.model()
+        capabilities = ["watch"] + ["drafter"] * (self._make_drafter is not None)
+        capabilities += ["reference"] * (self._load_reference is not None)
+        return {"model": lm.name, "backend": lm.backend, "dtype": dtype_name(lm.dtype), "device": str(lm.device),
+                "context_length": lm.context_length, "chat_template": has_chat_template(lm),
+                "deterministic": lm.deterministic, "capabilities": capabilities}  # fmt: skip
+
+    def run(self, job: Job) -> Iterator[Record]:
+        """Loads, encodes and makes the drafter now (a bad prompt or draft fails before any
+        record); the records come as the loop yields them."""
+        lm = self.model()
+        options = self._options(lm, [job])
+        item, _ = job_row(lm, job, 0, self._drafter_for(lm, job))
+        return _raising(decode(lm, [item], 1, options, one_prompt=True))
+
+    def run_many(self, jobs: Sequence[Job]) -> Iterator[tuple[int, Record | Failed]]:
+        """Every job a row of one batch, as a warm engine's rows share its passes (one prompt
+        for every row, as ``compare-presets`` samples it: prefilled once)."""
+        lm = self.model()
+        options = self._options(lm, jobs)
+        items = [job_row(lm, job, index, self._drafter_for(lm, job))[0] for index, job in enumerate(jobs)]
+        one_prompt = len({tuple(item.prompt_ids) for item in items}) == 1  # prefilled once for every row
+        return _failures(decode(lm, items, len(items), options, one_prompt=one_prompt))
+
+    def explain(self, asked: Explanation) -> Answer:
+        from llmsample.analysis.explain import explain_job
+
+        return explain_job(self.model(), asked)
+
+    def close(self) -> None:
+        """The model stays loaded as long as this engine is referenced; nothing else is held."""
+
+    def _options(self, lm: LoadedModel, jobs: Sequence[Job]) -> DecodeOptions:
+        """The run's options: ``--watch``'s tokens resolved on this model, the reference loaded once."""
+        from llmsample.sampling.vocabulary import Vocabulary, named_tokens
+
+        watched = tuple(dict.fromkeys(token for job in jobs for token in job.watch))
+        watch: tuple[tuple[str, int], ...] = ()
+        if watched:
+            vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
+            watch = named_tokens(vocabulary, watched, "--watch")
+        reference = None
+        if any(job.reference for job in jobs):
+            if self._load_reference is None:
+                raise UserError("--reference needs a reference model, which this engine was not given")
+            if self._reference is None:
+                self._reference = self._load_reference(lm)
+            reference = self._reference
+        return DecodeOptions(max(job.top_n for job in jobs), False, watch, reference)
+
+    def _drafter_for(self, lm: LoadedModel, job: Job) -> Callable[[], Any] | None:
+        if job.drafter is None:
+            return None
+        if self._make_drafter is None:
+            raise UserError(f"--draft {job.drafter} needs a drafter, which this engine was not given")
+        if self._drafter is None:
+            self._drafter = self._make_drafter(lm)
+        return self._drafter
+
+
+def _raising(records: Iterator[tuple[Any, Any]]) -> Iterator[Record]:
+    """One row's records; a row that failed raises as the command's error."""
+    for _, record in records:
+        if isinstance(record, RowFailed):
+            raise (UserError if record.user_error else RuntimeFailure)(record.message)
+        yield record
+
+
+def _failures(records: Iterator[tuple[Any, Any]]) -> Iterator[tuple[int, Record | Failed]]:
+    """Several rows' records, a failed row as the wire's :class:`Failed` (as a warm engine's)."""
+    for key, record in records:
+        yield key, Failed(record.message, record.user_error) if isinstance(record, RowFailed) else record

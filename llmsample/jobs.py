@@ -1,0 +1,71 @@
+"""What a command asks of an engine, here or warm: a :class:`Job` (one prompt or conversation and
+its resolved settings) or an :class:`Explanation` (``explain``'s question). Torch-free, below
+both the client that sends them and the engine that runs them, so the two read one definition."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from llmsample.sampling.config import SamplingConfig
+
+NGRAM = (2, 4)
+"""Prompt lookup's shortest and longest n-gram unless given (``--ngram-min``, ``--ngram-max``)."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt for the engine, as ``generate`` resolved it before loading anything: the text
+    (the engine applies the chat template, as the in-process run does), the settings with their
+    seed and compiled constraint, how many alternatives each record lists, and ``--draft ngram``
+    (``ngram``: its shortest and longest n; ``draft_tokens``: a fixed K, None adaptive).
+    ``messages``: a whole conversation (a batch line's, a chat's) in place of the prompt text;
+    ``fit_room``: a chat's positions kept for the reply, the conversation's oldest exchanges
+    dropped until it fits the context (how many: the answer's ``X-Llmsample-Dropped``);
+    ``cache_prompt``: False, the engine prefills the prompt whole rather than after a cached
+    prefix (llama-server's ``cache_prompt``): a prefix prefilled apart rounds apart, so a
+    one-shot command's bytes are the in-process run's only so.
+
+    What needs more than a row of the batch: ``watch`` (tokens whose numbers every record
+    carries), ``reference`` (every token scored under the engine's float32 reference model) and
+    ``drafter`` (the engine's own drafter: ``suffix``, its pool across requests, or ``model``,
+    its draft model); an engine without the capability refuses the job in one line."""
+
+    prompt: str
+    cfg: SamplingConfig
+    preset: str
+    system: str | None = None
+    raw: bool = False
+    truncate: str = "error"
+    top_n: int = 5
+    model: str | None = None  # the model the caller expects (None: whatever the engine serves)
+    ngram: tuple[int, int] | None = None
+    draft_tokens: int | None = None
+    messages: list[dict[str, Any]] | None = None
+    fit_room: int | None = None
+    cache_prompt: bool = True
+    ignore_eos: bool = False
+    watch: tuple[str, ...] = ()
+    reference: bool = False
+    drafter: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}
+        if self.cfg.constraint is not None:
+            config["constraint"] = asdict(self.cfg.constraint)
+        data = asdict(self)
+        data["cfg"] = config
+        return data
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """``explain``'s question for an engine: a job's prompt and settings (``top_n``: candidates
+    shown), and ``continuation`` to score (None: the next token) or ``watch``'s tokens as given."""
+
+    job: Job
+    continuation: str | None = None
+    watch: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job.to_json(), "continuation": self.continuation, "watch": list(self.watch)}
