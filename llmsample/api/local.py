@@ -19,7 +19,6 @@ from llmsample.engine.row_state import RowFailed
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
 from llmsample.jobs import Explanation, Job
-from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ class LocalEngine:
         lm = self.model()
         capabilities = ["watch"] + ["drafter"] * (self._make_drafter is not None)
         capabilities += ["reference"] * (self._load_reference is not None)
-        return {"model": lm.name, "backend": lm.backend, "dtype": dtype_name(lm.dtype), "device": str(lm.device),
+        return {"model": lm.name, "backend": lm.backend, "dtype": lm.weights, "device": str(lm.device),
                 "context_length": lm.context_length, "chat_template": has_chat_template(lm),
                 "deterministic": lm.deterministic, "capabilities": capabilities}  # fmt: skip
 

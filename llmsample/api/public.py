@@ -78,13 +78,16 @@ class Stream:
 
 class Engine:
     """A model to sample from. ``Engine(model=None)`` loads the model in this process when first
-    asked (None: the default model; ``backend``, ``device``, ``dtype`` as the CLI's flags);
+    asked (None: the default model; ``backend``, ``device``, ``dtype`` as the CLI's flags, the
+    backend ``LLMSAMPLE_BACKEND`` or ``auto`` when not given);
     :meth:`connect` uses a warm engine (``llmsample start``) or a server instead."""
 
     def __init__(
-        self, model: str | None = None, *, backend: str = "auto", device: str = "auto", dtype: str = "auto"
+        self, model: str | None = None, *, backend: str | None = None, device: str = "auto", dtype: str = "auto"
     ) -> None:
         from llmsample.api.local import LocalEngine
+
+        backend = _backend(backend)
 
         def load() -> Any:
             from llmsample.models.loading import load_model
@@ -95,20 +98,33 @@ class Engine:
         self.model = model
 
     @classmethod
-    def connect(cls, host: str | None = None, *, model: str | None = None, api_key: str | None = None) -> Engine:
-        """A server (``host``: its URL) or, without one, this user's warm engine of ``model``
-        (None: the default model), as the CLI finds it; none running is a ``RuntimeError``."""
+    def connect(
+        cls,
+        host: str | None = None,
+        *,
+        model: str | None = None,
+        backend: str | None = None,
+        device: str = "auto",
+        dtype: str = "auto",
+        api_key: str | None = None,
+    ) -> Engine:
+        """A server (``host``: its URL, or an engine's ``unix:PATH`` as ``llmsample ps`` shows
+        it) or, without one, this user's warm engine started with these model options (as the
+        CLI finds it); none running is a ``RuntimeError``."""
         from llmsample.client import registry
         from llmsample.client.connection import Target, address
         from llmsample.client.engine_client import RemoteEngine
 
         if host is not None:
-            address(host)  # a ValueError naming what is wrong with it
-            target = Target(host.rstrip("/"), api_key)
+            if not host.startswith("unix:"):
+                address(host)  # a ValueError naming what is wrong with it
+            target = Target(host.rstrip("/"), api_key, model)
         else:
-            record = registry.find(registry.spec_of({"model": model}))
+            options = {"model": model, "backend": _backend(backend), "device": device, "dtype": dtype}
+            record = registry.find(registry.spec_of(options)) if registry.runtime_path().is_dir() else None
             if record is None:
-                raise RuntimeError(f"no warm engine serves {model or 'the default model'}; start one (llmsample start)")
+                raise RuntimeError(f"no warm engine serves {model or 'the default model'} with these options; "
+                                   "start one (llmsample start) or use Engine(...) in this process")  # fmt: skip
             target = Target(record.where, name=record.name, keep_alive_s=record.keep_alive_s)
         engine = cls.__new__(cls)
         engine.client, engine.model = RemoteEngine(target), model
@@ -201,3 +217,10 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _backend(given: str | None) -> str:
+    """The CLI's ``--backend`` default: ``LLMSAMPLE_BACKEND``, else ``auto``."""
+    import os
+
+    return given or os.environ.get("LLMSAMPLE_BACKEND") or "auto"

@@ -11,7 +11,6 @@ from torch import Tensor
 from llmsample.engine.text_stream import TextStream
 from llmsample.errors import RuntimeFailure
 from llmsample.events import Candidate, RunStats, StepFigures, TokenEvent
-from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 
@@ -71,7 +70,7 @@ class Emitter:
         self.reason: str | None = None
         stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
-        stats.note(device=str(lm.device), dtype=dtype_name(lm.dtype), backend=lm.backend, model_file=lm.model_file)
+        stats.note(device=str(lm.device), dtype=lm.weights, backend=lm.backend, model_file=lm.model_file)
         if lm.deterministic:
             stats.note(deterministic=True)
 

@@ -18,7 +18,7 @@ from llmsample.models.checkpoint import (
     read_config,
     read_weights,
 )
-from llmsample.models.device import checkpoint_dtype, resolve_device, resolve_dtype
+from llmsample.models.device import checkpoint_dtype, dtype_name, resolve_device, resolve_dtype
 from llmsample.models.gguf_to_hf import (
     DEFAULT_MODEL,
     cache_home,
@@ -94,6 +94,15 @@ class LoadedModel:
     @property
     def context_length(self) -> int | None:
         return getattr(self.model.config, "max_position_embeddings", None)
+
+    @property
+    def weights(self) -> str:
+        """The weight type that runs, as a summary, ``start`` and ``ps`` report it: a GGUF's own
+        on llama.cpp (``F16``, ``Q4_K_M``; its logits are float32), else the dtype (``bfloat16``);
+        a quantization of a transformers model is said apart (``quantization``)."""
+        if self.backend == "llama.cpp" and self.quantization:
+            return self.quantization
+        return dtype_name(self.dtype)
 
 
 def load_model(

@@ -42,7 +42,6 @@ from llmsample.engine.prompt import has_chat_template
 from llmsample.engine.row_state import BatchItem
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.jobs import Job
-from llmsample.models.device import dtype_name
 from llmsample.serve.api_errors import ApiError
 from llmsample.serve.app import _endpoint
 from llmsample.serve.engine import Closing
@@ -79,7 +78,7 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
         _check_mode(state, request)
         lm = state.lm
         return JSONResponse({"version": __version__, "model": lm.name, "backend": lm.backend,
-                             "dtype": dtype_name(lm.dtype), "device": str(lm.device), "pid": os.getpid(),
+                             "dtype": lm.weights, "device": str(lm.device), "pid": os.getpid(),
                              "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
                              "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
                              "deterministic": lm.deterministic, "context_length": lm.context_length,
@@ -205,7 +204,7 @@ def register(directory: Path, options: dict[str, Any], state: ServeState, sock_p
     lm = state.lm
     spec = registry.spec_of(options)
     ident = registry.engine_id(spec)
-    record = registry.EngineRecord(ident, os.getpid(), spec, lm.name, lm.backend, dtype_name(lm.dtype), str(lm.device),
+    record = registry.EngineRecord(ident, os.getpid(), spec, lm.name, lm.backend, lm.weights, str(lm.device),
                                    str(sock_path), __version__, keep_s, time.time())  # fmt: skip
     registry.write_record(directory, record)
     return ident

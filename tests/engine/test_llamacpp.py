@@ -413,6 +413,7 @@ def test_the_summary_says_which_backend_ran(gguf_file: Path, home: Path, monkeyp
         records[backend] = [json.loads(line) for line in result.stdout.splitlines()]
     auto, transformers = records["auto"][-1], records["transformers"][-1]
     assert auto["backend"] == "llama.cpp" and auto["quantization"] == "F32" and auto["device"] == "cpu"
+    assert auto["dtype"] == "F32" and transformers["dtype"] == "float32"  # the weight type that ran, not the logits
     assert auto["model_file"] == str(gguf_file)
     assert transformers["backend"] == "transformers" and "quantization" not in transformers
     assert "model_file" not in transformers
@@ -503,7 +504,7 @@ def test_the_default_run_is_the_default_model_at_f16_on_llama_cpp_and_answers_pa
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
-    assert summary["backend"] == "llama.cpp" and summary["quantization"] == "F16"
+    assert summary["backend"] == "llama.cpp" and summary["quantization"] == summary["dtype"] == "F16"
     assert summary["model_file"].endswith("-F16/model.gguf") and Path(summary["model_file"]).is_file()
     assert "Paris" in summary["text"]
 

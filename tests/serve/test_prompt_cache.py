@@ -60,3 +60,14 @@ def test_llama_cpp_reports_what_its_cache_held(llama_server: Server) -> None:
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert again.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
     assert again.choices[0].message.content == first.choices[0].message.content
+
+
+def test_its_status_says_the_gguf_weight_type(llama_server: Server) -> None:
+    """``start``, ``ps`` and a warm command read the engine's weight type here: the GGUF's own
+    (the tiny GGUF is F32), and its runs' summaries say the same, never the logits' float32."""
+    import httpx
+
+    from llmsample.client.wire import ENGINE_PATH
+
+    status = httpx.get(llama_server.url + ENGINE_PATH, timeout=30).json()
+    assert status["backend"] == "llama.cpp" and status["dtype"] == "F32"
