@@ -60,12 +60,16 @@ class Job:
 
 @dataclass(frozen=True)
 class Explanation:
-    """``explain``'s question for an engine: a job's prompt and settings (``top_n``: candidates
-    shown), and ``continuation`` to score (None: the next token) or ``watch``'s tokens as given."""
+    """``explain``'s question for an engine: a job's prompt (or a chat's messages) and settings
+    (``top_n``: candidates shown), and ``continuation`` to score (None: the next token) or
+    ``watch``'s tokens as given. ``reply``: a chat's reply so far (``/explain N``: its first N
+    tokens), the chain then shown at the position after them, as the reply saw it."""
 
     job: Job
     continuation: str | None = None
     watch: tuple[str, ...] = ()
+    reply: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"job": self.job.to_json(), "continuation": self.continuation, "watch": list(self.watch)}
+        return {"job": self.job.to_json(), "continuation": self.continuation, "watch": list(self.watch),
+                "reply": None if self.reply is None else list(self.reply)}  # fmt: skip

@@ -170,11 +170,34 @@ def explain_prompt(
     return explain_next(lm, prompt_ids, cfg, top_n, [token for _, token in watched])
 
 
+def explain_reply(
+    lm: LoadedModel, prompt_ids: list[int], reply: Sequence[int], cfg: SamplingConfig, top_n: int = 10,
+    watch: Sequence[int] = (),
+) -> ChainReport:
+    """The chain at a reply's position ``len(reply)``: after its prompt and its tokens so far,
+    the penalties seeing them as the reply's own draws saw them (chat's ``/explain N``)."""
+    prompt = torch.tensor([prompt_ids], device=lm.device)
+    logits = forced_logits(lm, [*prompt_ids, *reply])
+    history = TokenHistory.for_config(prompt, logits.shape[-1], cfg, lm.tokenizer, lm.eos_ids)
+    for token in reply:
+        history = history.advanced(torch.tensor([token], device=lm.device), [token])
+    return chain_report(logits, history, cfg, lm.tokenizer, top_n, watch)
+
+
 def explain_job(lm: LoadedModel, asked: Explanation) -> Answer:
-    """:func:`explain_prompt` for an engine's question: on a model loaded without
-    ``--deterministic`` (explain has no such mode), so an engine started with it answers with
-    the same numbers as one without."""
+    """:func:`explain_prompt` for an engine's question, or :func:`explain_reply` for a chat's
+    (its prompt built as its reply's row was: :func:`~llmsample.engine.job_row.job_row`): on a
+    model loaded without ``--deterministic`` (explain has no such mode), so an engine started
+    with it answers with the same numbers as one without."""
     job = asked.job
     plain = dataclasses.replace(lm, deterministic=False) if lm.deterministic else lm
+    if asked.reply is not None:
+        from llmsample.engine.job_row import job_row
+        from llmsample.sampling.vocabulary import Vocabulary, named_tokens
+
+        watched = named_tokens(Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids), asked.watch,
+                               "/watch") if asked.watch else ()  # fmt: skip
+        item, _ = job_row(plain, job, 0)
+        return explain_reply(plain, item.prompt_ids, asked.reply, job.cfg, job.top_n, [t for _, t in watched])
     return explain_prompt(plain, job.prompt, job.cfg, system=job.system, raw=job.raw, truncate=job.truncate,
                           top_n=job.top_n, continuation=asked.continuation, watch=asked.watch)  # fmt: skip

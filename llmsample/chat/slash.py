@@ -183,22 +183,8 @@ def _inspect(chat: Chat, args: str) -> None:
 
 
 def _explain(chat: Chat, args: str) -> None:
-    import torch
-
-    from llmsample.analysis.explain import chain_report
-    from llmsample.engine.forcing import forced_logits
-    from llmsample.sampling.history import TokenHistory
-
     n = _position(chat, args, "/explain")
-    reply, lm = _last(chat), chat.lm
-    prompt = torch.tensor([reply.prompt_ids], device=lm.device)
-    logits = forced_logits(lm, reply.prompt_ids + reply.ids[:n])  # the chain as it was at token n
-    history = TokenHistory.for_config(prompt, logits.shape[-1], reply.settings, lm.tokenizer, lm.eos_ids)
-    for token in reply.ids[:n]:
-        history = history.advanced(torch.tensor([token], device=lm.device), [token])
-    watch = [token for _, token in chat.session.options.watch]
-    report = chain_report(logits, history, reply.settings, lm.tokenizer, 10, watch)
-    chat.console().print(chat.views.chain_table(report, chat.preset))
+    chat.console().print(chat.views.chain_table(chat.explain_at(n), chat.preset))
 
 
 def resolve_token(chat: Chat, text: str, at: Any = None) -> int:
@@ -238,8 +224,11 @@ def _watch(chat: Chat, args: str) -> None:
 
 def _stats(chat: Chat, args: str) -> None:
     totals = chat.totals
-    cached = len(chat.session.cached)
-    limit = chat.lm.context_length
+    limit = chat.context_limit
+    cached = chat.cached_positions()
+    held = f"cache holds {cached}{f' of {limit}' if limit else ''} positions" if cached is not None else (
+        f"the engine keeps the cache{f' (context {limit})' if limit else ''}")  # fmt: skip
+    prompt = f"prompt tokens {totals.reused} cached, {totals.prefilled} prefilled · " if cached is not None else ""
     ttft = (
         f"first token {totals.ttfts[0]:.2f} s at the first reply, {totals.ttfts[-1]:.2f} s at the last"
         if totals.ttfts
@@ -247,8 +236,7 @@ def _stats(chat: Chat, args: str) -> None:
     )
     chat.console().print(
         f"{len(chat.conversation.turns)} exchange(s) · {totals.replies} replies · {totals.tokens} tokens generated "
-        f"in {totals.seconds:.2f} s · prompt tokens {totals.reused} cached, {totals.prefilled} prefilled · "
-        f"cache holds {cached}{f' of {limit}' if limit else ''} positions · {ttft}",
+        f"in {totals.seconds:.2f} s · {prompt}{held} · {ttft}",
         highlight=False,
     )
 
@@ -270,6 +258,6 @@ COMMANDS: dict[str, tuple[Callable[[Chat, str], Any], str, str]] = {
     "stats": (_stats, "", "tokens, speed and cache use so far"),
     "exit": (_exit, "", "leave (also /bye, /quit, Ctrl-D, or exit or quit alone at a terminal)"),
 }
-NEEDS_MODEL = frozenset({"explain", "branch", "watch", "stats"})
+NEEDS_MODEL = frozenset({"branch", "watch"})
 """What a chat on a warm engine cannot do: each reads the model, its tokenizer or its session."""
 ALIASES = {"?": "help", "bye": "exit", "quit": "exit", "q": "exit"}  # Ollama's /bye and /?, llm's quit

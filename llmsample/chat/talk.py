@@ -19,6 +19,7 @@ from llmsample.sampling.config import fresh_seed
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from llmsample.analysis.explain_records import ChainReport
     from llmsample.chat.reply_replay import Replayed
     from llmsample.engine.speculative import Drafter
     from llmsample.models.loading import LoadedModel
@@ -185,6 +186,22 @@ class Chat:
     @property
     def model_name(self) -> str:
         return self.lm.name
+
+    @property
+    def context_limit(self) -> int | None:
+        return self.lm.context_length
+
+    def cached_positions(self) -> int | None:
+        """Positions the conversation's cache holds (None: an engine's, not seen from here)."""
+        return len(self.session.cached)
+
+    def explain_at(self, position: int) -> ChainReport:
+        """The sampler chain at token ``position`` of the last reply, as the reply saw it."""
+        from llmsample.analysis.explain import explain_reply
+
+        reply = self._last_reply()
+        watch = [token for _, token in self.session.options.watch]
+        return explain_reply(self.lm, reply.prompt_ids, reply.ids[:position], reply.settings, 10, watch)
 
     def _answer(self, kept: list[TokenEvent], seed: int, settings: SamplingConfig | None = None) -> Reply | None:
         """Decode the last turn's reply after the rendered conversation and ``kept`` tokens."""

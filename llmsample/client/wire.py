@@ -69,17 +69,20 @@ def job_from_json(data: Any) -> Job:
 
 def explanation_from_json(data: Any) -> Explanation:
     """The engine's side; a body that is not one raises ``ValueError`` naming what is wrong."""
-    if not isinstance(data, dict) or set(data) - {"job", "continuation", "watch"} or "job" not in data:
-        raise ValueError("an explanation has the keys job (required), continuation and watch")
+    if not isinstance(data, dict) or set(data) - {"job", "continuation", "watch", "reply"} or "job" not in data:
+        raise ValueError("an explanation has the keys job (required), continuation, watch and reply")
     job = job_from_json(data["job"])
-    if job.messages is not None or job.ngram is not None:
-        raise ValueError("job: explain takes a prompt, not messages or drafts")
+    reply = data.get("reply")
+    if reply is not None and not (isinstance(reply, list) and all(type(t) is int and t >= 0 for t in reply)):
+        raise ValueError(f"reply: expected a list of token ids, got {reply!r}")
+    if job.ngram is not None or job.drafter is not None or (job.messages is not None and reply is None):
+        raise ValueError("job: explain takes a prompt (messages with a reply), not drafts")
     continuation, watch = data.get("continuation"), data.get("watch") or []
     if continuation is not None and not isinstance(continuation, str):
         raise ValueError(f"continuation: expected a string, got {continuation!r}")
     if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
         raise ValueError(f"watch: expected a list of strings, got {watch!r}")
-    return Explanation(job, continuation, tuple(watch))
+    return Explanation(job, continuation, tuple(watch), None if reply is None else tuple(reply))
 
 
 def _constraint(data: Any) -> Constraint | None:

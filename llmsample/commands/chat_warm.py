@@ -1,8 +1,8 @@
 """``chat`` on a warm engine: each reply a job with the whole conversation as messages (the
 engine renders them with the chat template, and its prompt cache keeps the conversation's
 prefix warm), streamed through the same renderers as in-process, so a piped session prints the
-same transcript. What reads the model itself (``/explain``, ``/branch``, ``/watch``,
-``/stats``, ``--replay``) says in one line that it needs ``--local``. A chat outlives its engine's
+same transcript; ``/explain`` is the engine's, ``/stats`` counts what came back. What reads
+the model itself (``/branch``, ``/watch``, ``--replay``) says in one line that it needs ``--local``. A chat outlives its engine's
 keep-alive: this user's engine found stopped when a line comes is started again."""
 
 from __future__ import annotations
@@ -39,6 +39,25 @@ class EngineChat(Chat):
     @property
     def model_name(self) -> str:
         return self.name
+
+    @property
+    def context_limit(self) -> int | None:
+        return self.context_length
+
+    def cached_positions(self) -> int | None:
+        return None  # the engine's prompt cache keeps the conversation's prefix
+
+    def explain_at(self, position: int) -> Any:
+        """The engine's answer, computed as in-process (:func:`~llmsample.analysis.explain.explain_reply`)
+        on the reply's own prompt: the conversation before it, fitted to the same room."""
+        from llmsample.client.engine_client import RemoteEngine
+        from llmsample.jobs import Explanation, Job
+
+        reply = self._last_reply()
+        cfg, limit = reply.settings, self.context_length or 0
+        job = Job("", cfg, self.preset, top_n=10, messages=self.conversation.messages()[:-1], model=self.name,
+                  fit_room=min(cfg.max_tokens, limit // 2))  # fmt: skip
+        return RemoteEngine(self.target).explain(Explanation(job, reply=tuple(reply.ids[:position])))
 
     def _decode(
         self, cfg: SamplingConfig, prefix: list[int], stats: RunStats

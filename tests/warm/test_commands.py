@@ -117,13 +117,20 @@ def test_a_piped_chat_prints_the_same_transcript(engine: Engine) -> None:
     assert warm.stderr.count("engine unix:") == 4 and "engine" not in local.stderr  # each reply on the engine
 
 
-def test_what_a_chat_needs_the_model_for_is_one_line(engine: Engine) -> None:
-    warm = engine.cli("chat", *engine.load_args, "-n", "4", "--no-log", "-q", input="w3\n/explain 1\n/stats\nw4\n")
+def test_a_warm_chat_explains_and_counts_as_in_process(engine: Engine) -> None:
+    """``/explain`` on the engine prints the in-process table, byte for byte (the chain at that
+    token of the last reply, on the reply's own prompt); ``/stats`` counts the replies that came
+    back; what reads the model here (``/branch``) is one line naming ``--local``."""
+    args = ("chat", *engine.load_args, "--seed", "6", "-n", "6", "--system", "w9", "--no-log", "-q")
+    session = "w3\n/explain 1\nw4 w5\n/set repetition_penalty 1.3\nw6\n/explain 3\n"
+    warm, local = engine.cli(*args, input=session), engine.cli(*args, "--local", input=session)
+    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
+    assert warm.stdout == local.stdout and warm.stdout.count("entropy of the final distribution") == 2
+    warm = engine.cli(*args, input="w3\nw4\n/stats\n/branch 1 w5\n")
     assert warm.returncode == 0, warm.stderr
-    assert warm.stdout.count("\n") == 2  # both replies, and no table
+    assert "2 exchange(s) · 2 replies · 12 tokens generated" in warm.stdout and "the engine keeps the cache" in warm.stdout
     assert [line for line in warm.stderr.splitlines() if "--local" in line] == [
-        "/explain needs the model in this process; start the chat with --local for it",
-        "/stats needs the model in this process; start the chat with --local for it",
+        "/branch needs the model in this process; start the chat with --local for it",
     ]
     done = engine.cli("chat", *engine.load_args, "--replay", "-c", "--no-deterministic")  # else: for a deterministic engine
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--replay does not run on the warm engine" in done.stderr
