@@ -26,8 +26,9 @@ class Job:
     prefix (llama-server's ``cache_prompt``): a prefix prefilled apart rounds apart, so a
     one-shot command's bytes are the in-process run's only so.
 
-    What needs more than a row of the batch: ``watch`` (tokens whose numbers every record
-    carries), ``reference`` (every token scored under the engine's float32 reference model) and
+    ``watch``: tokens whose numbers every record carries (each row its own). What needs more
+    than a row of the batch: ``reference`` (every token scored under the engine's float32
+    reference model) and
     ``drafter`` (the engine's own drafter: ``suffix``, its pool across requests, or ``model``,
     its draft model); an engine without the capability refuses the job in one line."""
 

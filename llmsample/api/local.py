@@ -2,8 +2,8 @@
 loads its model when first asked and runs every job through the one loop
 (:func:`~llmsample.engine.decode.decode`), its rows built by the same function as a warm
 engine's (:func:`~llmsample.engine.job_row.job_row`). What a row of a warm engine's batch
-cannot carry runs here: ``--watch``, ``--reference`` and a drafter of the engine's own (a
-suffix pool across its jobs, or a draft model), each loaded once, when a job first asks."""
+cannot carry runs here: ``--reference`` and a drafter of the engine's own (a suffix pool
+across its jobs, or a draft model), each loaded once, when a job first asks."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class LocalEngine:
 
     def status(self) -> dict[str, Any]:
         lm = self.model()
-        capabilities = ["watch"] + ["drafter"] * (self._make_drafter is not None)
+        capabilities = ["drafter"] * (self._make_drafter is not None)
         capabilities += ["reference"] * (self._load_reference is not None)
         return {"model": lm.name, "backend": lm.backend, "dtype": lm.weights, "device": str(lm.device),
                 "context_length": lm.context_length, "chat_template": has_chat_template(lm),
@@ -89,14 +89,7 @@ class LocalEngine:
         """The model stays loaded as long as this engine is referenced; nothing else is held."""
 
     def _options(self, lm: LoadedModel, jobs: Sequence[Job]) -> DecodeOptions:
-        """The run's options: ``--watch``'s tokens resolved on this model, the reference loaded once."""
-        from llmsample.sampling.vocabulary import Vocabulary, named_tokens
-
-        watched = tuple(dict.fromkeys(token for job in jobs for token in job.watch))
-        watch: tuple[tuple[str, int], ...] = ()
-        if watched:
-            vocabulary = Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids)
-            watch = named_tokens(vocabulary, watched, "--watch")
+        """The run's options: the reference, loaded once (each row carries its own ``--watch``)."""
         reference = None
         if any(job.reference for job in jobs):
             if self._load_reference is None:
@@ -104,7 +97,7 @@ class LocalEngine:
             if self._reference is None:
                 self._reference = self._load_reference(lm)
             reference = self._reference
-        return DecodeOptions(max(job.top_n for job in jobs), False, watch, reference)
+        return DecodeOptions(max(job.top_n for job in jobs), False, (), reference)
 
     def _drafter_for(self, lm: LoadedModel, job: Job) -> Callable[[], Any] | None:
         if job.drafter is None:

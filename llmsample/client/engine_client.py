@@ -1,8 +1,8 @@
-"""The one interface every command runs on: an :class:`EngineClient` takes :class:`~llmsample.jobs.Job`
-s and answers with the loop's own records, whether the model is loaded in this process
-(:class:`~llmsample.api.local.LocalEngine`) or warm in another (:class:`RemoteEngine`, over
-its socket or a server's URL). A command builds its jobs and renders what comes back; it never
-asks which engine it has, only what the engine can do (:func:`needs_local`)."""
+"""The one interface every command runs on: an :class:`EngineClient` takes jobs
+(:class:`~llmsample.jobs.Job`) and answers with the loop's own records, whether the model is
+loaded in this process (:class:`~llmsample.api.local.LocalEngine`) or warm in another
+(:class:`RemoteEngine`, over its socket or a server's URL). A command builds its jobs and
+renders what comes back; what an engine cannot do, it refuses in one line naming ``--local``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from llmsample.client.connection import Target, engine_status, post_json, say, stream_job, stream_rows
 from llmsample.client.wire import EXPLAIN_PATH, Failed
-from llmsample.errors import UserError
 from llmsample.events import Summary, TokenEvent
 from llmsample.jobs import Explanation, Job
 
@@ -38,7 +37,8 @@ class EngineClient(Protocol):
 
     def status(self) -> dict[str, Any]:
         """The model, its backend and weight type, the context length, whether it has a chat
-        template, and ``capabilities``: the job fields it honours beyond a row of the batch."""
+        template, and ``capabilities``: what it honours beyond a row of the batch (``reference``,
+        ``drafter``)."""
         ...
 
     def run(self, job: Job) -> Iterator[Record]:
@@ -56,19 +56,6 @@ class EngineClient(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-CAPABILITIES = {"watch": "--watch", "reference": "--reference", "drafter": "--draft"}
-"""A job's fields an engine may lack, by the flag that asks for them (status' ``capabilities``)."""
-
-
-def needs_local(engine: EngineClient, job: Job) -> None:
-    """One line when the job asks for what the engine cannot do, before anything is sent: the
-    flag, and how to run it (one table, :data:`CAPABILITIES`)."""
-    has = set(engine.status().get("capabilities", ()))
-    for field, flag in CAPABILITIES.items():
-        if getattr(job, field) and field not in has:
-            raise UserError(f"{flag} does not run on the engine at {engine.where}; leave it out or pass --local")
 
 
 class RemoteEngine:

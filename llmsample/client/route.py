@@ -19,7 +19,6 @@ UNSERVED = {
     "tp": "--tp",
     "compile_model": "--compile",
     "reference": "--reference",
-    "watch": "--watch",
     "device_map": "--device-map",
     "max_memory": "--max-memory",
     "offload_folder": "--offload-folder",

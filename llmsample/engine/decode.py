@@ -130,7 +130,6 @@ def run_rows(
     running rows' pass (a :class:`JoiningBackend`'s mixed batch)."""
     backend = backends[0]
     watched = WatchIndex.of([token for _, token in options.watch], lm.sample_device)
-    names = [name for name, _ in options.watch]
     reference_dtype = dtype_name(options.reference.dtype) if options.reference is not None else None
     rows: list[Row] = []
     ended: list[Row] = []
@@ -144,9 +143,11 @@ def run_rows(
             for item in joining:
                 if backend.compile_s:
                     item.stats.note(compile_s=backend.compile_s)
-            new = [start_row(lm, item, vocab, options.ignore_eos or item.ignore_eos, names, reference_dtype) for item in joining]
+            new = [start_row(lm, item, vocab, options.ignore_eos or item.ignore_eos,
+                             tuple(dict.fromkeys((*options.watch, *item.watch))), reference_dtype) for item in joining]  # fmt: skip
             step = _joined(step, rows, admitted)
             rows += new
+            watched = _watch_index(options.watch, rows, watched, lm.sample_device)
         if not rows:
             return ended
         assert step is not None
@@ -234,3 +235,14 @@ def _forward(
     index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
     flat = [out.reshape(-1, out.shape[-1])[index.to(out.device)] for out in outputs]
     return StepInput(flat[0], starts, flat[1] if len(flat) > 1 else None), None
+
+
+def _watch_index(
+    run: Sequence[tuple[str, int]], rows: list[Row], index: WatchIndex | None, device: torch.device
+) -> WatchIndex | None:
+    """The ids every step reads the figures of: the run's ``--watch`` and each row's own (a
+    server's rows each ask their own); ``index`` kept while they are the same."""
+    ids = tuple(dict.fromkeys(token for _, token in (*run, *(pair for row in rows for pair in row.item.watch))))
+    if index is not None and index.ids == ids:
+        return index
+    return WatchIndex.of(ids, device)

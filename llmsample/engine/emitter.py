@@ -10,7 +10,7 @@ from torch import Tensor
 
 from llmsample.engine.text_stream import TextStream
 from llmsample.errors import RuntimeFailure
-from llmsample.events import Candidate, RunStats, StepFigures, TokenEvent
+from llmsample.events import Candidate, RunStats, StepFigures, TokenEvent, Watched
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 
@@ -52,15 +52,16 @@ class Emitter:
         stats: RunStats,
         prompt_ids: Sequence[int],
         ignore_eos: bool,
-        watch_names: Sequence[str] = (),
+        watch: Sequence[tuple[str, int]] = (),
         stop_ids: Collection[int] = (),
         keep_stop: bool = False,
     ):
-        """``watch_names``: the user's text for each watched id, in the order the figures carry them;
+        """``watch``: the row's watched tokens as ``(the user's text, id)``, picked by id from the
+        step's watched figures (which may hold other rows' too);
         ``stop_ids``: tokens that end the text as the end of text does (vLLM's ``stop_token_ids``);
         ``keep_stop``: a stop string that ends the text stays in it."""
         self.lm = lm
-        self.watch_names = tuple(watch_names)
+        self.watch = tuple(watch)
         self.max_tokens = cfg.max_tokens
         self.context = lm.context_length or 0  # 0: not known, no limit
         self.stats = stats
@@ -110,7 +111,7 @@ class Emitter:
         if figures.removed.get("reasoning_budget"):
             source = "forced"  # the budget left this token alone
         event = make_event(
-            figures, index, text, self.lm.token_text, source=source, eos=is_eos, watch_names=self.watch_names
+            figures, index, text, self.lm.token_text, source=source, eos=is_eos, watch=self.watch
         )
         self.stats.record(event)
         return event
@@ -135,7 +136,7 @@ def make_event(
     token_text: Callable[[int], str],
     source: str = "target",
     eos: bool = False,
-    watch_names: Sequence[str] = (),
+    watch: Sequence[tuple[str, int]] = (),
 ) -> TokenEvent:
     top = tuple(
         Candidate(t, token_text(t), p, m)
@@ -153,5 +154,13 @@ def make_event(
         removed=figures.removed,
         source=source,
         eos=eos,
-        watch=dict(zip(watch_names, figures.watch, strict=True)),
+        watch=_watched(figures, watch),
     )
+
+
+def _watched(figures: StepFigures, watch: Sequence[tuple[str, int]]) -> dict[str, Watched]:
+    """The row's own watched tokens by the names it gave them."""
+    if not watch:
+        return {}
+    by_id = {watched.token_id: watched for watched in figures.watch}
+    return {name: by_id[token] for name, token in watch}

@@ -20,7 +20,8 @@ def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | No
     """The job's row, and how many of a conversation's oldest exchanges were dropped to fit
     (``fit_room``). ``drafter``: the engine's own drafter for ``job.drafter`` (a suffix pool,
     a draft model), which the caller holds; ``job.ngram`` makes a prompt-lookup drafter here.
-    A prompt that cannot be run (too long, no chat template) raises ``UserError``."""
+    A prompt that cannot be run (too long, no chat template) or a watched text that is no
+    token raises ``UserError``."""
     dropped = 0
     if job.fit_room is not None and job.messages is not None:
         ids, dropped = fit_exchanges(lm, job.messages, job.fit_room)
@@ -35,8 +36,13 @@ def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | No
         stats.note(device_map=tuple(lm.placed_on))
     if job.ngram is not None:
         drafter = ngram_drafter(lm, *job.ngram)
+    watch = ()
+    if job.watch:
+        from llmsample.sampling.vocabulary import Vocabulary, named_tokens
+
+        watch = named_tokens(Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids), job.watch, "--watch")
     item = BatchItem(key, ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n,
-                     cache_prompt=job.cache_prompt, ignore_eos=job.ignore_eos)  # fmt: skip
+                     cache_prompt=job.cache_prompt, ignore_eos=job.ignore_eos, watch=watch)  # fmt: skip
     return item, dropped
 
 

@@ -46,6 +46,7 @@ class BatchItem:
     keep_stop: bool = False
     cache_prompt: bool = True
     ignore_eos: bool = False  # this row runs to its length past EOS (DecodeOptions.ignore_eos: every row)
+    watch: tuple[tuple[str, int], ...] = ()  # this row's own --watch (name, id) pairs, beside the run's
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def start_row(
     item: BatchItem,
     vocab: int,
     ignore_eos: bool,
-    watch_names: Sequence[str],
+    watch: Sequence[tuple[str, int]],
     reference_dtype: str | None,
 ) -> Row:
     """A row whose cache holds its whole prompt; it draws its first token from the prefill's
@@ -231,7 +232,7 @@ def start_row(
         matcher = start_matcher(lm, item.cfg, vocab, history)
     except UserError as exc:  # this request's constraint, not the rows beside it
         failed = exc
-    emitter = Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch_names, item.stop_ids, item.keep_stop)
+    emitter = Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch, item.stop_ids, item.keep_stop)
     drafting = None
     if item.drafter is not None:
         length = DraftLength(k=item.draft_tokens or 4, adaptive=item.draft_tokens is None)

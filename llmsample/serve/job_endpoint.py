@@ -81,7 +81,7 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
                              "dtype": lm.weights, "device": str(lm.device), "pid": os.getpid(),
                              "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
                              "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
-                             "deterministic": lm.deterministic, "context_length": lm.context_length,
+                             "deterministic": lm.deterministic, "context_length": lm.context_length, "capabilities": [],
                              **state.engine.figures()})  # fmt: skip
 
     async def explain(state: ServeState, request: HttpRequest) -> Response:
@@ -161,8 +161,7 @@ def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
     """The job's row (:func:`~llmsample.engine.job_row.job_row`, as the in-process engine builds
     it) and how many of a chat's oldest exchanges were dropped to fit; what a row of this
     engine's batch cannot carry is refused, naming ``--local``."""
-    needs = [flag for flag, given in (("--watch", job.watch), ("--reference", job.reference),
-                                      (f"--draft {job.drafter}", job.drafter)) if given]  # fmt: skip
+    needs = [flag for flag, given in (("--reference", job.reference), (f"--draft {job.drafter}", job.drafter)) if given]
     if needs:
         raise ApiError(400, f"{needs[0]} does not run on this engine's batch; leave it out or pass --local", None,
                        "not_served")  # fmt: skip

@@ -93,7 +93,7 @@ def test_a_bad_setting_is_a_value_error_naming_it(engine: llmsample.Engine, sett
 def test_status_names_the_model_and_what_it_can_do(engine: llmsample.Engine, tiny_model_dir: Path) -> None:
     status = engine.status()
     assert status["model"] == str(tiny_model_dir) and status["backend"] == "transformers"
-    assert status["capabilities"] == ["watch"] and status["chat_template"] is False
+    assert status["capabilities"] == [] and status["chat_template"] is False
 
 
 def test_the_html_view_is_the_html_page_in_a_frame(engine: llmsample.Engine, tmp_path: Path) -> None:

@@ -227,6 +227,7 @@ def test_a_mask_that_leaves_nothing_is_never_lifted(cfg: SamplingConfig, stages:
         eos_ids={0},
         device="cpu",
         dtype=torch.float32,
+        weights="float32",
         token_text=str,
         backend="transformers",
         model_file=None,

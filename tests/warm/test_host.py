@@ -30,10 +30,20 @@ def test_generate_on_a_server(engine: Engine, server: Server) -> None:
     assert f'"engine": "{server.url}"' in remote.stdout.splitlines()[-1]
 
 
+def test_watch_runs_on_a_server_as_in_process(engine: Engine, server: Server) -> None:
+    """Each row of the server's batch follows its own watched tokens: the records are the
+    in-process run's, byte for byte, with the figures under the names given."""
+    args = ("-p", "w5 w6", "--seed", "4", "-n", "10", "--watch", "w4", "--watch", "7", "--format", "jsonl")
+    remote, local = engine.generate(*args, "--host", server.url), engine.generate(*args, "--local")
+    assert remote.returncode == local.returncode == 0, remote.stderr
+    assert remote.stdout.splitlines()[:-1] == local.stdout.splitlines()[:-1]
+    assert set(json.loads(remote.stdout.splitlines()[0])["watch"]) == {"w4", "7"}
+
+
 def test_what_a_server_cannot_do_is_one_line(engine: Engine, server: Server) -> None:
-    watched = engine.generate("-p", "w3", "--watch", "w4", "--host", server.url)
+    referenced = engine.generate("-p", "w3", "--reference", "--host", server.url)
     other = engine.cli("generate", "-m", "some/other-model", "-p", "w3", "--host", server.url)
-    for done, words in ((watched, "--watch does not run on an engine"), (other, "is not served at this engine")):
+    for done, words in ((referenced, "--reference does not run on an engine"), (other, "is not served at this engine")):
         assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
         assert words in done.stderr
 

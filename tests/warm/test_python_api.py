@@ -32,11 +32,13 @@ def test_the_same_tokens_and_figures_as_in_process(both: tuple[llmsample.Engine,
     assert [len(row.tokens) for row in rows] == [len(r.tokens) for r in local.batch(["w3", "w6 w7"], seed=2, max_tokens=6)]
 
 
-def test_what_the_engine_cannot_do_is_one_error(both: tuple[llmsample.Engine, llmsample.Engine]) -> None:
-    warm, _ = both
-    with pytest.raises(UserError, match="--watch does not run on this engine"):
-        warm.generate("w3", watch=["w5"], max_tokens=3)
-    assert warm.status()["model"] and warm.generate("w3", max_tokens=2, ignore_eos=True).summary.tokens == 2
+def test_watch_and_a_bad_one(both: tuple[llmsample.Engine, llmsample.Engine]) -> None:
+    warm, local = both
+    settings = {"seed": 1, "max_tokens": 6, "watch": ["w5", "<eos>"], "ignore_eos": True}
+    assert warm.generate("w3", **settings).tokens == local.generate("w3", **settings).tokens
+    with pytest.raises(UserError, match="--watch"):
+        warm.generate("w3", watch=["w4 w5"], max_tokens=3)
+    assert warm.status()["capabilities"] == [] and warm.generate("w3", max_tokens=2, ignore_eos=True).summary.tokens == 2
 
 
 def test_no_warm_engine_is_a_runtime_error(tmp_path: Path) -> None:
