@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
-from llmsample.engine.loop import generate, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.runner import ModelRunner
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
@@ -124,13 +124,13 @@ def test_speculation_with_a_draft_model(tmp_path: Path, lm, cfg: SamplingConfig)
     draft = load_model(str(make_tiny_model(tmp_path / "draft", vocab_size=64, seed=1, layers=1)), DEVICE, "float32")
     stats = RunStats("tiny", "test", cfg.seed)
     events, summary = run_to_end(
-        speculative_generate(lm, PROMPT.to(lm.device), cfg, stats, ModelDrafter(draft, 64), draft_tokens=3)
+        generate(lm, PROMPT.to(lm.device), cfg, stats, drafter=ModelDrafter(draft, 64), draft_tokens=3)
     )
     assert len(events) == cfg.max_tokens and summary.facts.speculation.target_passes >= 2
     if cfg.is_greedy:  # exactly the plain loop's tokens
         assert token_ids(events) == token_ids(run(lm, cfg)[0])
-    ngram = speculative_generate(
-        lm, PROMPT.to(lm.device), cfg, RunStats("t", "t", cfg.seed), NgramDrafter(64, lm.device)
+    ngram = generate(
+        lm, PROMPT.to(lm.device), cfg, RunStats("t", "t", cfg.seed), drafter=NgramDrafter(64, lm.device)
     )
     assert len(run_to_end(ngram)[0]) == cfg.max_tokens
 

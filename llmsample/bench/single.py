@@ -21,7 +21,7 @@ from llmsample.bench.results import BenchResults, Defaults, Generate, Inspection
 from llmsample.bench.sides import as_transformers_loads, ours, theirs
 from llmsample.bench.startup import cold_load_s, warm_start
 from llmsample.bench.timing import Timings, interleave, paired_ratio, rounds, timed_tokens_per_s
-from llmsample.engine.loop import speculative_generate
+from llmsample.engine.loop import generate
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.events import RunStats, Summary
@@ -78,7 +78,7 @@ def bench_speculation(lm: LoadedModel, greedy: SamplingConfig, runs: int) -> Spe
 
     def speculative() -> int:
         stats = RunStats(lm.name, "bench", None)
-        events = speculative_generate(lm, ids, greedy, stats, NgramDrafter(vocab, lm.device), ignore_eos=True)
+        events = generate(lm, ids, greedy, stats, drafter=NgramDrafter(vocab, lm.device), ignore_eos=True)
         count = sum(1 for item in events if not isinstance(item, Summary))
         facts.append(stats.facts.speculation)
         return count

@@ -1,6 +1,7 @@
-"""One prompt through the engine: ``generate`` (one row), ``speculative_generate`` (one row with a
-drafter) and several samples of it advancing together (``compare-presets``), all on
-:func:`llmsample.engine.decode.decode`."""
+"""One prompt through the engine: ``generate`` (one row, with a drafter or not) and several
+samples of it advancing together (``generate_rows``), both on :func:`llmsample.engine.decode.decode`
+(the commands run through :class:`~llmsample.api.local.LocalEngine`; these serve the tests and
+the benchmarks that time the loop itself)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def generate(
     cfg: SamplingConfig,
     stats: RunStats,
     *,
+    drafter: Drafter | None = None,
+    draft_tokens: int | None = None,
     top_n: int = 5,
     ignore_eos: bool = False,
     watch: Sequence[tuple[str, int]] = (),
@@ -34,38 +37,17 @@ def generate(
 ) -> Iterator[TokenEvent | Summary]:
     """Sample up to ``cfg.max_tokens`` tokens; stop at EOS, a stop string or the length.
 
-    ``stats`` belongs to the caller so that an interrupted run still has its summary; ``watch``:
-    ``(name, token id)`` pairs whose numbers every event carries under ``name``; ``reference``:
-    score every token under this model too (``--reference``). Broken numbers raise
-    :class:`RuntimeFailure` naming the position."""
-    options = DecodeOptions(top_n, ignore_eos, watch, reference)
-    yield from _one_row(lm, BatchItem(0, prompt_ids[0].tolist(), cfg, stats), options)
-
-
-def _one_row(lm: LoadedModel, item: BatchItem, options: DecodeOptions) -> Iterator[TokenEvent | Summary]:
-    for _, record in decode(lm, [item], 1, options, one_prompt=True):
+    ``stats`` belongs to the caller so that an interrupted run still has its summary;
+    ``drafter``: speculate with it (each event tagged with its source; ``draft_tokens``: a
+    fixed K, None adaptive); ``watch``: ``(name, token id)`` pairs whose numbers every event
+    carries under ``name``; ``reference``: score every token under this model too
+    (``--reference``). Broken numbers raise :class:`RuntimeFailure` naming the position."""
+    drafts = None if drafter is None else (lambda: drafter)
+    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, drafts, draft_tokens)
+    for _, record in decode(lm, [item], 1, DecodeOptions(top_n, ignore_eos, watch, reference), one_prompt=True):
         if isinstance(record, RowFailed):
             raise (UserError if record.user_error else RuntimeFailure)(record.message)
         yield record
-
-
-def speculative_generate(
-    lm: LoadedModel,
-    prompt_ids: Tensor,
-    cfg: SamplingConfig,
-    stats: RunStats,
-    drafter: Drafter,
-    *,
-    draft_tokens: int | None = None,
-    top_n: int = 5,
-    ignore_eos: bool = False,
-    watch: Sequence[tuple[str, int]] = (),
-    reference: LoadedModel | None = None,
-) -> Iterator[TokenEvent | Summary]:
-    """The same events as :func:`llmsample.engine.loop.generate`, each tagged with its source:
-    one row with a drafter through the one loop."""
-    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, lambda: drafter, draft_tokens)
-    yield from _one_row(lm, item, DecodeOptions(top_n, ignore_eos, watch, reference))
 
 
 def generate_rows(

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chi2_contingency
 
 from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
-from llmsample.engine.loop import generate, generate_rows, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, generate_rows, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
@@ -47,7 +47,7 @@ def test_greedy_constrained_speculation_equals_the_plain_run(byte_lm, draft_lm, 
     plain, plain_summary = run_to_end(generate(byte_lm, prompt, cfg, RunStats("b", "t", 0)))
     stats = RunStats("b", "t", 0)
     tokens, summary = run_to_end(
-        speculative_generate(byte_lm, prompt, cfg, stats, _drafter(kind, byte_lm, draft_lm), draft_tokens=4)
+        generate(byte_lm, prompt, cfg, stats, drafter=_drafter(kind, byte_lm, draft_lm), draft_tokens=4)
     )
     assert [e.token_id for e in tokens] == [e.token_id for e in plain]
     assert summary.text == plain_summary.text and summary.facts.constraint == plain_summary.facts.constraint

@@ -118,7 +118,7 @@ def test_a_streams_prefixes_only_grow(fmt: T.CallFormat, args: dict[str, Any], b
 
 
 def test_speculation_under_a_tool_grammar_decodes_the_plain_run(byte_lm) -> None:
-    from llmsample.engine.loop import generate, run_to_end, speculative_generate
+    from llmsample.engine.loop import generate, run_to_end
     from llmsample.engine.prompt import encode_prompt
     from llmsample.engine.speculative import NgramDrafter
     from llmsample.events import RunStats
@@ -131,7 +131,7 @@ def test_speculation_under_a_tool_grammar_decodes_the_plain_run(byte_lm) -> None
         plain, _ = run_to_end(generate(byte_lm, prompt, cfg, RunStats("b", "t", 0)))
         drafter = NgramDrafter(byte_lm.model.config.vocab_size, byte_lm.sample_device, 1, 4)
         drafted, summary = run_to_end(
-            speculative_generate(byte_lm, prompt, cfg, RunStats("b", "t", 0), drafter, draft_tokens=4)
+            generate(byte_lm, prompt, cfg, RunStats("b", "t", 0), drafter=drafter, draft_tokens=4)
         )
         assert [e.token_id for e in drafted] == [e.token_id for e in plain]
         if choice == "required":  # the call copies the prompt's: drafts are taken (auto writes free text)

@@ -13,7 +13,7 @@ import torch
 from scipy.stats import chisquare
 
 from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch
-from llmsample.engine.loop import generate_rows, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, generate_rows, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary, TokenEvent
@@ -58,8 +58,8 @@ def items(lm, make_drafter, k: int | None) -> list[BatchItem]:
 def alone(lm, item: BatchItem) -> tuple[list[TokenEvent], Summary]:
     stats = RunStats("tiny", "test", item.cfg.seed)
     drafter = item.drafter() if item.drafter is not None else None
-    events = speculative_generate(
-        lm, torch.tensor([item.prompt_ids]), item.cfg, stats, drafter, draft_tokens=item.draft_tokens, ignore_eos=True
+    events = generate(
+        lm, torch.tensor([item.prompt_ids]), item.cfg, stats, drafter=drafter, draft_tokens=item.draft_tokens, ignore_eos=True
     )
     return run_to_end(events)
 

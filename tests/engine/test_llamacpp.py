@@ -20,7 +20,7 @@ from scipy.stats import chisquare
 
 from llmsample.cli import main
 from llmsample.engine.continuous_batch import BatchItem, decode_batch
-from llmsample.engine.loop import generate, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.events import RunStats, Summary
@@ -278,7 +278,7 @@ def test_greedy_speculation_with_ngram_equals_plain(llama_lm) -> None:
     prompt = encode_prompt(llama_lm, "Paris Paris Paris Paris", raw=True)
     plain, _ = run_to_end(generate(llama_lm, prompt, cfg, RunStats("t", "t", None)))
     drafter = NgramDrafter(llama_lm.model.config.vocab_size, llama_lm.sample_device, 1, 3)
-    spec, summary = run_to_end(speculative_generate(llama_lm, prompt, cfg, RunStats("t", "t", None), drafter))
+    spec, summary = run_to_end(generate(llama_lm, prompt, cfg, RunStats("t", "t", None), drafter=drafter))
     assert [e.token_id for e in spec] == [e.token_id for e in plain]
     assert summary.facts.speculation is not None and summary.facts.speculation.drafted > 0
 

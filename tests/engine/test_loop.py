@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from llmsample.engine.loop import generate, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.events import RunStats
 from llmsample.sampling.config import SamplingConfig
@@ -111,7 +111,7 @@ def test_compiled_static_cache_equals_the_eager_loop(tiny_model_dir) -> None:
     assert [t.token_id for t in tokens] == expected
     ids = encode_prompt(compiled, PROMPT, raw=True)
     drafter = NgramDrafter(compiled.model.config.vocab_size, compiled.device, 1, 3)
-    spec, _ = run_to_end(speculative_generate(compiled, ids, cfg, RunStats("t", "t", None), drafter, ignore_eos=True))
+    spec, _ = run_to_end(generate(compiled, ids, cfg, RunStats("t", "t", None), drafter=drafter, ignore_eos=True))
     assert [t.token_id for t in spec] == expected
 
     # Not only the argmax: the compiled step's logits (its one-query attention over the static
@@ -249,7 +249,7 @@ def test_a_speculative_step_makes_one_transfer_besides_the_drafters(
     cfg = dataclasses.replace(cfg, max_tokens=12, seed=3)
     drafter = TableDrafter(lm.model.table)
     ids = encode_prompt(lm, PROMPT, raw=True)
-    events = speculative_generate(lm, ids, cfg, RunStats("t", "t", 3), drafter, draft_tokens=2, ignore_eos=True)
+    events = generate(lm, ids, cfg, RunStats("t", "t", 3), drafter=drafter, draft_tokens=2, ignore_eos=True)
     with SyncCounter() as counter:
         tokens, summary = run_to_end(events)
     passes = summary.facts.speculation.target_passes

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from llmsample.engine.loop import generate, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_drafts
 from llmsample.events import RunStats
@@ -129,7 +129,7 @@ def plain_tokens(lm, cfg: SamplingConfig, prompt: str) -> list[int]:
 
 def spec_run(lm, drafter, cfg: SamplingConfig, prompt: str, k: int | None):
     ids = encode_prompt(lm, prompt, raw=True)
-    events = speculative_generate(lm, ids, cfg, RunStats("t", "t", cfg.seed), drafter, draft_tokens=k, ignore_eos=True)
+    events = generate(lm, ids, cfg, RunStats("t", "t", cfg.seed), drafter=drafter, draft_tokens=k, ignore_eos=True)
     return run_to_end(events)
 
 
@@ -151,7 +151,7 @@ def test_an_interrupted_run_keeps_its_speculation_figures(tiny_lm) -> None:
     cfg = SamplingConfig(temperature=0, max_tokens=30)
     stats = RunStats("t", "t", None)
     ids = encode_prompt(tiny_lm, PROMPT, raw=True)
-    events = speculative_generate(tiny_lm, ids, cfg, stats, ModelDrafter(tiny_lm, 32), draft_tokens=3)
+    events = generate(tiny_lm, ids, cfg, stats, drafter=ModelDrafter(tiny_lm, 32), draft_tokens=3)
     for _ in range(5):
         next(events)
     events.close()
@@ -332,12 +332,12 @@ def test_ngram_on_the_default_model_equals_plain_greedy(default_lm) -> None:
     ids = encode_prompt(default_lm, CODE_PROMPT)
     plain, _ = run_to_end(generate(default_lm, ids, cfg, RunStats("m", "p", None)))
     spec, summary = run_to_end(
-        speculative_generate(
+        generate(
             default_lm,
             ids,
             cfg,
             RunStats("m", "p", None),
-            NgramDrafter(default_lm.model.config.vocab_size, default_lm.device),
+            drafter=NgramDrafter(default_lm.model.config.vocab_size, default_lm.device),
         )
     )
     assert [t.token_id for t in spec] == [t.token_id for t in plain]

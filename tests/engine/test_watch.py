@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.engine.continuous_batch import BatchItem, decode_batch
-from llmsample.engine.loop import generate, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
@@ -85,7 +85,7 @@ def test_speculation_carries_the_plain_watch_values(tiny_lm, drafter: str) -> No
     expected, _ = plain(tiny_lm, cfg, watch)
     made = ModelDrafter(tiny_lm, 32) if drafter == "model" else NgramDrafter(32, torch.device("cpu"), 1, 3)
     ids = encode_prompt(tiny_lm, PROMPT, raw=True)
-    events = speculative_generate(tiny_lm, ids, cfg, RunStats("t", "t", None), made, draft_tokens=3, ignore_eos=True,
+    events = generate(tiny_lm, ids, cfg, RunStats("t", "t", None), drafter=made, draft_tokens=3, ignore_eos=True,
                                   watch=watch)  # fmt: skip
     tokens, _ = run_to_end(events)
     assert {t.source for t in tokens} == {"draft", "target"}  # both kinds of row are checked

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from llmsample.engine.continuous_batch import BatchItem, decode_batch
-from llmsample.engine.loop import generate, run_to_end, speculative_generate
+from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.speculative import ModelDrafter, NgramDrafter
 from llmsample.events import RunStats, Summary
@@ -95,7 +95,7 @@ def test_speculation_with_ngrams_gives_the_single_device_tokens(whole, split) ->
         ids = encode_prompt(lm, PROMPT, raw=True)
         drafter = NgramDrafter(lm.model.config.vocab_size, lm.sample_device)
         stats = RunStats("m", "p", SAMPLED.seed)
-        runs.append(ids_and_probs(speculative_generate(lm, ids, SAMPLED, stats, drafter, ignore_eos=True)))
+        runs.append(ids_and_probs(generate(lm, ids, SAMPLED, stats, drafter=drafter, ignore_eos=True)))
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     assert runs[1][2].facts.speculation.drafted > 0
 
@@ -107,7 +107,7 @@ def test_speculation_with_a_draft_model_gives_the_single_device_tokens(whole, sp
         ids = encode_prompt(lm, PROMPT, raw=True)
         drafter = ModelDrafter(draft, lm.model.config.vocab_size, lm.sample_device)
         stats = RunStats("m", "p", SAMPLED.seed)
-        runs.append(ids_and_probs(speculative_generate(lm, ids, SAMPLED, stats, drafter, ignore_eos=True)))
+        runs.append(ids_and_probs(generate(lm, ids, SAMPLED, stats, drafter=drafter, ignore_eos=True)))
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     assert runs[1][2].facts.speculation.drafted > 0
 
