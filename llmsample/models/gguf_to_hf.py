@@ -170,6 +170,8 @@ def convert_gguf(
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from llmsample.models.artefacts import record_source
+
     staging = staging_beside(target)
 
     def step(description: str) -> None:
@@ -205,6 +207,7 @@ def convert_gguf(
             model.save_pretrained(staging)
             record_dtype(staging / "config.json", dtype)
             tokenizer.save_pretrained(staging)
+            record_source(staging, source, f"safetensors ({dtype})")
             share_like_other_files(staging)
             install(staging, target)
         except (OSError, SafetensorError) as exc:
@@ -361,10 +364,3 @@ def _tree_size(root: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(dirpath, name)).st_size
     return total
-
-
-def cached_models() -> list[Path]:
-    root = models_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if not p.name.startswith(".") and is_complete_checkpoint(p))

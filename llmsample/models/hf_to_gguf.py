@@ -108,7 +108,9 @@ def checkpoint_gguf(folder: Path, gguf_type: str | None, progress: Progress | No
     label = (gguf_type or "own").upper()
     target = models_dir() / f"{folder.name}-{checkpoint_key(folder)}-{label}"
     if not is_complete_gguf(target):
-        build(target, progress, f"{folder.name} to GGUF", lambda staging: write_checkpoint(folder, staging, gguf_type))
+        made = f"{label} GGUF" if gguf_type else "GGUF at the checkpoint's own precision"
+        write = lambda staging: write_checkpoint(folder, staging, gguf_type)  # noqa: E731
+        build(target, progress, f"{folder.name} to GGUF", write, folder, made)
     return target / FILE
 
 
@@ -118,20 +120,30 @@ def requantized(source: Path, gguf_type: str | None, progress: Progress | None =
     if gguf_type is None or source.stem.upper().endswith("." + gguf_type.upper()):
         return source
     wanted = gguf_type.upper()
-    target = models_dir() / f"{source.stem}-{gguf_key(source)}-{wanted}"
+    target = rewritten_dir(source, wanted)
     if not is_complete_gguf(target):
-        build(target, progress, f"{source.name} at {wanted}", lambda staging: quantize(source, staging / FILE, wanted))
+        write = lambda staging: quantize(source, staging / FILE, wanted)  # noqa: E731
+        build(target, progress, f"{source.name} at {wanted}", write, source, f"{wanted} GGUF")
     return target / FILE
 
 
-def build(target: Path, progress: Progress | None, what: str, write: Any) -> None:
-    """``write(staging)`` into a staging sibling of ``target``, the manifest last, renamed into place."""
+def rewritten_dir(source: Path, gguf_type: str) -> Path:
+    """Where :func:`requantized` keeps ``source`` rewritten at ``gguf_type``."""
+    return models_dir() / f"{source.stem}-{gguf_key(source)}-{gguf_type.upper()}"
+
+
+def build(target: Path, progress: Progress | None, what: str, write: Any, source: Path, made: str) -> None:
+    """``write(staging)`` into a staging sibling of ``target``, the manifest last (with what it
+    was made from: :func:`~llmsample.models.artefacts.record_source`), renamed into place."""
+    from llmsample.models.artefacts import record_source
+
     staging = staging_beside(target)
     if progress is not None:
         progress.console.print(f"writing {what} once into {target.parent}")
     try:
         write(staging)
         size = (staging / FILE).stat().st_size
+        record_source(staging, source, made)
         (staging / MANIFEST).write_text(json.dumps({"bytes": size}) + "\n", encoding="utf-8")
         install(staging, target, is_complete_gguf)
     except OSError as exc:

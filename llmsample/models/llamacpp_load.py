@@ -151,7 +151,7 @@ def write_sidecar(source: Path, target: Path, progress: Progress | None) -> tupl
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     generation = GenerationConfig.from_model_config(config)
-    keep_sidecar(target, tokenizer, config, generation)
+    keep_sidecar(target, tokenizer, config, generation, source)
     return tokenizer, config, generation
 
 
@@ -186,8 +186,10 @@ class KeptConfig:
         return cls(values)
 
 
-def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> None:
+def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any, source: Path) -> None:
     """Write the folder atomically; a cache that cannot be written only costs the next start time."""
+    from llmsample.models.artefacts import record_source
+
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = new_staging_dir(target)
@@ -198,6 +200,7 @@ def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any) -> 
             tokenizer.save_pretrained(staging)
             config.save_pretrained(staging)
             generation.save_pretrained(staging)
+            record_source(staging, source, "tokenizer and config")
             install(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -397,3 +397,33 @@ def test_bench_results_write_error_through_the_command(
     err = assert_one_line(*run_cli("bench", "--model", str(tiny_model_dir), "--no-cold", "--out", str(out)))
     assert f"cannot write the benchmark results to {out} (No space left on device)" in err
     assert list(out.iterdir()) == []
+
+
+# --- issue 62: what the cache holds, and from what ----------------------------------------------
+
+
+def test_models_lists_what_a_run_derived_and_from_what(home: Path, tiny_gguf: Path) -> None:
+    """The default model's run derives files from its GGUF (a checkpoint, or a rewritten GGUF and
+    its kept tokenizer on llama.cpp): each is listed with its size and the file it came from."""
+    assert generate_default()[0] == 0
+    code, out, err = run_cli("models")
+    assert code == 0, err
+    entries = [line.split("\t") for line in out.splitlines() if not line.startswith("default\t")]
+    assert entries and all(len(entry) == 5 for entry in entries), out
+    for kind, name, size, made, path in entries:
+        assert kind in ("checkpoint", "gguf", "sidecar") and Path(path).name == name and Path(path).is_dir()
+        assert size.split()[1] in ("kB", "MB") and made.endswith(f", from {tiny_gguf}")
+
+
+def test_an_entry_made_before_its_source_was_kept_says_so(home: Path) -> None:
+    from llmsample.models.artefacts import artefacts
+
+    old = home / "models" / "old-abc-F16"
+    old.mkdir(parents=True)
+    (old / "model.gguf").write_bytes(b"x" * 10)
+    (old / "gguf.json").write_text('{"bytes": 10}\n')
+    (home / "models" / ".old-abc-F16.partial-1-host-ab").mkdir()  # a conversion at work: not an entry
+    (entry,) = artefacts(home / "models")
+    assert (entry.kind, entry.bytes, entry.made, entry.source) == ("gguf", 10 + 14, "F16 GGUF", None)
+    code, out, _ = run_cli("models")
+    assert "gguf\told-abc-F16\t24 B\tF16 GGUF, source not recorded (made by an older llmsample)\t" in out
