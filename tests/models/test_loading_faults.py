@@ -426,4 +426,4 @@ def test_an_entry_made_before_its_source_was_kept_says_so(home: Path) -> None:
     (entry,) = artefacts(home / "models")
     assert (entry.kind, entry.bytes, entry.made, entry.source) == ("gguf", 10 + 14, "F16 GGUF", None)
     code, out, _ = run_cli("models")
-    assert "gguf\told-abc-F16\t24 B\tF16 GGUF, source not recorded (made by an older llmsample)\t" in out
+    assert code == 0 and "gguf\told-abc-F16\t24 B\tF16 GGUF, source not recorded (made by an older llmsample)\t" in out
