@@ -170,7 +170,7 @@ def convert_gguf(
     from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llmsample.models.artefacts import record_source
+    from llmsample.models.provenance import record_source
 
     staging = staging_beside(target)
 

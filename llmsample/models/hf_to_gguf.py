@@ -134,8 +134,8 @@ def rewritten_dir(source: Path, gguf_type: str) -> Path:
 
 def build(target: Path, progress: Progress | None, what: str, write: Any, source: Path, made: str) -> None:
     """``write(staging)`` into a staging sibling of ``target``, the manifest last (with what it
-    was made from: :func:`~llmsample.models.artefacts.record_source`), renamed into place."""
-    from llmsample.models.artefacts import record_source
+    was made from: :func:`~llmsample.models.provenance.record_source`), renamed into place."""
+    from llmsample.models.provenance import record_source
 
     staging = staging_beside(target)
     if progress is not None:

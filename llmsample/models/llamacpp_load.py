@@ -188,7 +188,7 @@ class KeptConfig:
 
 def keep_sidecar(target: Path, tokenizer: Any, config: Any, generation: Any, source: Path) -> None:
     """Write the folder atomically; a cache that cannot be written only costs the next start time."""
-    from llmsample.models.artefacts import record_source
+    from llmsample.models.provenance import record_source
 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,7 @@ def test_added_tokens_are_kept_in_the_config_once(tiny_model_dir: Path, tmp_path
     source = tmp_path / "model"
     shutil.copytree(tiny_model_dir, source)
     saved = json.loads((source / "tokenizer_config.json").read_text())
-    del saved["added_tokens_decoder"]
+    saved.pop("added_tokens_decoder", None)  # transformers writes it or not depending on what it imported before
     (source / "tokenizer_config.json").write_text(json.dumps(saved))
     theirs = AutoTokenizer.from_pretrained(str(source))  # read the untouched way: tokenizer.json's own list
     saved_tokenizer(source, None)
