@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from llmsample.commands.help import GroupedCommand
-from llmsample.commands.host_options import with_engine_options
-from llmsample.commands.model_options import local_engine, model_options, placement_options
+from llmsample.commands.host_options import engine_at, with_engine_options
+from llmsample.commands.model_options import model_options, placement_options
 from llmsample.commands.options import (
     deterministic_option,
     format_option,
@@ -55,7 +55,6 @@ def compare_presets(**options: Any) -> None:
     A warm engine of the same model (llmsample start) decodes the samples instead of this process.
     """
     from llmsample.analysis.preset_comparison import compare_rows
-    from llmsample.client.engine_client import RemoteEngine
     from llmsample.client.route import choose_deterministic
     from llmsample.render.jsonout import strict_json
     from llmsample.sampling import presets as preset_store
@@ -75,7 +74,7 @@ def compare_presets(**options: Any) -> None:
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
     target, options["deterministic"] = choose_deterministic(options)  # on, unless rows share an engine's passes
-    engine = RemoteEngine(target) if target is not None else local_engine(options)
+    engine = engine_at(target, options)
     rows, model = sample_rows(engine, prompt, options), engine.model_name() or options["model"] or ""
     comparison = compare_rows(
         rows, model, configs, options["samples"], options["seed"], options["max_tokens"],

@@ -10,6 +10,7 @@ import click
 from llmsample.commands.option_group import option_group
 
 if TYPE_CHECKING:
+    from llmsample.client.connection import Target
     from llmsample.client.engine_client import EngineClient
 
 with_engine_options = option_group(
@@ -29,7 +30,11 @@ def open_engine(options: dict[str, Any], refused: list[str] | None = None) -> En
     model when first asked. ``refused``: the command's own flags an engine cannot honour."""
     from llmsample.client.route import choose
 
-    target = choose(options, refused)
+    return engine_at(choose(options, refused), options)
+
+
+def engine_at(target: Target | None, options: dict[str, Any]) -> EngineClient:
+    """The client for a chosen engine: ``target``'s, or this process's (None)."""
     if target is None:
         from llmsample.commands.model_options import local_engine
 
