@@ -53,13 +53,14 @@ def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path())
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
 
 
 @pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("home")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Path:
+    """The tiny GGUF, with its conversion and tokenizer folder already in ``home`` (kept between runs)."""
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path(), home=home)
 
 
 @pytest.fixture(scope="module")
@@ -238,7 +239,9 @@ def admitted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     calls: list[int] = []
     admit = LlamaCppBatch.admit
-    monkeypatch.setattr(LlamaCppBatch, "admit", lambda self, prompts: calls.append(len(prompts)) or admit(self, prompts))
+    monkeypatch.setattr(
+        LlamaCppBatch, "admit", lambda self, prompts: calls.append(len(prompts)) or admit(self, prompts)
+    )
     return calls
 
 

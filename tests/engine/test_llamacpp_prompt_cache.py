@@ -31,9 +31,10 @@ def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 def lm(tmp_path_factory: pytest.TempPathFactory):
     from llmsample.models.loading import load_model
 
-    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path())
+    home = tmp_path_factory.mktemp("home")
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path(), home=home)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLMSAMPLE_HOME", str(tmp_path_factory.mktemp("home")))
+        patch.setenv("LLMSAMPLE_HOME", str(home))
         return load_model(str(path), "cpu", "auto", backend="llama.cpp")
 
 

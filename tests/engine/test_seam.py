@@ -31,19 +31,29 @@ def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def gguf_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path())
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's own model cache (not the user's), given the tiny GGUF's conversion (kept between runs)."""
+    return tmp_path_factory.mktemp("home")
 
 
 @pytest.fixture(scope="module")
-def hf_lm(gguf_file: Path):
-    return load_model(str(gguf_file), "cpu", "float32", backend="transformers")
+def gguf_file(tmp_path_factory: pytest.TempPathFactory, home: Path) -> Path:
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path(), home=home)
 
 
 @pytest.fixture(scope="module")
-def llama_lm(gguf_file: Path):
+def hf_lm(gguf_file: Path, home: Path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMSAMPLE_HOME", str(home))
+        return load_model(str(gguf_file), "cpu", "float32", backend="transformers")
+
+
+@pytest.fixture(scope="module")
+def llama_lm(gguf_file: Path, home: Path):
     pytest.importorskip("llama_cpp")
-    return load_model(str(gguf_file), "cpu", "auto", backend="llama.cpp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMSAMPLE_HOME", str(home))
+        return load_model(str(gguf_file), "cpu", "auto", backend="llama.cpp")
 
 
 def lm_for(kind: str, request: pytest.FixtureRequest):

@@ -5,6 +5,7 @@ ships), so llama.cpp and transformers read the same weights and the same 49152-t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -57,10 +58,24 @@ default model): reading the 49152-token tokenizer out of the shipped GGUF and wr
 takes seconds, and a dozen module fixtures and tests ask for the same file."""
 
 
-def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: float = 0.1, context: int = 1024) -> Path:
+def write_tiny_gguf(
+    path: Path, tokenizer_source: Path, seed: int = 0, init: float = 0.1, context: int = 1024, home: Path | None = None
+) -> Path:
     """A 2-layer Llama (hidden 64, 4 heads, 2 KV heads, tied embeddings) of ``context`` positions at
     ``path``: a fresh copy of the kept file for these arguments (written once, then copied: a test
-    may damage its own copy), named by the source file's version and this module's code."""
+    may damage its own copy), named by the source file's version and this module's code.
+
+    ``home``: an ``LLMSAMPLE_HOME`` to hold, for the copy, what loading it derives (see
+    :func:`seed_derived`), so a module's fixtures load it in a fraction of a second."""
+    kept = kept_tiny_gguf(tokenizer_source, seed, init, context)
+    shutil.copyfile(kept, path)
+    if home is not None:
+        seed_derived(kept, path, home)
+    return path
+
+
+def kept_tiny_gguf(tokenizer_source: Path, seed: int = 0, init: float = 0.1, context: int = 1024) -> Path:
+    """The kept file for these arguments, written if missing."""
     stat = tokenizer_source.stat()
     version = f"{tokenizer_source.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{seed}:{init}:{context}"
     key = hashlib.sha256(version.encode() + Path(__file__).read_bytes()).hexdigest()[:16]
@@ -70,8 +85,78 @@ def write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int = 0, init: flo
         staging = kept.with_name(f".{kept.name}.{os.getpid()}")
         _write_tiny_gguf(staging, tokenizer_source, seed, init, context)
         os.replace(staging, kept)  # whole or absent: two processes writing it at once both succeed
-    shutil.copyfile(kept, path)
-    return path
+    return kept
+
+
+DERIVING_CODE = ("gguf_to_hf.py", "llamacpp_load.py", "provenance.py", "fast_tokenizer.py")
+"""llmsample's modules whose code writes what a GGUF's load derives: a change to one derives again."""
+
+
+def derived_home(source: Path) -> Path:
+    """A kept ``LLMSAMPLE_HOME`` holding what loading the GGUF ``source`` derives, made once by
+    llmsample's own code (the conversion to safetensors that ``--backend transformers`` loads, the
+    tokenizer and config folder that ``--backend llama.cpp`` reads): reading a 49152-token
+    vocabulary out of a GGUF takes transformers 5-20 seconds, and a dozen module fixtures and tests
+    ask for the same files. Named by the file's version, llmsample's deriving code and transformers'."""
+    import transformers
+
+    from llmsample.models import gguf_to_hf, llamacpp_load
+
+    package = Path(gguf_to_hf.__file__).parent
+    version = f"{source.resolve()}:{source.stat().st_size}:{source.stat().st_mtime_ns}:{transformers.__version__}"
+    digest = hashlib.sha256(version.encode())
+    for name in DERIVING_CODE:
+        digest.update((package / name).read_bytes())
+    home = KEPT / f"derived-{source.stem}-{digest.hexdigest()[:16]}"
+    if home.is_dir():
+        return home
+    staging = home.with_name(f".{home.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    previous = os.environ.get("LLMSAMPLE_HOME")
+    os.environ["LLMSAMPLE_HOME"] = str(staging)
+    try:
+        gguf_to_hf.converted_gguf(source)
+        llamacpp_load.write_sidecar(source, llamacpp_load.sidecar_dir(source), None)
+    finally:
+        if previous is None:
+            del os.environ["LLMSAMPLE_HOME"]
+        else:
+            os.environ["LLMSAMPLE_HOME"] = previous
+    try:
+        os.replace(staging, home)  # whole or absent
+    except OSError:  # another process kept it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return home
+
+
+def seed_derived(source: Path, copy: Path, home: Path) -> None:
+    """``home``'s model cache given, for ``copy`` (a copy of ``source``), the folders that loading
+    ``source`` derived (:func:`derived_home`), under the names a load of ``copy`` looks for, each
+    recording ``copy`` as what it was made from, as a load of ``copy`` would have written them."""
+    from llmsample.models import gguf_to_hf, llamacpp_load
+    from llmsample.models.provenance import SOURCE_FILE
+
+    kept = derived_home(source)
+
+    def folders(cache: Path, gguf: Path) -> list[Path]:
+        previous = os.environ.get("LLMSAMPLE_HOME")
+        os.environ["LLMSAMPLE_HOME"] = str(cache)
+        try:
+            converted = gguf_to_hf.models_dir() / f"{gguf.stem}-{gguf_to_hf.gguf_key(gguf)}"
+            return [converted, llamacpp_load.sidecar_dir(gguf)]
+        finally:
+            if previous is None:
+                del os.environ["LLMSAMPLE_HOME"]
+            else:
+                os.environ["LLMSAMPLE_HOME"] = previous
+
+    for made, wanted in zip(folders(kept, source), folders(home, copy), strict=True):
+        shutil.copytree(made, wanted, dirs_exist_ok=True)
+        record = wanted / SOURCE_FILE
+        if record.is_file():
+            values = json.loads(record.read_text(encoding="utf-8"))
+            values["from"] = str(copy)
+            record.write_text(json.dumps(values) + "\n", encoding="utf-8")
 
 
 def _write_tiny_gguf(path: Path, tokenizer_source: Path, seed: int, init: float, context: int) -> Path:
