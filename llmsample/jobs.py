@@ -13,6 +13,14 @@ NGRAM = (2, 4)
 """Prompt lookup's shortest and longest n-gram unless given (``--ngram-min``, ``--ngram-max``)."""
 
 
+def engine_drafter(draft: str | None) -> str | None:
+    """``--draft``'s value as a job's ``drafter``: prompt lookup is the row's own (``ngram``,
+    None here), a suffix pool or a draft model (any other value) the engine's."""
+    if draft is None or draft == "ngram":
+        return None
+    return "suffix" if draft == "suffix" else "model"
+
+
 @dataclass(frozen=True)
 class Job:
     """One prompt for the engine, as ``generate`` resolved it before loading anything: the text
@@ -25,6 +33,9 @@ class Job:
     ``cache_prompt``: False, the engine prefills the prompt whole rather than after a cached
     prefix (llama-server's ``cache_prompt``): a prefix prefilled apart rounds apart, so a
     one-shot command's bytes are the in-process run's only so.
+
+    ``prompt_ids``: the prompt already encoded, in place of the text (an OpenAI batch line,
+    shaped here with the model's tokenizer: its tools and its thinking block).
 
     ``watch``: tokens whose numbers every record carries (each row its own). What needs more
     than a row of the batch: ``reference`` (every token scored under the engine's float32
@@ -49,6 +60,7 @@ class Job:
     watch: tuple[str, ...] = ()
     reference: bool = False
     drafter: str | None = None
+    prompt_ids: tuple[int, ...] | None = None
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}

@@ -118,12 +118,17 @@ def test_only_backends_run_the_model_runner() -> None:
 
 
 def test_batch_sits_below_the_commands_and_serve() -> None:
-    """``serve`` parses its bodies with ``batch``'s requests; ``batch`` imports nothing above it,
-    and only ``run`` touches the engine and the model: a bad input file is reported before the
-    model loads, and the records are read and written without torch."""
+    """``serve`` parses its bodies with ``batch``'s requests; ``batch`` imports nothing above it
+    but the engine interface ``run`` is a client of (here or warm alike), and only ``run``
+    touches the model: a bad input file is reported before the model loads, and the records
+    are read and written without torch."""
     assert "llmsample.batch.run" in MODULES and "llmsample.batch.requests" in MODULES["llmsample.serve.parsing"]
-    above = tuple(layer for layer in UPPER if layer != "llmsample.batch")
+    above = tuple(layer for layer in UPPER if layer not in ("llmsample.batch", "llmsample.client"))
     assert offenders(("llmsample.batch",), above) == {}
+    interface = ("llmsample.client.engine_client", "llmsample.client.wire")
+    assert {name for name in MODULES["llmsample.batch.run"] if name.startswith("llmsample.client.")} <= {
+        f"{module}.{name}" for module in interface for name in ("EngineClient", "Failed")} | set(interface)
+    assert offenders(("llmsample.batch",), ("llmsample.client",), exempt=("llmsample.batch.run",)) == {}
     core = ("llmsample.engine", "llmsample.models")
     assert offenders(("llmsample.batch",), core, exempt=("llmsample.batch.run",)) == {}
 

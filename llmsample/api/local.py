@@ -7,6 +7,7 @@ across its jobs, or a draft model), each loaded once, when a job first asks."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,10 @@ class LocalEngine:
         *,
         drafter: Callable[[LoadedModel], Callable[[], Any]] | None = None,
         reference: Callable[[LoadedModel], LoadedModel] | None = None,
+        prompt_cache_mb: int = 0,
     ) -> None:
         self._load, self._make_drafter, self._load_reference = load, drafter, reference
+        self._prompt_cache_mb = prompt_cache_mb  # each run_many's prompt cache (0: none)
         self._lm: LoadedModel | None = None
         self._drafter: Callable[[], Any] | None = None
         self._reference: LoadedModel | None = None
@@ -51,6 +54,9 @@ class LocalEngine:
         if self._lm is None:
             self._lm = self._load()
         return self._lm
+
+    def local_model(self) -> LoadedModel:
+        return self.model()
 
     def model_name(self) -> str:
         return self.model().name
@@ -71,14 +77,31 @@ class LocalEngine:
         item, _ = job_row(lm, job, 0, self._drafter_for(lm, job))
         return _raising(decode(lm, [item], 1, options, one_prompt=True))
 
-    def run_many(self, jobs: Sequence[Job]) -> Iterator[tuple[int, Record | Failed]]:
-        """Every job a row of one batch, as a warm engine's rows share its passes (one prompt
-        for every row, as ``compare-presets`` samples it: prefilled once)."""
+    def run_many(self, jobs: Sequence[Job], rows: int | None = None) -> Iterator[tuple[int, Record | Failed]]:
+        """Every job a row of one batch, as a warm engine's rows share its passes: at most
+        ``rows`` at a time (None: as many as a quarter of the free memory holds), the next
+        joining as one ends; one prompt for every row that fits at once (``compare-presets``)
+        prefilled once. A job that cannot run (a prompt too long) is its :class:`Failed` first."""
+        from llmsample.engine.continuous_batch import default_batch_size
+        from llmsample.engine.prompt_cache import PromptCache
+
+        if not jobs:
+            return iter(())
         lm = self.model()
         options = self._options(lm, jobs)
-        items = [job_row(lm, job, index, self._drafter_for(lm, job))[0] for index, job in enumerate(jobs)]
-        one_prompt = len({tuple(item.prompt_ids) for item in items}) == 1  # prefilled once for every row
-        return _failures(decode(lm, items, len(items), options, one_prompt=one_prompt))
+        refused: list[tuple[int, Failed]] = []
+        items = []
+        for index, job in enumerate(jobs):
+            try:
+                items.append(job_row(lm, job, index, self._drafter_for(lm, job))[0])
+            except (UserError, RuntimeFailure) as exc:
+                refused.append((index, Failed(str(exc), isinstance(exc, UserError))))
+        longest = max((len(item.prompt_ids) + item.cfg.max_tokens for item in items), default=1)
+        rows = min(len(items), rows or default_batch_size(lm, longest)) or 1
+        one_prompt = len(items) <= rows and len({tuple(item.prompt_ids) for item in items}) == 1
+        if self._prompt_cache_mb:
+            options = dataclasses.replace(options, prompt_cache=PromptCache(self._prompt_cache_mb * 2**20))
+        return _failures(refused, decode(lm, items, rows, options, one_prompt=one_prompt) if items else iter(()))
 
     def explain(self, asked: Explanation) -> Answer:
         from llmsample.analysis.explain import explain_job
@@ -117,7 +140,11 @@ def _raising(records: Iterator[tuple[Any, Any]]) -> Iterator[Record]:
         yield record
 
 
-def _failures(records: Iterator[tuple[Any, Any]]) -> Iterator[tuple[int, Record | Failed]]:
-    """Several rows' records, a failed row as the wire's :class:`Failed` (as a warm engine's)."""
+def _failures(
+    refused: list[tuple[int, Failed]], records: Iterator[tuple[Any, Any]]
+) -> Iterator[tuple[int, Record | Failed]]:
+    """The refused jobs, then the rows' records, a failed row as the wire's :class:`Failed`
+    (as a warm engine's)."""
+    yield from refused
     for key, record in records:
         yield key, Failed(record.message, record.user_error) if isinstance(record, RowFailed) else record

@@ -1,5 +1,7 @@
-"""A batch run: parsed requests to engine items (each with its own settings), the engine's
-records back to output records, written in input order as soon as every earlier one is out."""
+"""A batch run, in this process or on a warm engine alike: parsed requests to jobs (each with
+its own settings), the engine's records back to output records, written in input order as soon
+as every earlier one is out. Torch-free: what reads the model's tokenizer here (OpenAI records,
+a line's tools) asks the engine for its model, which only the engine in this process has."""
 
 from __future__ import annotations
 
@@ -16,19 +18,18 @@ from llmsample.batch.result_lines import (
     result_record,
 )
 from llmsample.batch.settings import BatchSettings, request_config, request_recorder
-from llmsample.batch.tool_requests import PLAIN, ChatShape, chat_shape, tool_prompt, with_tools
-from llmsample.engine.continuous_batch import BatchItem, RowFailed, decode_batch, default_batch_size
-from llmsample.engine.prompt import encode_messages, encode_prompt, has_chat_template
-from llmsample.engine.prompt_cache import PromptCache
-from llmsample.engine.speculative import Drafter
+from llmsample.batch.tool_requests import PLAIN, ChatShape, calls_tools, chat_shape, tool_prompt, with_tools
+from llmsample.client.engine_client import EngineClient
+from llmsample.client.wire import Failed
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import RunStats, Summary, TokenEvent
-from llmsample.models.loading import LoadedModel
+from llmsample.jobs import Job
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import incomplete_message
 
 if TYPE_CHECKING:
     from llmsample.events import PromptLogprobs
+    from llmsample.models.loading import LoadedModel
 
 Record = dict[str, Any]
 
@@ -38,7 +39,6 @@ class BatchOutcome:
     succeeded: int = 0
     failed: int = 0
     tokens: int = 0
-    batch_size: int = 0
 
 
 class OrderedWriter:
@@ -61,13 +61,13 @@ class OrderedWriter:
 
 
 def prompt_ids(lm: LoadedModel, request: Request, settings: BatchSettings, room: int) -> list[int]:
+    from llmsample.engine.prompt import has_chat_template, message_id_list, prompt_id_list
+
     raw = request.raw or (settings.raw and request.messages is None)
     if request.messages is not None or (request.system and not raw and has_chat_template(lm)):
         messages, tools = tool_prompt(lm.tokenizer, request)
-        ids = encode_messages(lm, messages, settings.truncate, room, tools)
-    else:
-        ids = encode_prompt(lm, request.prompt or "", request.system or settings.system, raw, settings.truncate, room)
-    return ids[0].tolist()
+        return message_id_list(lm, messages, settings.truncate, room, tools)
+    return prompt_id_list(lm, request.prompt or "", request.system or settings.system, raw, settings.truncate, room)
 
 
 def shaped(lm: LoadedModel, request: Request, cfg: SamplingConfig, ids: list[int]) -> tuple[SamplingConfig, ChatShape]:
@@ -80,55 +80,59 @@ def shaped(lm: LoadedModel, request: Request, cfg: SamplingConfig, ids: list[int
 
 
 def run_batch(
-    lm: LoadedModel,
+    engine: EngineClient,
     parsed: list[Request | RequestError],
     done: frozenset[str],
     settings: BatchSettings,
     write: Callable[[Record], None],
     on_finished: Callable[[int], None] = lambda tokens: None,
     *,
-    drafter: Callable[[], Drafter] | None = None,
-    reference: LoadedModel | None = None,
     log: bool = False,
 ) -> BatchOutcome:
-    """Decode every request not in ``done``; bad lines and failed requests become error records.
-    ``drafter`` makes each request's drafter (speculation); ``reference`` scores every token
-    (``--reference``); ``log``: each decoded request goes to the run log. Raises what interrupts
-    it after writing every record that finished."""
+    """Decode every request not in ``done`` on ``engine`` (here or warm, one program); bad lines
+    and failed requests become error records. ``log``: each decoded request goes to the run
+    log. Raises what interrupts it after writing every record that finished."""
     outcome = BatchOutcome()
     todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
     writer = OrderedWriter(write, [i for i, _ in todo])
-    items, asked = _admit(lm, todo, settings, writer, outcome, on_finished, drafter)
-    top_n = max([settings.top_n, *(a.request.top_logprobs for a in asked.values())])
-    longest = max((len(item.prompt_ids) + item.cfg.max_tokens for item in items), default=1)
-    outcome.batch_size = settings.batch_size or default_batch_size(lm, longest)
+    top_n = max([settings.top_n, *(item.top_logprobs for _, item in todo if isinstance(item, Request))])
+    jobs, asked = _admit(engine, todo, settings, top_n, writer, outcome, on_finished)
     events: dict[int, list[TokenEvent]] = {position: [] for position in asked}
+    positions = list(asked)
     try:
-        cache = PromptCache(settings.prompt_cache_mb * 2**20) if settings.prompt_cache_mb else None
-        decoded = decode_batch(lm, items, outcome.batch_size, top_n=top_n, ignore_eos=settings.ignore_eos,
-                               reference=reference, prompt_cache=cache)  # fmt: skip
-        for position, record in decoded:
+        for index, record in engine.run_many(jobs, settings.batch_size):
+            position = positions[index]
             if isinstance(record, TokenEvent):
                 events[position].append(record)
                 continue
-            request, tokens = asked[position].request, events.pop(position)
-            incomplete = None if isinstance(record, RowFailed) else incomplete_message(record)
-            if log and not isinstance(record, RowFailed):
-                request_recorder("batch", request, settings.system, asked[position].cfg, tokens).summary(record)
-            if isinstance(record, RowFailed):
-                outcome.failed += 1
-                writer.put(position, _error(settings, _as_error(request, record.message, "decoding_failed")))
-            elif incomplete is not None:
-                outcome.failed += 1
-                writer.put(position, _error(settings, _as_error(request, incomplete, "incomplete_output")))
-            else:
-                outcome.succeeded += 1
-                outcome.tokens += record.tokens
-                writer.put(position, _result(settings, asked[position], record, tokens, lm.token_bytes))
+            this, tokens = asked[position], events.pop(position)
+            writer.put(position, _ended(engine, settings, this, record, tokens, outcome, log))
             on_finished(len(tokens))
     finally:
         writer.flush_finished()
     return outcome
+
+
+def _ended(
+    engine: EngineClient, settings: BatchSettings, this: _Asked, record: Summary | Failed, tokens: list[TokenEvent],
+    outcome: BatchOutcome, log: bool,
+) -> Record:  # fmt: skip
+    """A request's output record from its row's end: its result, or an error record."""
+    if isinstance(record, Failed):
+        outcome.failed += 1
+        code = "invalid_request" if record.user_error else "decoding_failed"
+        return _error(settings, _as_error(this.request, record.message, code))
+    if record.stop_reason == "cancelled":
+        raise RuntimeFailure(f"the engine at {engine.where} stopped before the batch was done")
+    if log:
+        request_recorder("batch", this.request, settings.system, this.cfg, tokens).summary(record)
+    incomplete = incomplete_message(record)
+    if incomplete is not None:
+        outcome.failed += 1
+        return _error(settings, _as_error(this.request, incomplete, "incomplete_output"))
+    outcome.succeeded += 1
+    outcome.tokens += record.tokens
+    return _result(settings, this, record, tokens, engine)
 
 
 @dataclass(frozen=True)
@@ -138,46 +142,75 @@ class _Asked:
 
     request: Request
     cfg: SamplingConfig
-    shape: ChatShape
-    scored: PromptLogprobs | None
+    shape: ChatShape = PLAIN
+    scored: PromptLogprobs | None = None
 
 
 def _admit(
-    lm: LoadedModel,
+    engine: EngineClient,
     todo: list[tuple[int, Request | RequestError]],
     settings: BatchSettings,
+    top_n: int,
     writer: OrderedWriter,
     outcome: BatchOutcome,
     on_finished: Callable[[int], None],
-    drafter: Callable[[], Drafter] | None,
-) -> tuple[list[BatchItem], dict[int, _Asked]]:
-    """Each request's row, or its record at once: an error for a line that cannot run, the
+) -> tuple[list[Job], dict[int, _Asked]]:
+    """Each request's job, or its record at once: an error for a line that cannot run, the
     whole answer for one that generates nothing (``max_tokens: 0``)."""
-    items: list[BatchItem] = []
+    jobs: list[Job] = []
     asked: dict[int, _Asked] = {}
     for position, item in todo:
         try:
             if isinstance(item, RequestError):
                 raise UserError(item.message)
             preset, cfg = request_config(item, settings)
-            ids = prompt_ids(lm, item, settings, cfg.max_tokens)
-            cfg, shape = shaped(lm, item, cfg, ids)
-            this = _Asked(item, cfg, shape, _scored(lm, item, ids, settings))
+            job = _job(item, preset, cfg, settings, top_n)
+            this = _Asked(item, cfg)
+            if _shaped_here(item, settings):
+                job, this = _shaped_job(engine.local_model(), job, this, settings)
         except (UserError, RuntimeFailure) as exc:
             outcome.failed += 1
             code = "invalid_request" if isinstance(exc, UserError) else "decoding_failed"
             writer.put(position, _error(settings, _as_error(item, str(exc), code)))
             continue
-        stats = RunStats(lm.name, preset, cfg.seed)
         if item.prompt_only:  # max_tokens 0: nothing to decode, the record now
             outcome.succeeded += 1
-            summary = dataclasses.replace(stats.summary("length"), prompt_tokens=len(ids))
-            writer.put(position, _result(settings, this, summary, [], lm.token_bytes))
+            stats = RunStats(engine.model_name() or "", preset, cfg.seed)
+            summary = dataclasses.replace(stats.summary("length"), prompt_tokens=len(job.prompt_ids or ()))
+            writer.put(position, _result(settings, this, summary, [], engine))
             on_finished(0)
             continue
         asked[position] = this
-        items.append(BatchItem(position, ids, cfg, stats, drafter, settings.draft_tokens))
-    return items, asked
+        jobs.append(job)
+    return jobs, asked
+
+
+def _job(request: Request, preset: str, cfg: SamplingConfig, settings: BatchSettings, top_n: int) -> Job:
+    """The request's job: its messages (its own system message rendered with its prompt, as the
+    chat template does), else its prompt and system, the engine encoding it."""
+    raw = request.raw or (settings.raw and request.messages is None)
+    ngram = settings.ngram
+    return Job(request.prompt or "", cfg, preset, request.system or settings.system, raw, settings.truncate, top_n,
+               ngram=ngram, draft_tokens=settings.draft_tokens if ngram or settings.drafter else None,
+               messages=request.messages, ignore_eos=settings.ignore_eos, reference=settings.reference,
+               drafter=settings.drafter)  # fmt: skip
+
+
+def _shaped_here(request: Request, settings: BatchSettings) -> bool:
+    """Whether the request is encoded with the model's tokenizer in this process: OpenAI
+    records (each token's bytes), a chat line's tools and thinking block, a prompt scored."""
+    return settings.fmt == "openai" or (request.openai and (calls_tools(request) or request.prompt_only))
+
+
+def _shaped_job(lm: LoadedModel | None, job: Job, this: _Asked, settings: BatchSettings) -> tuple[Job, _Asked]:
+    if lm is None:
+        raise UserError("this line needs the model's tokenizer in this process (OpenAI records, tools, or "
+                        "max_tokens 0); run the batch with --local")  # fmt: skip
+    request = this.request
+    ids = prompt_ids(lm, request, settings, this.cfg.max_tokens)
+    cfg, shape = shaped(lm, request, this.cfg, ids)
+    return (dataclasses.replace(job, cfg=cfg, prompt_ids=tuple(ids)),
+            _Asked(request, cfg, shape, _scored(lm, request, ids, settings)))  # fmt: skip
 
 
 def _scored(lm: LoadedModel, request: Request, ids: list[int], settings: BatchSettings) -> PromptLogprobs | None:
@@ -201,13 +234,11 @@ def _error(settings: BatchSettings, error: RequestError) -> Record:
 
 
 def _result(
-    settings: BatchSettings,
-    asked: _Asked,
-    summary: Summary,
-    events: list[TokenEvent],
-    token_bytes: Callable[[int], bytes | None],
+    settings: BatchSettings, asked: _Asked, summary: Summary, events: list[TokenEvent], engine: EngineClient
 ) -> Record:
     if settings.fmt == "openai":
-        return openai_result_record(asked.request, summary, events, token_bytes=token_bytes, shape=asked.shape,
+        lm = engine.local_model()
+        assert lm is not None  # an OpenAI record's job was shaped here (_shaped_job)
+        return openai_result_record(asked.request, summary, events, token_bytes=lm.token_bytes, shape=asked.shape,
                                     prompt=asked.scored)  # fmt: skip
     return result_record(asked.request, summary, events, settings.tokens)

@@ -33,6 +33,9 @@ class BatchSettings:
     ignore_eos: bool = False
     batch_size: int | None = None  # None: as many rows as memory holds (``default_batch_size``)
     draft_tokens: int | None = None  # with a drafter: a fixed K (None: adaptive)
+    ngram: tuple[int, int] | None = None  # --draft ngram: each row drafts from its own tokens
+    drafter: str | None = None  # the engine's own drafter (a job's ``drafter``: suffix, model)
+    reference: bool = False  # every token scored under the reference model (--reference)
     prompt_cache_mb: int = 0  # the prompt cache's budget (shared system prompts prefilled once; 0: off)
     tokens: TokenLevel = "full"
     fmt: Literal["jsonl", "openai"] = "jsonl"

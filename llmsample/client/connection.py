@@ -196,25 +196,6 @@ def job_records(target: Target, job: Job, waiting: Callable[[str], None]) -> Ite
     return _records(target, *_admitted(target, job, waiting))
 
 
-def stream_rows(
-    target: Target, jobs: list[Job], waiting: Callable[[str], None]
-) -> Iterator[tuple[int, TokenEvent | Summary | Failed]]:
-    """Several jobs as rows of the engine's one batch: every one sent before any is read, then
-    each one's records in turn as ``(index, record)``; a row that failed ends with its
-    :class:`Failed`, and the others go on."""
-    opened = [_admitted(target, job, waiting) for job in jobs]
-    streams = [_records(target, *pair) for pair in opened]
-    try:
-        for index, stream in enumerate(streams):
-            for record in stream:
-                yield index, record
-    finally:
-        for stream in streams:
-            stream.close()
-        for connection, _ in opened:
-            connection.close()
-
-
 def _records(
     target: Target, connection: http.client.HTTPConnection, response: http.client.HTTPResponse
 ) -> Iterator[TokenEvent | Summary | Failed]:

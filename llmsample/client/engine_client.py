@@ -7,11 +7,14 @@ renders what comes back; what an engine cannot do, it refuses in one line naming
 from __future__ import annotations
 
 import dataclasses
+import queue
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmsample.client.connection import Target, engine_status, post_json, say, stream_job, stream_rows
+from llmsample.client.connection import EngineGone, Target, engine_status, job_records, post_json, say, stream_job
 from llmsample.client.wire import EXPLAIN_PATH, Failed
+from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
 from llmsample.jobs import Explanation, Job
 
@@ -22,6 +25,8 @@ Record = TokenEvent | Summary
 
 IN_PROCESS = "in-process"
 """The ``where`` of the engine in this process."""
+WINDOW_FALLBACK = 8
+"""Jobs in flight at once on a server whose status does not say its rows."""
 
 
 class EngineClient(Protocol):
@@ -45,9 +50,16 @@ class EngineClient(Protocol):
         """One job's token records, then its summary; a row that fails raises as in-process."""
         ...
 
-    def run_many(self, jobs: Sequence[Job]) -> Iterator[tuple[int, Record | Failed]]:
-        """Several jobs as rows decoded together: ``(index, record)``, a failed row ending with
-        its :class:`~llmsample.client.wire.Failed` while the others go on."""
+    def run_many(self, jobs: Sequence[Job], rows: int | None = None) -> Iterator[tuple[int, Record | Failed]]:
+        """Several jobs as rows decoded together, at most ``rows`` at a time (None: as many as
+        the engine holds), the next starting as one ends: ``(index, record)``, a job refused or
+        a row failed ending with its :class:`~llmsample.client.wire.Failed` (``user_error``: the
+        job's own fault) while the others go on."""
+        ...
+
+    def local_model(self) -> Any:
+        """The model (a ``LoadedModel``) when it runs in this process (what reads its tokenizer here: OpenAI
+        records' bytes and tool calls), None for an engine elsewhere."""
         ...
 
     def explain(self, asked: Explanation) -> Answer:
@@ -70,8 +82,14 @@ class RemoteEngine:
         return self.target.name
 
     def status(self) -> dict[str, Any]:
+        """The engine's status; a server of another model than the one asked for (``-m`` with
+        ``--host``) is one line here, before any job is sent."""
         if self._status is None:
-            self._status = engine_status(self.target)
+            status = engine_status(self.target)
+            asked = self.target.name
+            if not self.where.startswith("unix:") and asked and status.get("model") != asked:
+                raise UserError(f"model {asked!r} is not served at {self.where}; it runs {status.get('model')!r}")
+            self._status = status
         return self._status
 
     def _addressed(self, job: Job) -> Job:
@@ -82,8 +100,58 @@ class RemoteEngine:
     def run(self, job: Job) -> Iterator[Record]:
         return stream_job(self.target, self._addressed(job), self.waiting)
 
-    def run_many(self, jobs: Sequence[Job]) -> Iterator[tuple[int, Record | Failed]]:
-        return stream_rows(self.target, [self._addressed(job) for job in jobs], self.waiting)
+    def run_many(self, jobs: Sequence[Job], rows: int | None = None) -> Iterator[tuple[int, Record | Failed]]:
+        """A window of the jobs in flight (the engine's rows and as many queued, unless
+        ``rows``), each read by a daemon thread as it comes: the rows decode together, and a
+        run that stops leaves nothing waiting (the engine cancels the open rows). The engine
+        gone raises ``RuntimeFailure`` in one line."""
+        if not jobs:
+            return iter(())
+        if rows is None:
+            status = self.status()
+            engine_rows = status.get("batch_size") or WINDOW_FALLBACK
+            rows = engine_rows + min(engine_rows, status.get("max_queue") or 0)
+        return self._window([self._addressed(job) for job in jobs], min(rows, len(jobs)))
+
+    def _window(self, jobs: list[Job], width: int) -> Iterator[tuple[int, Record | Failed]]:
+        todo: queue.Queue[int] = queue.Queue()
+        for index in range(len(jobs)):
+            todo.put(index)
+        answers: list[queue.Queue[Any]] = [queue.Queue() for _ in jobs]
+        told = threading.Event()
+
+        def waiting(line: str) -> None:  # one notice for the run, not one per job
+            if not told.is_set():
+                told.set()
+                self.waiting(line)
+
+        def work() -> None:
+            while True:
+                try:
+                    index = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    for record in job_records(self.target, jobs[index], waiting):
+                        answers[index].put(record)
+                except UserError as exc:  # the job refused: its own fault, the others go on
+                    answers[index].put(Failed(str(exc), user_error=True))
+                except RuntimeFailure as exc:
+                    answers[index].put(exc)
+                answers[index].put(None)
+
+        for _ in range(width):
+            threading.Thread(target=work, name="llmsample-job", daemon=True).start()
+        for index, answer in enumerate(answers):
+            while (record := answer.get()) is not None:
+                if isinstance(record, EngineGone):  # one line, whichever row's connection saw it first
+                    raise RuntimeFailure(f"the engine at {self.where} went away mid-run") from None
+                if isinstance(record, RuntimeFailure):
+                    raise record
+                yield index, record
+
+    def local_model(self) -> None:
+        return None
 
     def explain(self, asked: Explanation) -> Answer:
         from llmsample.analysis.explain_records import answer_from_json

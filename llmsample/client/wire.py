@@ -63,8 +63,12 @@ def job_from_json(data: Any) -> Job:
     watch = data.get("watch", [])
     if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
         raise ValueError(f"watch: expected a list of strings, got {watch!r}")
+    ids = data.get("prompt_ids")
+    if ids is not None and not (isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids)):
+        raise ValueError(f"prompt_ids: expected a list of token ids, got {ids!r}")
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
-                  "messages": _messages(data.get("messages")), "watch": tuple(watch)})  # fmt: skip
+                  "messages": _messages(data.get("messages")), "watch": tuple(watch),
+                  "prompt_ids": None if ids is None else tuple(ids)})  # fmt: skip
 
 
 def explanation_from_json(data: Any) -> Explanation:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from llmsample.commands.sampling_options import (
     sampling_options,
     sampling_overrides,
 )
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import Interrupted, RuntimeFailure, UserError
 
 
 @click.command(cls=GroupedCommand)
@@ -80,6 +82,7 @@ def batch(**options: Any) -> None:
     from llmsample.batch.distributed import launched_ranks
     from llmsample.batch.output import claim_output
     from llmsample.batch.settings import BatchSettings
+    from llmsample.jobs import engine_drafter
 
     if options["compile_model"] and options["draft"]:
         raise UserError(
@@ -104,25 +107,39 @@ def batch(**options: Any) -> None:
         fmt=options["fmt"],
         batch_size=options["batch_size"],
         draft_tokens=options["draft_tokens"],
+        ngram=(options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
+        drafter=engine_drafter(options["draft"]),
+        reference=bool(options["reference"]),
         prompt_cache_mb=options["prompt_cache_mb"],
     )
     ranks = launched_ranks()
     if ranks.world > 1:
         _run_distributed(_read_input(options), settings, options, ranks)
         return
-    from llmsample.client.route import choose
-    from llmsample.commands.batch_warm import refused_flags
+    from llmsample.commands.host_options import open_engine
 
-    target = choose(options, refused_flags(options))  # before anything imports torch
+    engine = open_engine(options, _refused_flags(options))  # before anything imports torch
     # The output is checked and locked first: before the model loads, and before stdin is read.
     claim = claim_output(options["output"]) if options["output"] else None
     try:
-        outcome = _run_alone(_read_input(options), settings, options, claim, target)
+        outcome = _run_alone(_read_input(options), settings, options, claim, engine)
     finally:
         if claim is not None:
             claim.release()
     if outcome.failed:
         raise click.exceptions.Exit(1)
+
+
+def _refused_flags(options: dict[str, Any]) -> list[str]:
+    """``batch``'s own flags an engine elsewhere cannot honour: its rows and prompt cache are
+    the engine's, and OpenAI records need the tokenizer's bytes and the template's tool shapes."""
+    source = click.get_current_context().get_parameter_source
+    given = source("prompt_cache_mb") not in (None, click.core.ParameterSource.DEFAULT)
+    return [flag for flag, refused in (
+        ("--format openai", options["fmt"] == "openai"),
+        ("--batch-size", options["batch_size"] is not None),
+        ("--prompt-cache-mb", given),
+    ) if refused]  # fmt: skip
 
 
 def _read_input(options: dict[str, Any]) -> list[Any]:
@@ -133,9 +150,9 @@ def _read_input(options: dict[str, Any]) -> list[Any]:
     return list(read_requests(_input_lines(options["input_path"]), known_presets=known))
 
 
-def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any, target: Any) -> Any:
+def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any, engine: Any) -> Any:
     """One process: what earlier runs left (the output, parts of a run over several processes)
-    merged in input order, the rest decoded (here, or on ``target``'s engine) and appended, and
+    merged in input order, the rest decoded (here, or on a warm engine) and appended, and
     the file put back in input order when this run filled gaps. A pipe or device (``-o
     /dev/stdout``) is only written."""
     from llmsample.batch.output import consolidate
@@ -146,12 +163,7 @@ def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim:
         settled = consolidate(claim.path, parsed, options["fmt"], keep_errors=False)
         done = settled.done
     output = claim.path if claim is not None else None
-    if target is not None:
-        from llmsample.commands.batch_warm import run_on
-
-        outcome = run_on(target, parsed, done, settings, options, output)
-    else:
-        outcome = _run(load_model_with_progress(options), parsed, done, settings, options, output)
+    outcome = _run(engine, parsed, done, settings, options, output)
     if settled is not None and not settled.in_order_after(parsed):
         consolidate(claim.path, parsed, options["fmt"], keep_errors=True)
     return outcome
@@ -167,6 +179,7 @@ def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], 
 
     from llmsample.batch.distributed import my_share, part_path
     from llmsample.batch.output import claim_output, consolidate, resolve_output
+    from llmsample.commands.model_options import local_engine
 
     def refuse(message: str) -> None:  # before the rendezvous: every rank decides alike, rank 0 says it
         if ranks.main:
@@ -212,7 +225,7 @@ def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], 
     failed = torch.zeros(1, device=lm.device if cuda else "cpu")
     merge_failed = None
     try:
-        failed += _run(lm, my_share(parsed, ranks), done, settings, options, part_path(output, ranks)).failed
+        failed += _run(local_engine(options, lm), my_share(parsed, ranks), done, settings, options, part_path(output, ranks)).failed
     finally:
         dist.barrier()
         if ranks.main:
@@ -249,20 +262,17 @@ def _input_lines(path: str) -> list[bytes]:
 
 
 def _run(
-    lm: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any], output: Path | None
+    engine: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any], output: Path | None
 ) -> Any:
-    """Decode into ``output`` (None: stdout) with a progress bar on stderr (a terminal only);
-    exit 130/143 when interrupted, with every finished record written. Returns the outcome (how
-    many requests failed)."""
+    """Decode on ``engine`` into ``output`` (None: stdout) with a progress bar on stderr (a
+    terminal only); exit 130/143 when interrupted, with every finished record written (the
+    engine gone: those, then one line, exit 1). Returns the outcome (how many requests failed)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from llmsample.batch.run import run_batch
-    from llmsample.commands.batch_warm import record_writer
-    from llmsample.commands.model_options import build_drafter, load_reference
+    from llmsample.client.engine_client import IN_PROCESS
     from llmsample.terminal import stderr_console
 
-    drafter = build_drafter(options, lm) if options["draft"] else None
-    reference = load_reference(options, lm) if options["reference"] else None
     todo = sum(1 for r in parsed if getattr(r, "custom_id", None) not in done)
     console = stderr_console()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -280,11 +290,36 @@ def _run(
             rate = f"{generated / elapsed:.1f} tok/s" if elapsed else ""
             progress.update(task, advance=1, rate=rate)
 
-        outcome = run_batch(lm, parsed, done, settings, write, finished, drafter=drafter, reference=reference,
-                            log=keeps_log(options))  # fmt: skip
+        outcome = run_batch(engine, parsed, done, settings, write, finished, log=keeps_log(options))
     if not options["quiet"]:
-        console.print(
-            f"[dim]{outcome.succeeded} done, {outcome.failed} failed, {outcome.tokens} tokens, "
-            f"batch size {outcome.batch_size}[/]"
-        )
+        where = "" if engine.where == IN_PROCESS else f", on the engine at {engine.where}"
+        console.print(f"[dim]{outcome.succeeded} done, {outcome.failed} failed, {outcome.tokens} tokens{where}[/]")
     return outcome
+
+
+@contextlib.contextmanager
+def record_writer(output: Path | None) -> Iterator[Callable[[dict[str, Any]], None]]:
+    """Where a batch run's records go, in-process or on an engine alike: ``output`` through an
+    :class:`Appender`, else stdout a flushed line each. Ctrl-C exits 130 and an interruption
+    with its own code, the records written so far kept (a rerun with ``-o`` resumes after them)."""
+    from llmsample.batch.result_lines import dumps
+    from llmsample.batch.resume import Appender
+
+    appender = Appender(output) if output is not None else None
+
+    def write(record: dict[str, Any]) -> None:
+        if appender is not None:
+            appender.write(record)
+        else:
+            sys.stdout.write(dumps(record) + "\n")
+            sys.stdout.flush()
+
+    try:
+        yield write
+    except KeyboardInterrupt as exc:
+        raise click.exceptions.Exit(130) from exc
+    except Interrupted as exc:
+        raise click.exceptions.Exit(exc.exit_code) from exc
+    finally:
+        if appender is not None:
+            appender.close()

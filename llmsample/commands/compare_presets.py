@@ -110,9 +110,20 @@ def sample_rows(engine: EngineClient, prompt: str, options: dict[str, Any]) -> R
     def rows(cfg: Any, stats: list[Any], seeds: list[int | None]) -> Any:
         jobs = [Job(prompt, dataclasses.replace(cfg, seed=seed), row.preset, options["system"], options["raw"],
                     options["truncate"], model=options["model"]) for row, seed in zip(stats, seeds, strict=True)]  # fmt: skip
-        return engine.run_many(jobs)
+        return _refusals_raised(engine.run_many(jobs, rows=len(jobs)))
 
     return rows
+
+
+def _refusals_raised(records: Iterator[tuple[int, Any]]) -> Iterator[tuple[int, Any]]:
+    """Every sample shares the prompt: one the engine refuses (too long for the context) is the
+    command's error, in one line; a row whose numbers broke is that sample's failure."""
+    from llmsample.client.wire import Failed
+
+    for index, record in records:
+        if isinstance(record, Failed) and record.user_error:
+            raise UserError(record.message)
+        yield index, record
 
 
 @contextlib.contextmanager

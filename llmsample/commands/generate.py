@@ -106,16 +106,11 @@ def what_was_asked(options: dict[str, Any]) -> tuple[str, SamplingConfig, str]:
     return preset, cfg, read_prompt(options["prompt"], options["raw"])
 
 
-ENGINE_DRAFTER = {"ngram": None, "suffix": "suffix"}
-"""``--draft``'s value as a job's ``drafter``: prompt lookup is the row's own (``ngram``), a suffix
-pool or a draft model (any other value) the engine's."""
-
-
 def build_job(options: dict[str, Any], preset: str, cfg: SamplingConfig, prompt: str) -> Job:
     """The command's job: ``--draft ngram`` drafts from the row's own tokens, a draft model or
     ``suffix`` is the engine's drafter; the prompt is prefilled whole (``cache_prompt``), so a
     warm engine's bytes are this process's."""
-    from llmsample.jobs import Job
+    from llmsample.jobs import Job, engine_drafter
 
     draft = options.get("draft")
     ngram = None
@@ -126,7 +121,7 @@ def build_job(options: dict[str, Any], preset: str, cfg: SamplingConfig, prompt:
     return Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"],
                model=options["model"], ngram=ngram, draft_tokens=options.get("draft_tokens") if draft else None,
                cache_prompt=False, ignore_eos=options["ignore_eos"], watch=tuple(options.get("watch") or ()),
-               reference=bool(options.get("reference")), drafter=ENGINE_DRAFTER.get(draft, "model") if draft else None)  # fmt: skip
+               reference=bool(options.get("reference")), drafter=engine_drafter(draft))  # fmt: skip
 
 
 def with_plain_comparison(engine: EngineClient, job: Job, events: Iterator[Any]) -> Iterator[Any]:

@@ -221,11 +221,13 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Draf
     return lambda: ModelDrafter(draft, vocab, lm.sample_device)
 
 
-def local_engine(options: dict[str, Any]) -> LocalEngine:
-    """The engine in this process for a command's options: the model loaded with progress when
-    first asked, and, as a job asks, the drafter (``--draft``) and the reference (``--reference``)."""
+def local_engine(options: dict[str, Any], lm: LoadedModel | None = None) -> LocalEngine:
+    """The engine in this process for a command's options: the model (``lm``, or loaded with
+    progress when first asked), and, as a job asks, the drafter (``--draft``) and the reference
+    (``--reference``); ``batch``'s prompt cache (``--prompt-cache-mb``)."""
     from llmsample.api.local import LocalEngine
 
     drafter = (lambda lm: build_drafter(options, lm)) if options.get("draft") not in (None, "ngram") else None
     reference = (lambda lm: load_reference(options, lm)) if options.get("reference") else None
-    return LocalEngine(lambda: load_model_with_progress(options), drafter=drafter, reference=reference)
+    load = (lambda: lm) if lm is not None else (lambda: load_model_with_progress(options))
+    return LocalEngine(load, drafter=drafter, reference=reference, prompt_cache_mb=options.get("prompt_cache_mb") or 0)

@@ -11,6 +11,7 @@ from typing import Any
 
 from llmsample.engine.prompt import fit_exchanges, message_id_list, prompt_id_list
 from llmsample.engine.row_state import BatchItem
+from llmsample.errors import UserError
 from llmsample.events import RunStats
 from llmsample.jobs import Job
 from llmsample.models.loading import LoadedModel
@@ -23,7 +24,11 @@ def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | No
     A prompt that cannot be run (too long, no chat template) or a watched text that is no
     token raises ``UserError``."""
     dropped = 0
-    if job.fit_room is not None and job.messages is not None:
+    if job.prompt_ids is not None:
+        ids = list(job.prompt_ids)
+        if max(ids) >= lm.model.config.vocab_size:
+            raise UserError(f"prompt_ids: {max(ids)} is no token of {lm.name} ({lm.model.config.vocab_size} in all)")
+    elif job.fit_room is not None and job.messages is not None:
         ids, dropped = fit_exchanges(lm, job.messages, job.fit_room)
     elif job.messages is not None:
         ids = message_id_list(lm, job.messages, job.truncate, job.cfg.max_tokens)

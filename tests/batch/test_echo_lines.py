@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from llmsample.api.local import LocalEngine
 from llmsample.batch.requests import Request, RequestError, read_requests
 from llmsample.batch.run import run_batch
 from llmsample.batch.settings import BatchSettings
@@ -48,7 +49,7 @@ def test_echo_and_max_tokens_zero_are_read_on_completion_lines() -> None:
 def run(lm, *lines: str, fmt: str = "openai") -> list[dict]:
     out: list[dict] = []
     settings = BatchSettings(fmt=fmt, tokens="none", batch_size=2)  # type: ignore[arg-type]
-    outcome = run_batch(lm, parsed(*lines), frozenset(), settings, out.append)
+    outcome = run_batch(LocalEngine(lambda: lm), parsed(*lines), frozenset(), settings, out.append)
     assert outcome.failed == 0
     return out
 

@@ -28,6 +28,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from llmsample.api.local import LocalEngine
 from llmsample.batch import output as output_module
 from llmsample.batch import run as run_module
 from llmsample.batch.distributed import Ranks, existing_parts, my_share, part_path
@@ -135,13 +136,13 @@ class Bench:
         """One process; True when it finished."""
         captured = run_module.run_batch
 
-        def run_batch(lm: Any, parsed: Any, done: Any, settings: Any, *rest: Any, **named: Any) -> Any:
+        def run_batch(engine: Any, parsed: Any, done: Any, settings: Any, *rest: Any, **named: Any) -> Any:
             self.settings = settings
-            return captured(lm, parsed, done, settings, *rest, **named)
+            return captured(engine, parsed, done, settings, *rest, **named)
 
         with (
             Process(kill).running(),
-            mock.patch("llmsample.commands.batch.load_model_with_progress", lambda options: self.lm),
+            mock.patch("llmsample.commands.model_options.load_model_with_progress", lambda options: self.lm),
             mock.patch.object(run_module, "run_batch", run_batch),
         ):
             result = CliRunner().invoke(main, command(self.source, self.out, self.model_dir))
@@ -165,7 +166,7 @@ class Bench:
             ranks = Ranks(rank, 2)
             with Process(kill).running(), Appender(part_path(self.out, ranks)) as part:
                 try:
-                    run_module.run_batch(self.lm, my_share(self.parsed, ranks), done, self.settings, part.write)
+                    run_module.run_batch(LocalEngine(lambda: self.lm), my_share(self.parsed, ranks), done, self.settings, part.write)
                 except Killed:
                     finished = False  # the launcher stops the others: no merge
         with main_rank.running():

@@ -139,6 +139,7 @@ def test_speculation_under_a_tool_grammar_decodes_the_plain_run(byte_lm) -> None
 
 
 def test_a_batch_openai_line_calls_a_tool(tmp_path) -> None:
+    from llmsample.api.local import LocalEngine
     from llmsample.batch.requests import read_requests
     from llmsample.batch.run import BatchSettings, run_batch
     from llmsample.models.loading import load_model
@@ -152,7 +153,7 @@ def test_a_batch_openai_line_calls_a_tool(tmp_path) -> None:
             "parallel_tool_calls": False, "max_tokens": 80, "seed": 3}  # fmt: skip
     line = json.dumps({"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": body})
     records: list[dict[str, Any]] = []
-    run_batch(lm, list(read_requests([line])), frozenset(), BatchSettings(fmt="openai"), records.append)
+    run_batch(LocalEngine(lambda: lm), list(read_requests([line])), frozenset(), BatchSettings(fmt="openai"), records.append)
     choice = records[0]["response"]["body"]["choices"][0]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
     (call,) = choice["message"]["tool_calls"]
