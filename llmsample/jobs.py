@@ -35,7 +35,8 @@ class Job:
     one-shot command's bytes are the in-process run's only so.
 
     ``prompt_ids``: the prompt already encoded, in place of the text (an OpenAI batch line,
-    shaped here with the model's tokenizer: its tools and its thinking block).
+    shaped here with the model's tokenizer: its tools and its thinking block); ``prefix``: ids
+    put after the prompt as the reply's start (a chat's ``/branch``, a replayed reply).
 
     ``watch``: tokens whose numbers every record carries (each row its own). What needs more
     than a row of the batch: ``reference`` (every token scored under the engine's float32
@@ -61,6 +62,7 @@ class Job:
     reference: bool = False
     drafter: str | None = None
     prompt_ids: tuple[int, ...] | None = None
+    prefix: tuple[int, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from llmsample.client.engine_client import IN_PROCESS
+from llmsample.client.engine_client import IN_PROCESS, Answered
 from llmsample.client.wire import Failed
 from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.job_row import job_row
@@ -48,6 +48,7 @@ class LocalEngine:
         self._lm: LoadedModel | None = None
         self._drafter: Callable[[], Any] | None = None
         self._reference: LoadedModel | None = None
+        self._session: Any = None  # a chat's one row, its cache kept between turns
 
     def model(self) -> LoadedModel:
         """The model, loaded on first use (a load's progress and errors come from here)."""
@@ -67,7 +68,8 @@ class LocalEngine:
         capabilities += ["reference"] * (self._load_reference is not None)
         return {"model": lm.name, "backend": lm.backend, "dtype": lm.weights, "device": str(lm.device),
                 "context_length": lm.context_length, "chat_template": has_chat_template(lm),
-                "deterministic": lm.deterministic, "capabilities": capabilities}  # fmt: skip
+                "deterministic": lm.deterministic, "capabilities": capabilities,
+                "cached_positions": len(self._session.cached) if self._session is not None else 0}  # fmt: skip
 
     def run(self, job: Job) -> Iterator[Record]:
         """Loads, encodes and makes the drafter now (a bad prompt or draft fails before any
@@ -75,7 +77,18 @@ class LocalEngine:
         lm = self.model()
         options = self._options(lm, [job])
         item, _ = job_row(lm, job, 0, self._drafter_for(lm, job))
-        return _raising(decode(lm, [item], 1, options, one_prompt=True))
+        return raised_failures(decode(lm, [item], 1, options, one_prompt=True))
+
+    def converse(self, job: Job) -> Answered:
+        """The turn on the chat's one row, whose cache holds the conversation so far."""
+        from llmsample.engine.session import Session
+
+        lm = self.model()
+        item, dropped = job_row(lm, job, 0, self._drafter_for(lm, job))
+        if self._session is None:
+            self._session = Session(lm, (lm.context_length or 4096) + 65)
+        prompt = item.prompt_ids[: len(item.prompt_ids) - len(job.prefix)]
+        return Answered(raised_failures(self._session.turn(item)), dropped, prompt)
 
     def run_many(self, jobs: Sequence[Job], rows: int | None = None) -> Iterator[tuple[int, Record | Failed]]:
         """Every job a row of one batch, as a warm engine's rows share its passes: at most
@@ -109,7 +122,10 @@ class LocalEngine:
         return explain_job(self.model(), asked)
 
     def close(self) -> None:
-        """The model stays loaded as long as this engine is referenced; nothing else is held."""
+        """A chat's cache is let go; the model stays loaded as long as this engine is referenced."""
+        if self._session is not None:
+            self._session.close()
+            self._session = None
 
     def _options(self, lm: LoadedModel, jobs: Sequence[Job]) -> DecodeOptions:
         """The run's options: the reference, loaded once (each row carries its own ``--watch``)."""
@@ -132,12 +148,16 @@ class LocalEngine:
         return self._drafter
 
 
-def _raising(records: Iterator[tuple[Any, Any]]) -> Iterator[Record]:
-    """One row's records; a row that failed raises as the command's error."""
-    for _, record in records:
-        if isinstance(record, RowFailed):
-            raise (UserError if record.user_error else RuntimeFailure)(record.message)
-        yield record
+def raised_failures(records: Iterator[tuple[Any, Any]]) -> Iterator[Record]:
+    """One row's records; a row that failed raises as the command's error. Closing this closes
+    the loop's (a chat's interrupted turn: its session starts its cache afresh)."""
+    try:
+        for _, record in records:
+            if isinstance(record, RowFailed):
+                raise (UserError if record.user_error else RuntimeFailure)(record.message)
+            yield record
+    finally:
+        records.close()  # type: ignore[attr-defined]
 
 
 def _failures(

@@ -212,14 +212,14 @@ def _branch(chat: Chat, args: str) -> None:
 
 
 def _watch(chat: Chat, args: str) -> None:
-    options = chat.session.options
     if not args:
-        shown = ", ".join(repr(name) for name, _ in options.watch) or "nothing"
+        shown = ", ".join(repr(name) for name in chat.watch) or "nothing"
         chat.note(f"watching {shown}; /watch TOKEN adds one, /watch off stops")
         return
-    watch = () if args == "off" else (*options.watch, (args, resolve_token(chat, args)))
-    chat.session.options = dataclasses.replace(options, watch=tuple(dict.fromkeys(watch)))
-    chat.note(f"watching {args}" if watch else "watching nothing")
+    if args != "off":
+        resolve_token(chat, args)  # one that is no token is refused now, not at every reply
+    chat.watch = () if args == "off" else tuple(dict.fromkeys((*chat.watch, args)))
+    chat.note(f"watching {args}" if chat.watch else "watching nothing")
 
 
 def _stats(chat: Chat, args: str) -> None:

@@ -1,18 +1,19 @@
-"""One chat: the model loaded once, its conversation's cache (a :class:`Session`), the settings,
-and how a reply is decoded and shown. Every reply is a turn of the session on the rendered
-conversation (plus forced tokens for ``/branch``), so only what changed is prefilled."""
+"""One chat on an engine (this process's or a warm one: one program), its conversation, the
+settings, and how a reply is decoded and shown. Every reply is a turn on the engine with the
+whole conversation (plus forced tokens for ``/branch``); the engine keeps the conversation's
+cache between turns, so only what changed is prefilled."""
 
 from __future__ import annotations
 
 import dataclasses
 import signal
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmsample.chat.conversation import Conversation, Reply, Turn, settings_of
-from llmsample.errors import RuntimeFailure, UserError
+from llmsample.errors import UserError
 from llmsample.events import Candidate, RunStats, Summary, TokenEvent
 from llmsample.sampling.config import fresh_seed
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
     from llmsample.analysis.explain_records import ChainReport
     from llmsample.chat.reply_replay import Replayed
-    from llmsample.engine.speculative import Drafter
+    from llmsample.client.engine_client import EngineClient
     from llmsample.models.loading import LoadedModel
     from llmsample.sampling.config import SamplingConfig
 
@@ -51,7 +52,8 @@ class Views:
 @dataclass(frozen=True)
 class ChatSettings:
     """The command's flags a chat reads, typed by the command: its decoding (``top_n``,
-    ``ignore_eos``, ``draft_tokens``) and where its own lines go (``quiet``, ``fmt``, ``no_color``)."""
+    ``ignore_eos``, ``--draft`` as a job's ``ngram`` or ``drafter``, ``draft_tokens``) and where
+    its own lines go (``quiet``, ``fmt``, ``no_color``)."""
 
     system: str | None = None
     top_n: int = 0
@@ -60,34 +62,46 @@ class ChatSettings:
     quiet: bool = False
     fmt: str = "text"
     no_color: bool = False
+    ngram: tuple[int, int] | None = None
+    drafter: str | None = None
 
 
 class Chat:
-    """``settings``: the command's display and decoding flags. The engine (torch) is imported
-    where a chat in this process starts: a chat on a warm engine (a subclass) imports none of it."""
+    """``engine``: where the replies decode (its model must have a chat template);
+    ``settings``: the command's display and decoding flags; ``watch``: tokens every reply's
+    records follow (``--watch``, ``/watch``)."""
 
     def __init__(
         self,
-        lm: LoadedModel,
+        engine: EngineClient,
         preset: str,
         cfg: SamplingConfig,
         settings: ChatSettings,
         views: Views,
-        watch: tuple[tuple[str, int], ...] = (),
-        drafter: Callable[[], Drafter] | None = None,
+        watch: tuple[str, ...] = (),
     ) -> None:
-        from llmsample.engine.decode import DecodeOptions
-        from llmsample.engine.session import Session
-
-        self.lm, self.preset, self.cfg, self.settings, self.drafter = lm, preset, cfg, settings, drafter
-        self.views = views
+        status = engine.status()
+        if status.get("chat_template") is False:
+            raise UserError(f"{status['model']} has no chat template, so it cannot chat; "
+                            "use `llmsample generate --raw` with it")  # fmt: skip
+        self.engine, self.name = engine, status["model"]
+        self.preset, self.cfg, self.settings, self.views, self.watch = preset, cfg, settings, views, watch
         self.conversation = Conversation(settings.system or None)
-        positions = (lm.context_length or 4096) + 65
-        self.session = Session(lm, positions, DecodeOptions(settings.top_n, settings.ignore_eos, watch))
         self.totals = Totals()
         self.legend_shown = False
         self.last_summary: Summary | None = None
         self.log_thread: str | None = None  # the conversation's id in the run log (None: not kept)
+
+    @property
+    def lm(self) -> LoadedModel | None:
+        """The model where it runs in this process (``/branch``, ``/watch``, ``--replay`` read it)."""
+        return self.engine.local_model()
+
+    def _local(self, what: str) -> LoadedModel:
+        lm = self.lm
+        if lm is None:
+            raise UserError(f"{what} needs the model in this process; start the chat with --local for it")
+        return lm
 
     # -- what the slash commands and the REPL call --------------------------------------------
 
@@ -120,7 +134,7 @@ class Chat:
         kept = [
             *reply.events[:position],
             forced_event(
-                self.lm, reply.events[position], token, position, reply.prompt_ids[-1:] + reply.ids[:position]
+                self._local("/branch"), reply.events[position], token, position, reply.prompt_ids[-1:] + reply.ids[:position]
             ),
         ]
         self.conversation.turns[-1].reply = None
@@ -143,6 +157,7 @@ class Chat:
         landed is not in the seed)."""
         from llmsample.chat.reply_replay import Replayed, compare
 
+        lm = self._local("--replay")
         results: list[Replayed] = []
         turns, thread, self.log_thread = self.conversation.turns, self.log_thread, None
         try:
@@ -155,10 +170,10 @@ class Chat:
                     continue
                 self.conversation.turns = [*turns[: number - 1], Turn(turn.user)]
                 prefix = [int(t) for t in record.get("prefix") or []]
-                ids, _ = self.conversation.fit(self.lm, 0)
-                events = [forced_event(self.lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
+                ids, _ = self.conversation.fit(lm, 0)
+                events = [forced_event(lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
                 reply = self._answer(events, int(record["seed"]), settings_of(record))
-                results.append(compare(self.lm, number, record, reply))
+                results.append(compare(lm, number, record, reply))
         finally:
             self.conversation.turns, self.log_thread = turns, thread
         return results
@@ -170,7 +185,7 @@ class Chat:
         return True
 
     def close(self) -> None:
-        self.session.close()
+        self.engine.close()
 
     # -- decoding and showing a reply ---------------------------------------------------------
 
@@ -185,23 +200,25 @@ class Chat:
 
     @property
     def model_name(self) -> str:
-        return self.lm.name
+        return self.name
 
     @property
     def context_limit(self) -> int | None:
-        return self.lm.context_length
+        return self.engine.status().get("context_length")
 
     def cached_positions(self) -> int | None:
         """Positions the conversation's cache holds (None: an engine's, not seen from here)."""
-        return len(self.session.cached)
+        return self.engine.status().get("cached_positions")
 
     def explain_at(self, position: int) -> ChainReport:
-        """The sampler chain at token ``position`` of the last reply, as the reply saw it."""
-        from llmsample.analysis.explain import explain_reply
+        """The sampler chain at token ``position`` of the last reply, as the reply saw it: the
+        engine's answer (:func:`~llmsample.analysis.explain.explain_reply`) on the reply's own
+        prompt, the conversation before it fitted to the same room."""
+        from llmsample.jobs import Explanation
 
         reply = self._last_reply()
-        watch = [token for _, token in self.session.options.watch]
-        return explain_reply(self.lm, reply.prompt_ids, reply.ids[:position], reply.settings, 10, watch)
+        job = self._job(reply.settings, self.conversation.messages()[:-1], (), top_n=10)
+        return self.engine.explain(Explanation(job, watch=self.watch, reply=tuple(reply.ids[:position])))
 
     def _answer(self, kept: list[TokenEvent], seed: int, settings: SamplingConfig | None = None) -> Reply | None:
         """Decode the last turn's reply after the rendered conversation and ``kept`` tokens."""
@@ -225,17 +242,37 @@ class Chat:
         return reply
 
     def _decode(self, cfg: SamplingConfig, prefix: list[int], stats: RunStats) -> tuple[list[int], Generator[Any, None, None]]:
-        """The rendered conversation's ids (the oldest exchanges dropped to leave room for the
-        reply) and the reply's ``(key, record)`` pairs, decoded by this process's session."""
-        from llmsample.engine.row_state import BatchItem
+        """The reply's prompt ids (where the engine is in this process) and its ``(key, record)``
+        pairs. The engine drops the oldest exchanges to leave the reply room in its context; this
+        conversation drops them too. An engine gone ends the chat in one line saying how to go on."""
+        from llmsample.client.connection import EngineGone
 
-        limit = self.lm.context_length or 0
-        room = min(cfg.max_tokens, limit // 2) + len(prefix)
-        ids, dropped = self.conversation.fit(self.lm, room)
-        if dropped:
-            self.note(f"dropped the {dropped} oldest exchange(s) to fit the context of {limit} tokens")
-        item = BatchItem(0, ids + prefix, cfg, stats, self.drafter, self.settings.draft_tokens)
-        return ids, failures_raised(self.session.turn(item))
+        try:
+            answered = self.engine.converse(self._job(cfg, self.conversation.messages(), tuple(prefix)))
+        except EngineGone as exc:
+            raise EngineGone(f"{exc}; {self._going_on()}") from None
+        if answered.dropped:
+            del self.conversation.turns[: answered.dropped]
+            limit = self.context_limit or 0
+            self.note(f"dropped the {answered.dropped} oldest exchange(s) to fit the context of {limit} tokens")
+        return answered.prompt_ids or [], _pairs(answered.records)
+
+    def _job(self, cfg: SamplingConfig, messages: list[dict[str, Any]], prefix: tuple[int, ...], top_n: int | None = None) -> Any:
+        """A turn's job: the conversation, the room kept for the reply (and its forced start)."""
+        from llmsample.jobs import Job
+
+        settings, drafts = self.settings, self.settings.ngram or self.settings.drafter
+        room = min(cfg.max_tokens, (self.context_limit or 0) // 2) + len(prefix)
+        return Job("", cfg, self.preset, top_n=settings.top_n if top_n is None else top_n, messages=messages,
+                   model=self.name, ngram=settings.ngram, drafter=settings.drafter,
+                   draft_tokens=settings.draft_tokens if drafts else None, fit_room=room,
+                   ignore_eos=settings.ignore_eos, watch=self.watch, prefix=prefix)  # fmt: skip
+
+    def _going_on(self) -> str:
+        """How to pick the conversation up again, once an engine answers."""
+        if self.log_thread is None:
+            return "this line was not answered (with --no-log, `llmsample chat -c` cannot continue this chat)"
+        return "this line was not answered; `llmsample chat -c` continues the conversation"
 
     def _stream(
         self, records: Generator[Any, None, None], stats: RunStats, kept: list[TokenEvent]
@@ -319,18 +356,15 @@ class Chat:
         return stdout_console(use_color(self.settings.no_color))
 
 
-def failures_raised(records: Generator[Any, None, None]) -> Generator[Any, None, None]:
-    """The session's ``(key, record)`` pairs, a row that failed (NaN logits...) raised as the
-    one-line failure it carries; closing this closes the session's turn."""
-    from llmsample.engine.row_state import RowFailed
-
+def _pairs(records: Iterator[Any]) -> Generator[Any, None, None]:
+    """A turn's records as the session's ``(key, record)`` pairs; closing it closes the turn
+    (in this process the session starts its cache afresh; elsewhere the connection closes and
+    the engine cancels the row: a Ctrl-C)."""
     try:
-        for key, record in records:
-            if isinstance(record, RowFailed):
-                raise RuntimeFailure(record.message)
-            yield key, record
+        for record in records:
+            yield 0, record
     finally:
-        records.close()
+        records.close()  # type: ignore[attr-defined]
 
 
 class TokenGuard:

@@ -12,7 +12,16 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from llmsample.client.connection import EngineGone, Target, engine_status, job_records, post_json, say, stream_job
+from llmsample.client.connection import (
+    EngineGone,
+    Target,
+    chat_job,
+    engine_status,
+    job_records,
+    post_json,
+    say,
+    stream_job,
+)
 from llmsample.client.wire import EXPLAIN_PATH, Failed
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
@@ -27,6 +36,17 @@ IN_PROCESS = "in-process"
 """The ``where`` of the engine in this process."""
 WINDOW_FALLBACK = 8
 """Jobs in flight at once on a server whose status does not say its rows."""
+
+
+@dataclasses.dataclass
+class Answered:
+    """A chat turn's answer, its row admitted: its records (as :meth:`EngineClient.run`'s), how
+    many of the conversation's oldest exchanges were dropped to fit the context, and the
+    rendered prompt's ids where the engine is in this process (None elsewhere)."""
+
+    records: Iterator[Record]
+    dropped: int
+    prompt_ids: list[int] | None = None
 
 
 class EngineClient(Protocol):
@@ -48,6 +68,12 @@ class EngineClient(Protocol):
 
     def run(self, job: Job) -> Iterator[Record]:
         """One job's token records, then its summary; a row that fails raises as in-process."""
+        ...
+
+    def converse(self, job: Job) -> Answered:
+        """A chat's turn (``job.messages`` with ``fit_room``): the engine keeps the
+        conversation's cache between turns (this process: its one row's; elsewhere: its prompt
+        cache), so only what changed is prefilled."""
         ...
 
     def run_many(self, jobs: Sequence[Job], rows: int | None = None) -> Iterator[tuple[int, Record | Failed]]:
@@ -73,8 +99,12 @@ class EngineClient(Protocol):
 class RemoteEngine:
     """An engine in another process: one of this user's (``unix:PATH``) or a server (a URL)."""
 
-    def __init__(self, target: Target, waiting: Callable[[str], None] = say) -> None:
-        self.target, self.waiting = target, waiting
+    def __init__(
+        self, target: Target, waiting: Callable[[str], None] = say, restart: Callable[[Target], Target] | None = None
+    ) -> None:
+        """``restart``: this user's engine, gone between a chat's turns (its keep-alive ran
+        out), started again (its new target), saying so; None: gone is gone."""
+        self.target, self.waiting, self.restart = target, waiting, restart
         self.where = target.where
         self._status: dict[str, Any] | None = None
 
@@ -99,6 +129,16 @@ class RemoteEngine:
 
     def run(self, job: Job) -> Iterator[Record]:
         return stream_job(self.target, self._addressed(job), self.waiting)
+
+    def converse(self, job: Job) -> Answered:
+        try:
+            return Answered(*chat_job(self.target, self._addressed(job), self.waiting))
+        except EngineGone:
+            if self.restart is None:
+                raise
+        self.target = self.restart(self.target)
+        self.where, self._status = self.target.where, None
+        return Answered(*chat_job(self.target, self._addressed(job), self.waiting))
 
     def run_many(self, jobs: Sequence[Job], rows: int | None = None) -> Iterator[tuple[int, Record | Failed]]:
         """A window of the jobs in flight (the engine's rows and as many queued, unless

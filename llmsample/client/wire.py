@@ -63,12 +63,18 @@ def job_from_json(data: Any) -> Job:
     watch = data.get("watch", [])
     if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
         raise ValueError(f"watch: expected a list of strings, got {watch!r}")
-    ids = data.get("prompt_ids")
-    if ids is not None and not (isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids)):
+    ids, prefix = data.get("prompt_ids"), data.get("prefix", [])
+    if ids is not None and not (_token_ids(ids) and ids):
         raise ValueError(f"prompt_ids: expected a list of token ids, got {ids!r}")
+    if not _token_ids(prefix):
+        raise ValueError(f"prefix: expected a list of token ids, got {prefix!r}")
     return Job(**{**data, "cfg": cfg, "ngram": _ngram(data.get("ngram")), "draft_tokens": _draft_tokens(data),
                   "messages": _messages(data.get("messages")), "watch": tuple(watch),
-                  "prompt_ids": None if ids is None else tuple(ids)})  # fmt: skip
+                  "prompt_ids": None if ids is None else tuple(ids), "prefix": tuple(prefix)})  # fmt: skip
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(type(t) is int and t >= 0 for t in value)
 
 
 def explanation_from_json(data: Any) -> Explanation:

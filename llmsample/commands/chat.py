@@ -11,7 +11,7 @@ import click
 
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.host_options import with_engine_options
-from llmsample.commands.model_options import load_model_with_progress, model_options, placement_options
+from llmsample.commands.model_options import model_options, placement_options
 from llmsample.commands.option_group import check_utf8_option
 from llmsample.commands.options import deterministic_option, draft_options, keeps_log, log_option, output_options
 from llmsample.commands.sampling_options import constraint_options, resolve_sampling, resolve_watch, sampling_options
@@ -59,7 +59,7 @@ def chat(**options: Any) -> None:
     Every reply is kept in the run log (`llmsample logs`) unless --no-log. A warm engine of the
     same model (llmsample start) decodes the replies.
     """
-    from llmsample.client.route import choose
+    from llmsample.commands.host_options import open_engine
 
     if options["replay"] and options["load_file"] is None and not options["resume"]:
         raise UserError("--replay decodes a saved conversation again; give it with --load FILE or -c")
@@ -67,7 +67,7 @@ def chat(**options: Any) -> None:
         raise UserError("-c continues the last logged conversation and --load a saved one; give one of them")
     if options["deterministic"] is None:
         options["deterministic"] = options["replay"]
-    target = choose(options, ["--replay"] if options["replay"] else None)
+    engine = open_engine(options, ["--replay"] if options["replay"] else None, restart=True)
     from llmsample.chat.logged import last_conversation, new_conversation
     from llmsample.chat.repl import converse
     from llmsample.chat.slash import load_into
@@ -76,17 +76,20 @@ def chat(**options: Any) -> None:
     from llmsample.commands.generate import build_renderers
 
     resumed = last_conversation() if options["resume"] else None  # before the model loads: none is one line
+    from llmsample.chat.talk import Chat
+    from llmsample.jobs import engine_drafter
+
     settings = ChatSettings(
         options["system"], options["top_n"], options["ignore_eos"], options["draft_tokens"],
         options["quiet"], options["fmt"], options["no_color"],
+        (options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
+        engine_drafter(options["draft"]),
     )  # fmt: skip
     views = Views(lambda quiet: build_renderers({**options, "quiet": quiet}), chain_table)
-    if target is not None:
-        from llmsample.commands.chat_warm import start_on
-
-        talk = start_on(target, options, views, settings)
-    else:
-        talk = _in_process(options, settings, views)
+    preset, cfg = resolve_sampling(options)
+    talk = Chat(engine, preset, cfg, settings, views, tuple(options.get("watch") or ()))
+    if talk.lm is not None and talk.watch:
+        resolve_watch(options, talk.lm)  # a watched text that is no token: one line now, not at every reply
     talk.log_thread = new_conversation() if keeps_log(options) else None
     try:
         if options["load_file"] is not None:
@@ -101,23 +104,6 @@ def chat(**options: Any) -> None:
         converse(talk, interactive)
     finally:
         talk.close()
-
-
-def _in_process(options: dict[str, Any], settings: Any, views: Any) -> Any:
-    """The chat with the model loaded here (a drafter too, with --draft)."""
-    from llmsample.chat.talk import Chat
-    from llmsample.engine.prompt import has_chat_template
-
-    preset, cfg = resolve_sampling(options)
-    lm = load_model_with_progress(options)
-    if not has_chat_template(lm):
-        raise UserError(f"{lm.name} has no chat template, so it cannot chat; use `llmsample generate --raw` with it")
-    drafter = None
-    if options["draft"]:
-        from llmsample.commands.model_options import build_drafter
-
-        drafter = build_drafter(options, lm)
-    return Chat(lm, preset, cfg, settings, views, resolve_watch(options, lm), drafter)
 
 
 def continue_from(talk: Any, thread: str, model: str, conversation: Any) -> None:

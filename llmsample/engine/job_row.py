@@ -26,14 +26,16 @@ def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | No
     dropped = 0
     if job.prompt_ids is not None:
         ids = list(job.prompt_ids)
-        if max(ids) >= lm.model.config.vocab_size:
-            raise UserError(f"prompt_ids: {max(ids)} is no token of {lm.name} ({lm.model.config.vocab_size} in all)")
     elif job.fit_room is not None and job.messages is not None:
         ids, dropped = fit_exchanges(lm, job.messages, job.fit_room)
     elif job.messages is not None:
         ids = message_id_list(lm, job.messages, job.truncate, job.cfg.max_tokens)
     else:
         ids = prompt_id_list(lm, job.prompt, job.system, job.raw, job.truncate, job.cfg.max_tokens)
+    given = max((*(job.prompt_ids or ()), *job.prefix), default=0)  # ids from the caller, not the tokenizer
+    if given >= lm.model.config.vocab_size:
+        raise UserError(f"token {given} is no token of {lm.name} ({lm.model.config.vocab_size} in all)")
+    ids = ids + list(job.prefix)
     stats = RunStats(model=lm.name, preset=job.preset, seed=job.cfg.seed)
     if lm.quantization:
         stats.note(quantization=lm.quantization)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llmsample.api.local import LocalEngine
 from llmsample.chat.slash import resolve_token, run_command
 from llmsample.chat.talk import Chat, ChatSettings, Views
 from llmsample.commands.explain import chain_table
@@ -30,7 +31,7 @@ def scratch(lm, ids: list[int], cfg: SamplingConfig = GREEDY) -> list[int]:
 @pytest.fixture
 def chat(chat_lm):
     views = Views(lambda quiet: build_renderers({**RENDERING, "quiet": quiet}), chain_table)
-    talk = Chat(chat_lm, "t", GREEDY, ChatSettings("w20 w21", top_n=3, ignore_eos=True, no_color=True), views)
+    talk = Chat(LocalEngine(lambda: chat_lm), "t", GREEDY, ChatSettings("w20 w21", top_n=3, ignore_eos=True, no_color=True), views)
     yield talk
     talk.close()
 

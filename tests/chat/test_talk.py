@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from llmsample.chat.talk import failures_raised
+from llmsample.api.local import raised_failures
 from llmsample.engine.row_state import RowFailed
 from llmsample.errors import RuntimeFailure
 
@@ -25,8 +25,8 @@ def test_a_failed_row_is_raised_and_the_turn_closed() -> None:
             closed.append(True)
 
     inner = turn()  # held here: only an explicit close ends it, not the collector
-    records = failures_raised(inner)
-    assert next(records) == (0, "an event")
+    records = raised_failures(inner)
+    assert next(records) == "an event"
     with pytest.raises(RuntimeFailure, match="the logits came out NaN"):
         next(records)
     assert closed == [True]
@@ -43,7 +43,7 @@ def test_closing_the_reply_closes_the_turn() -> None:
             closed.append(True)
 
     inner = turn()
-    records = failures_raised(inner)
+    records = raised_failures(inner)
     next(records)
     records.close()  # Ctrl-C mid-reply: the session starts its cache afresh
     assert closed == [True]

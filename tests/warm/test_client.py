@@ -16,9 +16,18 @@ from tests.conftest import REPO
 from tests.warm.conftest import Engine
 
 BLOCK = "import sys\nfor name in ('torch', 'transformers', 'llama_cpp'):\n    sys.modules[name] = None\n"
-CLIENT = ["llmsample.client.route", "llmsample.client.connection", "llmsample.commands.host_options", "llmsample.cli",
-          "llmsample.commands.chat_warm", "llmsample.chat.repl", "llmsample.commands.explain",
-          "llmsample.analysis.explain_records"]
+CLIENT = [
+    "llmsample.client.route",
+    "llmsample.client.connection",
+    "llmsample.commands.host_options",
+    "llmsample.cli",
+    "llmsample.chat.talk",
+    "llmsample.batch.run",
+    "llmsample.client.engine_client",
+    "llmsample.chat.repl",
+    "llmsample.commands.explain",
+    "llmsample.analysis.explain_records",
+]
 
 
 @pytest.mark.parametrize("module", CLIENT)
@@ -97,7 +106,9 @@ def test_an_explanation_and_its_answer_round_trip() -> None:
     from llmsample.client.wire import explanation_from_json
     from llmsample.jobs import Explanation
 
-    job = Job("hi", SamplingConfig(seed=5), "balanced", top_n=10, messages=[{"role": "user", "content": "x"}], fit_room=8)
+    job = Job(
+        "hi", SamplingConfig(seed=5), "balanced", top_n=10, messages=[{"role": "user", "content": "x"}], fit_room=8
+    )
     assert job_from_json(json.loads(json.dumps(job.to_json()))) == job
     with pytest.raises(ValueError, match="fit_room"):
         job_from_json({**job.to_json(), "fit_room": -1})
