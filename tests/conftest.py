@@ -25,6 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("CI"):
         settings.load_profile("ci")
 
+
 # A suite started in the background (``make test &``, a non-interactive shell's ``&``) inherits
 # SIGINT ignored, and every CLI it starts would inherit that too: the Ctrl-C tests would then see
 # the signal ignored (rightly: a background job keeps ignoring it). They test the CLI as a
@@ -155,8 +156,35 @@ def runtime_dir() -> str:
     return tempfile.mkdtemp(prefix="llmsample-run-")
 
 
+def worker_threads() -> int | None:
+    """Under pytest-xdist, each worker's share of this machine's CPUs (None outside xdist). torch,
+    and llama.cpp with as many threads as torch, would otherwise each take every CPU: two workers
+    on two CPUs then oversubscribe them, and llama.cpp's spinning threads waited on each other
+    (a run of the llama.cpp, speculation and placement modules on 2 workers: 150 s, 25 s shared)."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not workers:
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(1, int(workers)))
+
+
 @pytest.fixture(autouse=True)
-def isolated_user_dirs(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+def shared_cpus() -> None:
+    """Each test starts on its worker's share of the CPUs (:func:`worker_threads`), whatever the
+    test before it left (a test of threading sets its own count)."""
+    threads = worker_threads()
+    if threads is None:
+        return
+    import torch
+
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def isolated_user_dirs(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """No test reads or writes the real user's presets or run log; the model cache is the test cache."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     # The run log (llmsample logs): on, the test's own, and beside tmp_path (tests list what they wrote there).
