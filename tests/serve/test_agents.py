@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from pydantic import BaseModel
 
@@ -25,6 +23,7 @@ class Verdict(BaseModel):
 def run_agent(server: Server, extra: dict[str, Any], **agent: Any) -> Any:
     """One run of an Agent on the server through openai-agents' default (Responses) model
     (``extra``: our keys; a run must end, and the byte model ends where a constraint does)."""
+    import openai
     from agents import Agent, ModelSettings, RunConfig, Runner
     from agents.models.openai_provider import OpenAIProvider
 
@@ -72,6 +71,9 @@ def test_empty_tools_with_a_call_required_is_a_400() -> None:
 
 
 def test_empty_tools_through_each_api(tools_server: Server) -> None:
+    import anthropic
+    import openai
+
     client = tools_server.client()
     model = client.models.list().data[0].id
     answer = client.responses.create(model=model, input="hi", tools=[], max_output_tokens=4, extra_body={"seed": 1})

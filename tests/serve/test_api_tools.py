@@ -9,14 +9,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import jsonschema
 import pytest
 
 from tests.serve.conftest import Server
 from tests.serve.test_tools import SCHEMAS, UNTRUNCATED
+
+if TYPE_CHECKING:
+    import anthropic
+
 
 RESPONSES_TOOLS = [{"type": "function", "name": name, "parameters": schema} for name, schema in SCHEMAS.items()]
 MESSAGES_TOOLS = [{"name": name, "input_schema": schema} for name, schema in SCHEMAS.items()]
@@ -32,6 +35,8 @@ def respond(server: Server, **kwargs: Any) -> Any:
 
 
 def anthropic_client(server: Server) -> anthropic.Anthropic:
+    import anthropic
+
     return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=600)
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import openai
 import pytest
 
 from tests.constraints.conftest import make_byte_model
@@ -144,6 +143,8 @@ def test_the_docs_table_is_the_tested_one() -> None:
 def test_each_key_as_the_table_says(
     byte_server: Server, label: str, outcome: str, endpoint: str, kwargs: dict, param: str | None
 ) -> None:
+    import openai
+
     kwargs = {"max_tokens": 4, "seed": 1, **kwargs}
     if "max_tokens" in kwargs.get("extra_body", {}) or "n_predict" in kwargs.get("extra_body", {}):
         del kwargs["max_tokens"]
@@ -162,6 +163,8 @@ def test_each_key_as_the_table_says(
 
 
 def test_ignored_keys_are_logged_and_strict_api_refuses_them(byte_server: Server, tmp_path: Path) -> None:
+    import openai
+
     create(byte_server, max_tokens=2, extra_body={"metadata": {"run": "7"}, "store": True})
     log = byte_server.log.read_text()
     assert (
@@ -236,6 +239,8 @@ def test_echo_and_a_list_of_prompts(byte_server: Server) -> None:
 
 
 def test_token_id_prompts(byte_server: Server) -> None:
+    import openai
+
     ids = httpx.post(byte_server.url + "/tokenize", json={"prompt": "ab"}).json()["tokens"]
     by_text = create(byte_server, COMPLETION, prompt="ab", max_tokens=4, seed=6)
     by_ids = create(byte_server, COMPLETION, prompt=ids, max_tokens=4, seed=6, echo=True)

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import openai
 import pytest
 
 from tests.serve.conftest import NO_EOS, Server, start_server, wait_in_flight
@@ -108,6 +107,8 @@ def test_health_tokenize_detokenize(server: Server) -> None:
 
 
 def test_a_key_is_required_401(strict: Server) -> None:
+    import openai
+
     body = {"prompt": "w3", "max_tokens": 2}
     error = error_of(post(strict, "/v1/completions", json=body), 401)
     assert error["type"] == "authentication_error" and error["code"] == "invalid_api_key"

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import pytest
 
 from llmsample.serve.api_errors import ApiError
@@ -28,6 +27,8 @@ def byte_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 def client(server: Server, key: str = KEY) -> Any:
+    import anthropic
+
     return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0, timeout=60)
 
 
@@ -137,6 +138,8 @@ def test_our_records_where_asked(byte_server: Server) -> None:
 def test_bad_requests_are_anthropic_errors(
     byte_server: Server, kwargs: dict[str, Any], status: int, kind: str, start: str
 ) -> None:
+    import anthropic
+
     body = {"model": model(byte_server), "messages": USER, "max_tokens": 2, **kwargs}
     with pytest.raises(anthropic.APIStatusError) as caught:
         client(byte_server).messages.create(**body)
@@ -147,6 +150,7 @@ def test_bad_requests_are_anthropic_errors(
 
 def test_the_key_comes_as_x_api_key_or_bearer(byte_server: Server) -> None:
     """Anthropic's docs and older clients send ``x-api-key``; this client sends ``Authorization: Bearer``."""
+    import anthropic
     import httpx
 
     body = {"model": model(byte_server), "messages": USER, "max_tokens": 1}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import openai
 import pytest
 
 from tests.serve.conftest import NO_EOS, Server
@@ -131,6 +130,8 @@ def test_llmsample_keys_and_per_token_records(server: Server, model_id: str) -> 
 def test_bad_requests_are_the_clients_bad_request_error(
     server: Server, model_id: str, kwargs: dict, param: str
 ) -> None:
+    import openai
+
     with pytest.raises(openai.BadRequestError) as caught:
         chat(server, model_id, **kwargs)
     assert caught.value.status_code == 400
@@ -139,6 +140,8 @@ def test_bad_requests_are_the_clients_bad_request_error(
 
 
 def test_unknown_model_is_not_found(server: Server) -> None:
+    import openai
+
     with pytest.raises(openai.NotFoundError) as caught:
         server.client().chat.completions.create(model="gpt-nope", messages=MESSAGES)
     assert caught.value.body["param"] == "model" and "gpt-nope" in caught.value.body["message"]

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
-import openai
 import pytest
 
 from llmsample.serve.responses_api import chat_body
 from tests.serve.conftest import Server, start_byte_chat_server
+
+if TYPE_CHECKING:
+    import openai
+
 
 KEY = "sk-test-responses"
 NO_EOS = {"1": -100}  # the byte model's <eos>: never drawn, so answers run to their limit
@@ -117,6 +120,8 @@ def test_our_records_where_asked(byte_server: Server) -> None:
 
 
 def test_a_schema_with_keywords_left_out_says_so(byte_server: Server) -> None:
+    import openai
+
     unique = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
     extra = {"seed": 3, "json_schema": unique, "llmsample": {"tokens": "ids"}}
     answer = create(byte_server, max_output_tokens=40, extra_body=extra)
@@ -143,6 +148,8 @@ def test_a_schema_with_keywords_left_out_says_so(byte_server: Server) -> None:
     ],
 )
 def test_bad_requests_are_openai_errors(byte_server: Server, kwargs: dict[str, Any], param: str) -> None:
+    import openai
+
     model = client(byte_server).models.list().data[0].id
     body = {"input": "hi", "max_output_tokens": 2, **kwargs}
     if body["input"] is None:
@@ -153,6 +160,8 @@ def test_bad_requests_are_openai_errors(byte_server: Server, kwargs: dict[str, A
 
 
 def test_ignored_keys_warn_and_the_key_is_needed(byte_server: Server) -> None:
+    import openai
+
     answer = create(byte_server, max_output_tokens=2, metadata={"run": "1"}, reasoning={"effort": "low"}, store=False)
     assert [w.split(":")[0] for w in answer.model_extra["warnings"]] == ["metadata", "reasoning"]
     with pytest.raises(openai.AuthenticationError):

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
-import openai
 import pytest
 
 from tests.serve.conftest import Server, start_byte_chat_server
@@ -129,6 +128,8 @@ def test_auto_answers_are_text_or_valid_calls(tools_server: Server) -> None:
 
 
 def test_tool_choice_none_never_calls(tools_server: Server) -> None:
+    import openai
+
     answer = create(tools_server, tool_choice="none", n=8, max_tokens=40, **WILD)
     assert all(c.message.tool_calls is None and c.finish_reason != "tool_calls" for c in answer.choices)
     bare = create(tools_server, tools=openai.NOT_GIVEN, parallel_tool_calls=openai.NOT_GIVEN, max_tokens=40)
@@ -165,6 +166,8 @@ def test_a_history_with_tool_results_continues(tools_server: Server) -> None:
     ],
 )
 def test_bad_tools_are_a_400(tools_server: Server, body: dict[str, Any], param: str) -> None:
+    import openai
+
     with pytest.raises(openai.BadRequestError) as caught:
         create(tools_server, **body)
     assert param in caught.value.body["message"]
@@ -179,6 +182,8 @@ def thinking_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
 
 def test_reasoning_apart_from_content_whole_and_streamed(thinking_server: Server) -> None:
     """The template opens the block; a regex makes the model close it (a random model would not)."""
+    import openai
+
     kwargs = {"tools": openai.NOT_GIVEN, "parallel_tool_calls": openai.NOT_GIVEN, "max_tokens": 40, "seed": 3, "extra_body": {"regex": "[a-z]{3,6}</think>\n\n[a-z]{2,5}"}}
     message = create(thinking_server, **kwargs).choices[0].message
     reasoning = message.model_extra["reasoning_content"]
@@ -195,6 +200,8 @@ def test_reasoning_apart_from_content_whole_and_streamed(thinking_server: Server
 def test_the_reasoning_budget_closes_the_block_by_force_whole_and_streamed(thinking_server: Server) -> None:
     """A random model never closes the block: at 4 tokens the budget writes ``</think>``, each of
     its tokens forced in the records; the stream adds up to the whole answer."""
+    import openai
+
     extra = {"reasoning_budget": 4, "logit_bias": {"1": -100}, "llmsample": {"tokens": "full"}}
     kwargs = {"tools": openai.NOT_GIVEN, "parallel_tool_calls": openai.NOT_GIVEN, "max_tokens": 20, "seed": 4,
               "extra_body": extra}  # fmt: skip
