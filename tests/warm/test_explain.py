@@ -19,7 +19,6 @@ from llmsample.client.wire import ENGINE_PATH, EXPLAIN_PATH
 from tests.conftest import REPO
 from tests.warm.conftest import Engine
 from tests.warm.test_client import BLOCK
-from tests.warm.test_same_bytes import in_terminal
 
 NEXT = ("-p", "w3 w4 w5", "--system", "w9", "--preset", "creative", "--top-n", "6", "--ban", "w8",
         "--logit-bias", "w5=2.5", "--repetition-penalty", "1.3")  # fmt: skip
@@ -42,15 +41,6 @@ def test_the_same_bytes_as_in_process(engine: Engine, args: tuple[str, ...]) -> 
     assert warm.stderr.strip().splitlines() == [
         f"llmsample: explained by the engine at unix:{engine.record()['socket']}"
     ]
-
-
-def test_colour_in_a_terminal(engine: Engine) -> None:
-    def explained(*extra: str) -> bytes:
-        return in_terminal(engine, *CONTINUATION, "--ban", "w3", *extra, command="explain")
-
-    warm = explained("-q")
-    assert b"\x1b[" in warm and b"no (" in warm  # coloured, with a token the bans remove
-    assert warm == explained("-q", "--local")
 
 
 BAN_ALL = tuple(f"--ban={text}" for text in ("<bos>", "<unk>", *(f"w{i}" for i in range(3, 32))))

@@ -1,6 +1,6 @@
-"""The same command prints the same bytes through a warm engine as in-process (same seed and
-settings): plain text, the inspection table, the HTML page, JSONL records, colour in a terminal,
-and a user error. Only the summary's clocks and where it ran may differ."""
+"""The same command through a warm engine as in-process, beyond the engine interface's contract
+(tests/warm/test_contract.py: every command and format, byte for byte): a user error, a prompt
+asked again, speculation's summary, ``--watch``'s refusal, flags an engine cannot honour."""
 
 from __future__ import annotations
 
@@ -23,31 +23,6 @@ def both(engine: Engine, *args: str) -> tuple[subprocess.CompletedProcess, subpr
     warm = engine.generate(*args)
     local = engine.generate(*args, "--local")
     return warm, local
-
-
-def test_plain_inspect_and_html(engine: Engine, tmp_path: Path) -> None:
-    args = ("-p", "w3 w4 w5", "--system", "w9", "--seed", "5", "-n", "24", "--top-n", "3", "--stop", "w7", "--inspect")
-    warm = engine.generate(*args, "--html", str(tmp_path / "warm.html"))
-    local = engine.generate(*args, "--html", str(tmp_path / "local.html"), "--local")
-    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
-    assert warm.stdout == local.stdout and warm.stdout.count("\n") > 5  # the text and the table
-    assert (tmp_path / "warm.html").read_bytes() == (tmp_path / "local.html").read_bytes()
-    assert "engine unix:" in warm.stderr and "engine" not in local.stderr  # the summary line says where
-
-
-def test_jsonl_records(engine: Engine) -> None:
-    warm, local = both(
-        engine, "-p", "w4 w6", "--raw", "--preset", "creative", "--seed", "11", "-n", "20", "--min-p", "0.02",
-        "--dry-multiplier", "0.8", "--logit-bias", "w5=2.5", "--ban", "w8", "--format", "jsonl",
-    )  # fmt: skip
-    assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
-    warm_lines, local_lines = warm.stdout.splitlines(), local.stdout.splitlines()
-    assert warm_lines[:-1] == local_lines[:-1] and len(warm_lines) == 21  # every token record, byte for byte
-    warm_summary, local_summary = json.loads(warm_lines[-1]), json.loads(local_lines[-1])
-    assert warm_summary.pop("engine").startswith("unix:") and warm_summary.pop("warm") is True
-    for key in TIMING:
-        warm_summary.pop(key), local_summary.pop(key)
-    assert warm_summary == local_summary
 
 
 def test_a_prompt_asked_again_is_prefilled_whole(engine: Engine) -> None:
@@ -81,13 +56,6 @@ def in_terminal(engine: Engine, *args: str, command: str = "generate") -> bytes:
     os.close(leader)
     assert proc.wait(300) == 0, proc.stderr.read() if proc.stderr else ""
     return out
-
-
-def test_colour_in_a_terminal(engine: Engine) -> None:
-    args = ("-p", "w3 w3 w4", "--seed", "2", "-n", "16", "--color-by", "model", "--inspect", "-q")
-    warm = in_terminal(engine, *args)
-    assert b"\x1b[" in warm  # coloured
-    assert warm == in_terminal(engine, *args, "--local")
 
 
 @pytest.mark.parametrize("prompt", ["   "])
