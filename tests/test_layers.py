@@ -117,6 +117,21 @@ def test_only_backends_run_the_model_runner() -> None:
     assert offenders(("llmsample",), ("llmsample.engine.runner",), exempt=BACKENDS) == {}
 
 
+BACKEND_MODULES = (
+    "llmsample.engine.backend", "llmsample.engine.lockstep", "llmsample.engine.runner", "llmsample.engine.static",
+    "llmsample.engine.padded", "llmsample.engine.llamacpp_batch", "llmsample.engine.hf_growing_cache",
+    "llmsample.models.llamacpp_model", "llmsample.models.llamacpp_lib", "llmsample.models.native_llama",
+    "llmsample.models.native_checkpoint", "llmsample.models.llamacpp_load",
+)  # fmt: skip
+
+
+def test_the_commands_import_no_backend() -> None:
+    """A command builds jobs for an engine and renders its records: which backend runs the model
+    is the plan's (:mod:`llmsample.models.plan`), and every forward pass the seam's."""
+    assert all(module in MODULES for module in BACKEND_MODULES)
+    assert offenders(("llmsample.commands", "llmsample.api", "llmsample.chat", "llmsample.batch"), BACKEND_MODULES) == {}
+
+
 def test_batch_sits_below_the_commands_and_serve() -> None:
     """``serve`` parses its bodies with ``batch``'s requests; ``batch`` imports nothing above it
     but the engine interface ``run`` is a client of (here or warm alike), and only ``run``

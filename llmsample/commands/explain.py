@@ -128,13 +128,6 @@ def show_view(options: dict[str, Any], cfg: Any) -> None:
     from llmsample.engine.prompt import encode_prompt
     from llmsample.terminal import stdout_console, use_color
 
-    if options["layers"] and options["backend"] == "auto":  # llama.cpp does not expose the layers (torch does: asked for)
-        options = {**options, "backend": "transformers"}
-    if options["layers"] and options["backend"] == "llama.cpp":  # said before the model loads
-        from llmsample.engine.logit_lens import ON_LLAMA_CPP
-        from llmsample.errors import UserError
-
-        raise UserError(ON_LLAMA_CPP)
     prompt = read_prompt(options["prompt"], options["raw"])
     lm = load_model_with_progress(options)
     watch = resolve_watch(options, lm)

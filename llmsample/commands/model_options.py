@@ -63,6 +63,7 @@ model_options = option_group(
         default=None,
         help="llama.cpp's weight type (F16, BF16, Q8_0, Q4_K_M...): the model written at it once by llama.cpp's quantizer. Default: a checkpoint's own precision, F16 for the default model.",
     ),
+    click.option("--verbose", is_flag=True, help="Say on stderr which backend runs the model, and why."),
     panel="Model",
 )
 
@@ -159,6 +160,7 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
         "tensor_parallel": options.get("tp", False),
         "backend": options.get("backend", "auto"),
         "gguf_type": options.get("gguf_type"),
+        "layers": bool(options.get("layers")),
     }
     if options.get("quiet"):
         lm = load_model(*spec, compile=compile_model, **scaling)
@@ -171,6 +173,8 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
             lm = load_model(*spec, progress=progress, compile=compile_model, **scaling)
             progress.remove_task(task)
     lm.deterministic = bool(options.get("deterministic"))
+    if options.get("verbose"):
+        click.echo(f"llmsample: {lm.backend} runs {lm.name} ({lm.weights}): {lm.why}", err=True)
     return lm
 
 
@@ -210,13 +214,10 @@ def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Draf
             pool = SuffixPool(options["ngram_min"], max(options["ngram_max"], 6))
             return lambda: SuffixDrafter(pool, ngram())
         return ngram
-    from llmsample.models.llamacpp_load import gguf_file
+    from llmsample.models.plan import draft_load
 
-    if gguf_file(options["draft"]) is not None and lm.sample_device.type == "cpu":
-        draft = load_model(options["draft"], "cpu", backend="auto")  # llama.cpp where it is installed
-    else:  # on the device the target samples on (its input device when it is placed over several)
-        backend = "auto" if lm.backend == "torch" else "transformers"  # a torch target's draft on torch where it can
-        draft = load_model(options["draft"], str(lm.sample_device), str(lm.dtype).removeprefix("torch."), backend=backend)
+    device, dtype, backend = draft_load(options["draft"], lm.backend, lm.sample_device, lm.dtype)
+    draft = load_model(options["draft"], device, dtype, backend=backend)
     check_same_tokenizer(draft, lm)
     return lambda: ModelDrafter(draft, vocab, lm.sample_device)
 

@@ -11,11 +11,7 @@ from torch import Tensor
 from llmsample.engine.backend import LayerBackend, open_backend
 from llmsample.errors import UserError
 from llmsample.models.loading import LoadedModel
-
-ON_LLAMA_CPP = (
-    "--layers reads the model's hidden states, which the llama.cpp backend does not expose; "
-    "run it with --backend transformers"
-)
+from llmsample.models.plan import ON_LLAMA_CPP
 
 
 def layer_logits(lm: LoadedModel, prompt: Sequence[int]) -> Tensor:

@@ -31,10 +31,9 @@ from llmsample.models.llamacpp_lib import silence_llama_cpp
 from llmsample.models.tokenizer import quiet_transformers, saved_tokenizer
 
 if TYPE_CHECKING:
-    import torch
     from rich.progress import Progress
 
-BACKENDS = ("auto", "transformers", "llama.cpp", "torch")  # torch: models/native_checkpoint.py
+BACKENDS = ("auto", "transformers", "llama.cpp", "torch")  # which runs a model: models/plan.py
 EXTRA = "pip install 'llmsample[llamacpp]'"
 SIDECAR_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
 
@@ -60,41 +59,6 @@ def checkpoint_folder(spec: str | None) -> Path | None:
         return None
     path = Path(spec).expanduser()
     return path if path.is_dir() else None
-
-
-def choose_backend(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
-    """``auto``: llama.cpp on a CPU, when the extra is installed and nothing only transformers does
-    was asked for (``plain``: no --dtype, --compile, --quantize, placement, --tp), for the default
-    model (its GGUF rewritten at F16, :mod:`llmsample.models.hf_to_gguf`), a GGUF file, or a local
-    checkpoint llama.cpp can run once written to GGUF; transformers otherwise (a hub id, custom
-    code, a tokenizer llama.cpp has no model for). An explicit ``llama.cpp`` that cannot run is
-    one line saying why."""
-    from llmsample.models.hf_to_gguf import unconvertible
-
-    if requested == "transformers":
-        return requested
-    source, folder = gguf_file(spec), checkpoint_folder(spec)
-    why = unconvertible(folder) if folder is not None else None
-    if requested == "llama.cpp":
-        if source is None and folder is None:
-            raise UserError(
-                f"--backend llama.cpp runs GGUF files and local checkpoints, and {spec!r} is neither; "
-                "give --model FILE.gguf or a checkpoint folder, or leave out --model for the default model"
-            )
-        if why is not None:
-            raise UserError(f"cannot run {spec} on llama.cpp: {why}; use --backend transformers")
-        if not installed():
-            raise UserError(f"--backend llama.cpp needs llama-cpp-python, which is not installed: {EXTRA}")
-        if device.type != "cpu":
-            raise UserError(f"--backend llama.cpp runs on the CPU here, not {device}; drop --device or the backend")
-        if not plain:
-            raise UserError(
-                "--backend llama.cpp runs the GGUF's own weights: --dtype, --compile, --quantize, --device-map "
-                "and --tp are transformers' (use --backend transformers)"
-            )
-        return requested
-    runnable = source is not None or (folder is not None and why is None)
-    return "llama.cpp" if runnable and plain and device.type == "cpu" and installed() else "transformers"
 
 
 def sidecar_dir(source: Path) -> Path:

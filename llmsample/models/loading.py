@@ -55,6 +55,7 @@ class LoadedModel:
     backend: str = "transformers"  # "llama.cpp": ``model`` is a LlamaCppModel (a GGUF's handle); "torch": a NativeCausalLM
     model_file: str | None = None  # llama.cpp: the GGUF it runs
     deterministic: bool = False  # --deterministic: every row runs alone, one position per pass
+    why: str = ""  # why this backend runs it (models/plan.py; --verbose says it)
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
     bytes_table: TokenBytes | None = field(default=None, repr=False, compare=False)  # token_bytes's, made once
 
@@ -117,16 +118,21 @@ def load_model(
     tensor_parallel: bool = False,
     backend: str = "transformers",
     gguf_type: str | None = None,
+    layers: bool = False,
 ) -> LoadedModel:
     """Load tokenizer and causal LM; every failure a user can fix becomes one ``UserError`` line.
 
     ``placement``: spread the layers with accelerate (``--device-map``) instead of one device;
     ``quantize``: ``int8`` or ``int4`` (:mod:`llmsample.models.quantization`); ``backend``:
     ``auto``, ``transformers``, ``llama.cpp`` (:mod:`llmsample.models.llamacpp_load`) or ``torch``
-    (:mod:`llmsample.models.native_llama`; auto's choice: :mod:`llmsample.models.native_checkpoint`); ``gguf_type``:
-    llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.hf_to_gguf`)."""
+    (:mod:`llmsample.models.native_llama`; auto's choice: :mod:`llmsample.models.plan`); ``gguf_type``:
+    llama.cpp's weight type (``Q8_0``...; :mod:`llmsample.models.hf_to_gguf`); ``layers``: the
+    model's hidden states will be read (``explain --layers``). Which backend runs it, and why:
+    :func:`llmsample.models.plan.plan`."""
+    import dataclasses
+
     from llmsample.models.lean_imports import lean_imports
-    from llmsample.models.native_checkpoint import pick_backend
+    from llmsample.models.plan import Asked, plan
 
     with lean_imports(quantize):  # until transformers' model classes are imported
         keep_freed_blocks()  # every step's temporaries stay in the heap instead of faulting back in
@@ -134,13 +140,14 @@ def load_model(
         name = spec or DEFAULT_MODEL
         clean_staging(progress)
         simple = not (compile or placement or quantize or tensor_parallel)
-        chosen = pick_backend(backend, spec, device, dtype_name != "auto", simple)
+        planned = plan(Asked(backend, spec, device, dtype_name != "auto", simple, layers))
+        chosen = planned.backend
         if chosen == "llama.cpp":
-            return load_llama_cpp(spec, name, progress, gguf_type)
+            return dataclasses.replace(load_llama_cpp(spec, name, progress, gguf_type), why=planned.why)
         if gguf_type is not None:
             raise UserError(f"--gguf-type {gguf_type} is llama.cpp's weight type; leave it out on {chosen}")
         if chosen == "torch":
-            return load_native(spec, name, device, dtype_name, progress)
+            return dataclasses.replace(load_native(spec, name, device, dtype_name, progress), why=planned.why)
         quiet_transformers()
         source, local = model_source(spec, progress)
         config = read_config(source, name)
@@ -159,7 +166,7 @@ def load_model(
     compiled = CompiledSteps(model, str(cache_home() / "inductor")) if compile else None
     return LoadedModel(
         model, tokenizer, name, device, dtype, compiled, tensor_parallel,
-        placed_on=placed, quantization=quantize or stored,
+        placed_on=placed, quantization=quantize or stored, why=planned.why,
     )  # fmt: skip
 
 

@@ -3,9 +3,7 @@
 plain JSON (:class:`~llmsample.models.llamacpp_load.KeptConfig`), the tokenizer with ``tokenizers``
 (:mod:`llmsample.models.fast_tokenizer`), the weights from safetensors by their own names, refused
 in the transformers path's words (:mod:`llmsample.models.checkpoint`) when they do not fit.
-
-Also which backend ``--backend`` picks (:func:`pick_backend`): ``auto`` runs a checkpoint this
-forward computes on the CPU here, when llama.cpp does not run it."""
+Whether ``--backend auto`` picks it: :mod:`llmsample.models.plan`."""
 
 from __future__ import annotations
 
@@ -17,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llmsample.errors import UserError, first_line
-from llmsample.models import llamacpp_load
 from llmsample.models.checkpoint import mismatch_message
 from llmsample.models.gguf_to_hf import DEFAULT_MODEL, is_complete_conversion, models_dir
 from llmsample.models.llamacpp_load import KeptConfig, checkpoint_folder
@@ -33,22 +30,6 @@ OWN_TOKENIZER_CLASS = {"qwen2": "Qwen2Tokenizer"}
 """Model types whose tokenizer transformers 5 builds with a class of their own whatever
 tokenizer_config.json names (``MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS``): not ``tokenizers``'
 reading of tokenizer.json, so not :mod:`llmsample.models.fast_tokenizer`'s."""
-
-
-def pick_backend(requested: str, spec: str | None, device: torch.device, dtype_given: bool, simple: bool) -> str:
-    """``torch``, ``llama.cpp`` or ``transformers``. ``simple``: none of --compile, --quantize,
-    --device-map, --tp (transformers' own); ``dtype_given``: a --dtype (llama.cpp runs its file's).
-    ``auto``: llama.cpp where :func:`~llmsample.models.llamacpp_load.choose_backend` picks it, else
-    torch on a CPU for a local checkpoint (or the converted default model) that :func:`problem`
-    finds nothing wrong with, else transformers. An explicit ``torch`` that cannot run is one line."""
-    if requested == "torch":
-        check_torch(spec, device, simple)
-        return requested
-    chosen = llamacpp_load.choose_backend(requested, spec, device, simple and not dtype_given)  # looked up: tests replace it
-    if requested != "auto" or chosen != "transformers" or device.type != "cpu" or not simple:
-        return chosen
-    folder = native_folder(spec)
-    return "torch" if folder is not None and problem(folder) is None else chosen
 
 
 def check_torch(spec: str | None, device: torch.device, simple: bool) -> None:

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.models import llamacpp_load as llamacpp
+from llmsample.models.plan import Asked, plan
 
 
 def test_llama_cpp_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -48,9 +49,10 @@ def test_auto_picks_llama_cpp_on_a_cpu_for_what_it_can_run(
     spec = {"CONVERTIBLE": str(convertible), "WORDLEVEL": str(tiny_model_dir)}.get(SPECS[kind], SPECS[kind])
     monkeypatch.setattr(llamacpp, "installed", lambda: installed)
     runnable = kind in ("gguf", "default", "convertible folder")
-    expected = "llama.cpp" if runnable and device == "cpu" and plain and installed else "transformers"
-    assert llamacpp.choose_backend("auto", spec, torch.device(device), plain) == expected
-    assert llamacpp.choose_backend("transformers", spec, torch.device(device), plain) == "transformers"
+    on_llama_cpp = runnable and device == "cpu" and plain and installed
+    chosen = plan(Asked("auto", spec, torch.device(device), simple=plain))
+    assert (chosen.backend == "llama.cpp") == on_llama_cpp and chosen.why  # else torch or transformers, saying why
+    assert plan(Asked("transformers", spec, torch.device(device), simple=plain)).backend == "transformers"
 
 
 def test_llama_cpp_on_what_it_cannot_run_says_why(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,9 +60,9 @@ def test_llama_cpp_on_what_it_cannot_run_says_why(tiny_model_dir: Path, monkeypa
 
     monkeypatch.setattr(llamacpp, "installed", lambda: True)
     with pytest.raises(UserError, match=r"tokenizer.*use --backend transformers"):
-        llamacpp.choose_backend("llama.cpp", str(tiny_model_dir), torch.device("cpu"), True)
+        plan(Asked("llama.cpp", str(tiny_model_dir), torch.device("cpu")))
     with pytest.raises(UserError, match="neither"):
-        llamacpp.choose_backend("llama.cpp", "some/hub-id", torch.device("cpu"), True)
+        plan(Asked("llama.cpp", "some/hub-id", torch.device("cpu")))
 
 
 def test_llama_cpp_on_another_device_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -68,7 +70,7 @@ def test_llama_cpp_on_another_device_is_one_line(monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(llamacpp, "installed", lambda: True)
     with pytest.raises(UserError, match="runs on the CPU here, not cuda"):
-        llamacpp.choose_backend("llama.cpp", "m.gguf", torch.device("cuda"), True)
+        plan(Asked("llama.cpp", "m.gguf", torch.device("cuda")))
 
 
 @pytest.mark.parametrize(
@@ -111,19 +113,32 @@ class Chosen(Exception):
 def test_every_transformers_only_option_keeps_auto_off_llama_cpp(
     options: dict, plain: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What ``load_model`` tells the choice for each option that only transformers runs."""
+    """What ``load_model`` tells the plan for each option that only transformers runs."""
+    from llmsample.models import plan
     from llmsample.models.loading import load_model
     from llmsample.models.placement import Placement
 
     seen = []
 
-    def record(requested: str, spec: str | None, device: torch.device, plain: bool) -> str:
-        seen.append(plain)
+    def record(asked: plan.Asked) -> plan.Plan:
+        seen.append(asked.simple and not asked.dtype_given)
         raise Chosen
 
-    monkeypatch.setattr(llamacpp, "choose_backend", record)
+    monkeypatch.setattr(plan, "plan", record)
     if "placement" in options:
         options = {**options, "placement": Placement(options["placement"])}
     with pytest.raises(Chosen):
         load_model(None, "auto", backend="auto", **options)
     assert seen == [plain]
+
+
+def test_verbose_says_which_backend_runs_the_model_and_why(tiny_model_dir: Path) -> None:
+    """models/plan.py's reason, on stderr; stdout keeps only the text."""
+    args = ["generate", "-m", str(tiny_model_dir), "-p", "w3", "-n", "2", "--raw", "-q", "--local", "--verbose"]
+    result = CliRunner().invoke(main, [*args, "--backend", "transformers"])
+    assert result.exit_code == 0, result.output
+    assert f"llmsample: transformers runs {tiny_model_dir} (float32): asked for (--backend, or LLMSAMPLE_BACKEND)\n" in result.stderr
+    assert "llmsample:" not in result.stdout
+    auto = CliRunner().invoke(main, [*args, "--device", "cpu", "--backend", "auto"])
+    assert auto.exit_code == 0, auto.output
+    assert "a local checkpoint llmsample's own torch forward runs on the CPU" in auto.stderr, auto.stderr

@@ -17,13 +17,17 @@ from click.testing import CliRunner
 
 from llmsample.cli import main
 from llmsample.models import llamacpp_load as llamacpp
-from llmsample.models.native_checkpoint import pick_backend
+from llmsample.models.plan import Asked, plan
 from tests.commands.test_cold_imports import imported
 from tests.conftest import cli_env, make_tiny_model
 from tests.models.test_native import MODELS, save_tiny
 
 PROMPT = "w3 w9 w4 w17 w5 w11 w3 w9"
 CPU = torch.device("cpu")
+
+
+def picked(requested: str, spec: str | None, device: torch.device, dtype_given: bool, simple: bool) -> str:
+    return plan(Asked(requested, spec, device, dtype_given, simple)).backend
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +117,14 @@ def test_auto_picks_torch_on_a_cpu_for_a_plain_load(
     chosen: str,
 ) -> None:  # fmt: skip
     monkeypatch.setattr(llamacpp, "installed", lambda: False)
-    assert pick_backend(requested, str(llama), torch.device(device), dtype_given, simple) == chosen
+    assert picked(requested, str(llama), torch.device(device), dtype_given, simple) == chosen
 
 
 def test_auto_leaves_to_llama_cpp_what_it_runs(llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(llamacpp, "installed", lambda: True)
     monkeypatch.setattr(llamacpp, "checkpoint_folder", lambda spec: None)  # as a GGUF file would be
     monkeypatch.setattr(llamacpp, "gguf_file", lambda spec: Path("model.gguf"))
-    assert pick_backend("auto", str(llama), CPU, False, True) == "llama.cpp"
+    assert picked("auto", str(llama), CPU, False, True) == "llama.cpp"
 
 
 def test_auto_runs_the_converted_default_model_on_torch_without_llama_cpp(
@@ -133,9 +137,9 @@ def test_auto_runs_the_converted_default_model_on_torch_without_llama_cpp(
 
     monkeypatch.setattr(llamacpp, "installed", lambda: False)
     monkeypatch.setattr(native_load, "models_dir", lambda: tmp_path)
-    assert pick_backend("auto", None, CPU, False, True) == "transformers"  # not converted yet: transformers does it
+    assert picked("auto", None, CPU, False, True) == "transformers"  # not converted yet: transformers does it
     shutil.copytree(llama, tmp_path / DEFAULT_MODEL)
-    assert pick_backend("auto", None, CPU, False, True) == "torch"
+    assert picked("auto", None, CPU, False, True) == "torch"
 
 
 def one_line(*args: str) -> str:
@@ -159,17 +163,17 @@ def test_what_torch_cannot_run_is_one_line_and_auto_goes_to_transformers(llama: 
     gelu = edited(llama, tmp_path / "gelu", "config.json", hidden_act="gelu")
     line = one_line("-m", str(gelu), "--backend", "torch")
     assert f"cannot run {gelu} on --backend torch: its activation is 'gelu'" in line
-    assert pick_backend("auto", str(gelu), CPU, False, True) == "transformers"
+    assert picked("auto", str(gelu), CPU, False, True) == "transformers"
     qwen = save_tiny(tmp_path / "qwen", "qwen2")  # transformers reads its tokenizer with Qwen2Tokenizer
     assert "its tokenizer is transformers' Qwen2Tokenizer" in one_line("-m", str(qwen), "--backend", "torch")
-    assert pick_backend("auto", str(qwen), CPU, False, True) == "transformers"
+    assert picked("auto", str(qwen), CPU, False, True) == "transformers"
     windows = edited(qwen, tmp_path / "windows", "config.json", use_sliding_window=True)
     assert "sliding windows cover some layers" in one_line("-m", str(windows), "--backend", "torch")
     yarn = edited(llama, tmp_path / "yarn", "config.json", rope_parameters={"rope_type": "yarn", "rope_theta": 1e4})
     assert "rope type is 'yarn'" in one_line("-m", str(yarn), "--backend", "torch")
     tokenizer = edited(llama, tmp_path / "tokenizer", "tokenizer_config.json", add_prefix_space=True)
     assert "tokenizer needs transformers" in one_line("-m", str(tokenizer), "--backend", "torch")
-    assert pick_backend("auto", str(tokenizer), CPU, False, True) == "transformers"
+    assert picked("auto", str(tokenizer), CPU, False, True) == "transformers"
     assert "hub-id" in one_line("-m", "some/hub-id", "--backend", "torch")
     assert "transformers'" in one_line("-m", str(llama), "--backend", "torch", "--compile")
     assert "llama.cpp's weight type" in one_line("-m", str(llama), "--backend", "torch", "--gguf-type", "Q8_0")
