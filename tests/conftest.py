@@ -211,5 +211,8 @@ def cli_env(**extra: str) -> dict[str, str]:
     """Environment for subprocess runs of the CLI: the test cache, offline, no colour settings."""
     env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
     env.update(LLMSAMPLE_HOME=str(TEST_HOME), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    threads = worker_threads()
+    if threads is not None:  # the process computes on its worker's share too (torch; llama.cpp takes torch's)
+        env["OMP_NUM_THREADS"] = str(threads)
     env.update(extra)
     return env
