@@ -60,6 +60,15 @@ def spec_of(options: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+def draft_of(options: dict[str, Any]) -> str | None:
+    """``--draft`` as an engine's capability: a draft model (a local one by its real path) or
+    ``suffix``; None for none, or ``ngram`` (a row's own drafter, which any engine runs)."""
+    draft = options.get("draft")
+    if draft in (None, "ngram"):
+        return None
+    return os.path.realpath(draft) if os.path.exists(draft) else draft
+
+
 def engine_id(spec: dict[str, Any]) -> str:
     """Short (a Unix socket's path holds at most 107 bytes) and the same for the same spec."""
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
@@ -80,6 +89,7 @@ class EngineRecord:
     version: str
     keep_alive_s: float | None
     started: float
+    draft: str | None = None  # what it drafts with beyond a row's own (--draft MODEL or suffix)
 
     @property
     def where(self) -> str:

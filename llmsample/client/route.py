@@ -27,13 +27,15 @@ UNSERVED = {
 placement): refused in one line when an engine would run the command, never dropped."""
 
 
-def unserved(options: dict[str, Any], refused: list[str] | None = None) -> str | None:
-    """The first option given that an engine cannot honour (``--draft``: a draft model; ``ngram``
-    runs there); ``refused``: a command's own such flags, found given by the command."""
+def unserved(options: dict[str, Any], refused: list[str] | None = None, served_draft: str | None = None) -> str | None:
+    """The first option given that an engine cannot honour (``--draft``: a draft model or a
+    suffix pool, unless the engine was started with that one, ``served_draft``; ``ngram`` runs
+    on any); ``refused``: a command's own such flags, found given by the command."""
     if refused:
         return refused[0]
-    if options.get("draft") not in (None, "ngram"):
-        return "--draft MODEL"
+    draft = registry.draft_of(options)
+    if draft is not None and draft != served_draft:
+        return f"--draft {options['draft']}"
     return next((flag for key, flag in UNSERVED.items() if options.get(key)), None)
 
 
@@ -54,10 +56,11 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
     record = registry.find(registry.spec_of(options))
     if record is None:
         return None
-    flag = unserved(options, refused)
+    flag = unserved(options, refused, record.draft)
     if flag:
+        started = f", or start it with {flag}" if flag.startswith("--draft") else ""
         raise UserError(
-            f"{flag} does not run on the warm engine for {record.name}; leave it out, or pass --local to run here"
+            f"{flag} does not run on the warm engine for {record.name}; leave it out{started}, or pass --local to run here"
         )
     if record.version != __version__:
         raise UserError(

@@ -54,6 +54,9 @@ def _locked(path: Path) -> Iterator[None]:
 @click.option("--deterministic", is_flag=True,
               help="Every row computed alone, one position per pass (docs/determinism.md): commands run with "
               "--deterministic use this engine, and only they.")  # fmt: skip
+@click.option("--draft", metavar="MODEL|suffix",
+              help="A draft model (sharing the model's tokenizer) or a suffix pool the engine holds: commands "
+              "run with the same --draft speculate on it.")  # fmt: skip
 @quiet_option()
 def start(**options: Any) -> None:
     """Start a warm engine: the model stays loaded, and generate uses it (a fraction of a second).
@@ -65,6 +68,7 @@ def start(**options: Any) -> None:
     llmsample start
     llmsample start -m HuggingFaceTB/SmolLM2-360M-Instruct --keep-alive 1h
     llmsample start --deterministic    # for batch/generate --deterministic, and compare-presets
+    llmsample start --draft suffix      # for speculate/generate/batch --draft suffix
     """
     if options["compile_model"]:
         raise UserError(
@@ -105,6 +109,8 @@ def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float |
         command += ["--keep-alive", repr(keep_s)]
     if options["deterministic"]:
         command.append("--deterministic")
+    if options.get("draft") not in (None, "ngram"):
+        command += ["--draft", options["draft"]]
     log = directory / f"{ident}.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,

@@ -110,6 +110,8 @@ def serve(**options: Any) -> None:
     lm = load_model_with_progress(options)
     if lm.tensor_parallel:
         raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
+    from llmsample.jobs import engine_drafter
+
     drafter = None
     if options["draft"]:
         from llmsample.commands.model_options import build_drafter
@@ -122,7 +124,8 @@ def serve(**options: Any) -> None:
 
         engine.log = ServeLog(options["system"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
-                       drafter=drafter, read_timeout=options["read_timeout"], strict_api=options["strict_api"])  # fmt: skip
+                       drafter=drafter, drafter_kind=engine_drafter(options["draft"]), read_timeout=options["read_timeout"],
+                       strict_api=options["strict_api"])  # fmt: skip
     idle = Idle(state)
     if options["engine"]:
         ready = engine_ready(options, state, idle, directory, sock_path)

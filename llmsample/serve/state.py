@@ -28,6 +28,7 @@ class ServeState:
     read_timeout: float = READ_TIMEOUT_S  # seconds a client has to send a request's body
     presets: frozenset[str] = frozenset()
     drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
+    drafter_kind: str | None = None  # a job's drafter this engine runs (suffix, model; None: ngram or none)
     strict_api: bool = False  # --strict-api: a key the server would ignore is a 400
 
     @property
