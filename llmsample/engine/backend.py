@@ -3,35 +3,49 @@ cache of a changing set of rows and hands back float32 logits on ``sample_device
 (:mod:`llmsample.engine.decode`) owns everything else (sampling, records, stops, drafting).
 
 A row is addressed by its index in the backend's current order: :meth:`Backend.admit` appends
-rows, :meth:`Backend.keep` drops and reorders them. Three implementations ship:
-:class:`llmsample.engine.padded.PaddedBatch` (transformers, one left-padded cache with a mask:
-rows join and leave at any step, ragged verification, per-row rollback),
-:class:`llmsample.engine.lockstep.LockstepBatch` (transformers, rows of one prompt advancing
-together: the compiled static cache and tensor parallelism) and
+rows, :meth:`Backend.keep` drops and reorders them. Four implementations ship:
+:class:`llmsample.engine.padded.PaddedBatch` (transformers' model or llmsample's own torch
+forward, one left-padded cache with a mask: rows join and leave at any step, ragged verification,
+per-row rollback), :class:`llmsample.engine.lockstep.LockstepBatch` (transformers, rows of one
+prompt advancing together: the compiled static cache and tensor parallelism),
 :class:`llmsample.engine.static.StaticBatch` (the compiled step over a left-padded static cache:
-requests with their own prompts, in waves). A llama.cpp backend maps the same
-calls onto sequence ids: ``admit`` decodes each prompt under a new id, ``verify`` carries the
-ragged tokens with their ids in one ``llama_batch``, ``rollback`` is ``seq_rm``, ``replicate`` is
-``seq_cp``, ``keep`` removes the ids that left."""
+requests with their own prompts, in waves) and :class:`llmsample.engine.llamacpp_batch.LlamaCppBatch`,
+which maps the same calls onto llama.cpp's sequence ids: ``admit`` decodes each prompt under a
+new id, ``verify`` carries the ragged tokens with their ids in one ``llama_batch``, ``rollback``
+is ``seq_rm``, ``replicate`` is ``seq_cp``, ``keep`` removes the ids that left. Two more wrap
+one of those: :class:`llmsample.engine.deterministic.DeterministicBackend` (every row alone, one
+position per pass) and :class:`llmsample.engine.prompt_cache.CachingBackend` (rows admitted from
+the prompt cache)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
 
 from llmsample.models.loading import LoadedModel
 
+if TYPE_CHECKING:
+    from llmsample.engine.prompt_cache import Prefixes
+
 
 class Backend(Protocol):
-    """What the loop needs of a model with its cache."""
+    """What the loop needs of a model with its cache. Its optional parts are declared, None
+    where a backend lacks them: ``prefixes`` (a row's prefix kept, and a new row admitted from
+    it: what the prompt cache needs), ``joining`` (rows joining prefilled in the running rows'
+    pass), ``layers`` (a prompt's layers read: ``explain --layers``); ``reused`` is a prompt
+    cache's (:class:`~llmsample.engine.prompt_cache.CachingBackend`), None on every other."""
 
     sample_device: torch.device
     can_join: bool  # rows may be admitted while others are decoding (else: once none is)
     ragged: bool  # rows may verify different numbers of tokens and roll back on their own
     compile_s: float  # what building a compiled step cost this run (0: none, or reused)
+    prefixes: Prefixes | None
+    joining: Joining | None
+    layers: Layers | None
+    reused: list[int] | None  # tokens each prompt of the last admit took from the prompt cache
 
     def admit(self, prompts: list[list[int]]) -> Tensor:
         """Prefill ``prompts`` as new last rows; their next-token logits ``[len(prompts), vocab]``."""
@@ -67,9 +81,8 @@ class Backend(Protocol):
         ...
 
 
-@runtime_checkable
-class LayerBackend(Protocol):
-    """A backend that can also read a prompt's layers (``explain --layers``): the padded batch."""
+class Layers(Protocol):
+    """A backend's optional ``layers``: a prompt's layers read (``explain --layers``): the padded batch."""
 
     def admit_layers(self, prompt: list[int]) -> Tensor:
         """:meth:`Backend.admit` of one prompt, with the logit lens at its last position
@@ -77,10 +90,9 @@ class LayerBackend(Protocol):
         ...
 
 
-@runtime_checkable
-class JoiningBackend(Protocol):
-    """A backend that prefills rows joining in the running rows' pass (llama.cpp's sequences:
-    llama-server's mixed batches), rather than in a pass of their own."""
+class Joining(Protocol):
+    """A backend's optional ``joining``: rows joining prefilled in the running rows' pass
+    (llama.cpp's sequences: llama-server's mixed batches), rather than in a pass of their own."""
 
     def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
         """Whether :meth:`forward_joining` takes these prompts (``whole``: the indices of those

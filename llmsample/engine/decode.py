@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from llmsample.engine.backend import Backend, JoiningBackend, open_backend
+from llmsample.engine.backend import Backend, open_backend
 from llmsample.engine.feed import Feed, IterableFeed
-from llmsample.engine.prompt_cache import CachingBackend, PromptCache, can_cache
+from llmsample.engine.prompt_cache import PromptCache, with_prompt_cache
 from llmsample.engine.row_state import BatchItem, Row, RowFailed, start_row
 from llmsample.engine.speculative import DraftLength
 from llmsample.engine.step import Record, StepInput, sample_step
@@ -67,8 +67,7 @@ def decode(
         cache = options.prompt_cache if options.reference is None else None
         budget = cache.budget if cache is not None else 0
         backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward, cache_bytes=budget)
-        if cache is not None and can_cache(backend):
-            backend = CachingBackend(backend, cache)  # closing it forgets what lives in it
+        backend = with_prompt_cache(backend, cache)  # closing it forgets what lives in it
         stack.enter_context(contextlib.closing(backend))
         backends = [backend]
         if options.reference is not None:
@@ -87,10 +86,8 @@ def decode(
                 admitted = [prefilled]
             else:
                 whole = _whole(joining)
-                admitted = [
-                    b.admit(prompts, whole) if isinstance(b, CachingBackend) else b.admit(prompts) for b in backends
-                ]
-            if isinstance(backend, CachingBackend):
+                admitted = [b.admit(prompts, whole) if b.reused is not None else b.admit(prompts) for b in backends]
+            if backend.reused is not None:  # a prompt cache's: how much each prompt took from it
                 for item, reused in zip(joining, backend.reused, strict=True):
                     item.stats.note(cache=CacheReuse(reused=reused, prefilled=len(item.prompt_ids) - reused))
             return admitted
@@ -100,8 +97,8 @@ def decode(
             return (
                 not one_prompt
                 and len(backends) == 1
-                and isinstance(backend, JoiningBackend)
-                and backend.joins([item.prompt_ids for item in joining], _whole(joining))
+                and backend.joining is not None
+                and backend.joining.joins([item.prompt_ids for item in joining], _whole(joining))
             )
 
         yield from run_rows(lm, backends, feed, first, max_rows, options, admit, joins=joins)  # type: ignore[arg-type]
@@ -127,7 +124,7 @@ def run_rows(
     that join (or, given their logits, notes them); returns the rows that ended. ``retain``:
     finished rows keep their cache (a session's one row, continued by the next turn); the caller
     owns the backends. ``joins``: whether rows that join while others run are prefilled in the
-    running rows' pass (a :class:`JoiningBackend`'s mixed batch)."""
+    running rows' pass (a backend's ``joining``: a mixed batch)."""
     backend = backends[0]
     watched = WatchIndex.of([token for _, token in options.watch], lm.sample_device)
     reference_dtype = dtype_name(options.reference.dtype) if options.reference is not None else None
@@ -228,7 +225,8 @@ def _forward(
         at += len(f)
         row.cached += len(f)
     if prompts:  # one backend (``joins`` said so); its logits in fed order already
-        flat, prefilled = backend.forward_joining(fed, prompts)  # type: ignore[attr-defined]
+        assert backend.joining is not None
+        flat, prefilled = backend.joining.forward_joining(fed, prompts)
         return StepInput(flat, starts), prefilled
     outputs = [b.verify(fed) for b in backends]
     width = outputs[0].shape[1]

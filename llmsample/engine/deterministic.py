@@ -29,6 +29,8 @@ class DeterministicBackend:
     a one-token ``step``). ``lengths[row]``: the positions row ``row``'s cache holds."""
 
     can_join = True  # a joining row gets a backend of its own: nobody else's cache changes
+    prefixes = joining = layers = None  # the seam's optional parts (llmsample.engine.backend): none here
+    reused = None  # no prompt cache
 
     def __init__(self, open_row: Callable[[], Backend]) -> None:
         self.open_row = open_row

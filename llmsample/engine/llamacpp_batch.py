@@ -36,6 +36,18 @@ class LlamaCppBatch:
     can_join = True
     ragged = True
     compile_s = 0.0
+    layers = None  # llama.cpp does not expose the hidden states
+    reused = None  # no prompt cache of its own (a CachingBackend's)
+
+    @property
+    def prefixes(self) -> LlamaCppBatch:
+        """Sequences kept and admitted again: :meth:`save` (``seq_cp``), :meth:`admit_saved`."""
+        return self
+
+    @property
+    def joining(self) -> LlamaCppBatch:
+        """Joining rows prefilled in the running rows' ``llama_batch``: :meth:`forward_joining`."""
+        return self
 
     def __init__(
         self,

@@ -18,6 +18,8 @@ class LockstepBatch:
     """A :class:`ModelRunner` behind the backend seam (:mod:`llmsample.engine.backend`)."""
 
     can_join = False
+    prefixes = joining = layers = None  # the seam's optional parts (llmsample.engine.backend): none here
+    reused = None  # no prompt cache
 
     def __init__(self, lm: LoadedModel, rows: int, positions: int) -> None:
         self.runner = ModelRunner.for_run(lm, rows, positions)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from llmsample.engine.backend import LayerBackend, open_backend
+from llmsample.engine.backend import open_backend
 from llmsample.errors import UserError
 from llmsample.models.loading import LoadedModel
 from llmsample.models.plan import ON_LLAMA_CPP
@@ -22,11 +22,11 @@ def layer_logits(lm: LoadedModel, prompt: Sequence[int]) -> Tensor:
         raise UserError(ON_LLAMA_CPP)
     backend = open_backend(lm, 1, len(prompt), one_prompt=True, steps=False)
     try:
-        if not isinstance(backend, LayerBackend):
+        if backend.layers is None:
             raise UserError(
                 f"--layers reads the layers on the padded batch; {lm.name!r} runs here on "
                 f"{type(backend).__name__} (--tp, or a cache it cannot pad), which does not expose them"
             )
-        return backend.admit_layers(list(prompt))
+        return backend.layers.admit_layers(list(prompt))
     finally:
         backend.close()

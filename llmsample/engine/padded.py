@@ -32,6 +32,18 @@ class PaddedBatch:
 
     can_join = True
     compile_s = 0.0
+    joining = None  # a joining row is prefilled in a pass of its own
+    reused = None  # no prompt cache of its own (a CachingBackend's)
+
+    @property
+    def prefixes(self) -> PaddedBatch:
+        """Rows' prefixes kept and admitted again: :meth:`save`, :meth:`admit_saved`."""
+        return self
+
+    @property
+    def layers(self) -> PaddedBatch:
+        """A prompt's layers: :meth:`admit_layers`."""
+        return self
 
     def __init__(
         self,
@@ -183,6 +195,10 @@ class PaddedBatch:
         return SavedRow(layers)
 
     @torch.inference_mode()
+    def detach(self, saved: SavedRow) -> SavedRow:
+        """A kept row owns its tensors already: it outlives this batch as it is."""
+        return saved
+
     def admit_saved(self, saved: SavedRow, length: int, rest: list[int]) -> Tensor:
         """A new last row: ``saved``'s first ``length`` positions, then ``rest`` prefilled after them."""
         self._crop_holes()

@@ -30,9 +30,11 @@ MAX_ENTRIES = 1024
 
 
 class Saved(Protocol):
-    """A copy of a row's first positions, owned by the cache: its size, and how to let it go."""
+    """A copy of a row's first positions, owned by the cache: its size, the backend it lives in
+    (None: its own memory, it outlives any backend), and how to let it go."""
 
     nbytes: int
+    owner: Any
 
     def release(self) -> None: ...
 
@@ -52,6 +54,11 @@ class Prefixes(Protocol):
     def admit_saved(self, saved: Saved, length: int, rest: list[int]) -> Tensor:
         """A new last row holding ``saved``'s first ``length`` positions and then ``rest``
         (prefilled); its next-token logits ``[1, vocab]``."""
+        ...
+
+    def detach(self, saved: Saved) -> Saved:
+        """``saved`` moved out of this backend, which closes (llama.cpp's sequence state to host
+        memory), for the next backend of the run to start from; ``saved`` is released."""
         ...
 
 
@@ -112,23 +119,19 @@ class PromptCache:
 
     def drop_oldest(self, owner: Any) -> bool:
         """Let the least recently used entry living in ``owner`` go; False when none does."""
-        key = next((k for k, e in self.entries.items() if getattr(e.saved, "owner", None) is owner), None)
+        key = next((k for k, e in self.entries.items() if e.saved.owner is owner), None)
         if key is None:
             return False
         self._drop(key)
         return True
 
     def forget(self, owner: Any) -> None:
-        """The entries that live in ``owner`` (a backend that closes) move out of it where it
-        can copy them to host memory (``detach``: llama.cpp's sequence state), so the next
-        backend of the run starts from them; the others are released."""
-        detach = getattr(owner, "detach", None)
-        for key in [k for k, e in self.entries.items() if getattr(e.saved, "owner", None) is owner]:
+        """The entries that live in ``owner`` (a backend that closes) move out of it
+        (``prefixes.detach``: llama.cpp's sequence state to host memory), so the next backend of
+        the run starts from them."""
+        for key in [k for k, e in self.entries.items() if e.saved.owner is owner]:
             entry = self.entries[key]
-            if detach is None:
-                self._drop(key)
-                continue
-            moved = detach(entry.saved)
+            moved = owner.prefixes.detach(entry.saved)
             self.used += moved.nbytes - entry.saved.nbytes
             entry.saved = moved
         while self.used > self.budget:
@@ -155,14 +158,20 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
 
 
 class CachingBackend:
-    """A backend that admits prompts from the prompt cache where it can; ``reused`` says, for
-    the prompts of the last ``admit``, how many tokens each took from it."""
+    """A backend that admits prompts from the prompt cache where it can (through the wrapped
+    backend's ``prefixes``); ``reused`` says, for the prompts of the last ``admit``, how many
+    tokens each took from it. It joins rows in the running rows' pass where the wrapped backend
+    does and no prompt shares a prefix worth reusing."""
+
+    prefixes = layers = None  # its rows' prefixes are the cache's to keep
 
     def __init__(self, backend: Any, cache: PromptCache) -> None:
         self.backend, self.cache = backend, cache
+        self.kept: Prefixes = backend.prefixes
         self.sample_device: torch.device = backend.sample_device
         self.tokens: list[list[int]] = []  # what each row's cache holds
         self.reused: list[int] = []
+        self.joining: CachingBackend | None = self if backend.joining is not None else None
 
     @property
     def can_join(self) -> bool:
@@ -195,7 +204,7 @@ class CachingBackend:
             if source is None:
                 parts.append(self.backend.admit([prompts[i]]))
             else:
-                parts.append(self.backend.admit_saved(source[0], n, prompts[i][n:]))
+                parts.append(self.kept.admit_saved(source[0], n, prompts[i][n:]))
                 if source[1]:
                     source[0].release()
             self.tokens.append(list(prompts[i]))
@@ -213,7 +222,7 @@ class CachingBackend:
     def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
         """Whether :meth:`forward_joining` takes ``prompts``: none shares a prefix worth reusing
         with a kept entry or with another of them (:meth:`admit` would prefill every one whole)."""
-        if not hasattr(self.backend, "forward_joining") or not self.backend.joins(prompts):
+        if self.backend.joining is None or not self.backend.joining.joins(prompts):
             return False
         return not any(
             i not in whole
@@ -224,7 +233,7 @@ class CachingBackend:
 
     def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
         """The backend's pass of ``fed`` with ``prompts`` joining (:meth:`joins` said yes)."""
-        out = self.backend.forward_joining(fed, prompts)
+        out = self.backend.joining.forward_joining(fed, prompts)
         for held, tokens in zip(self.tokens, fed, strict=True):
             held += tokens
         self.tokens += [list(prompt) for prompt in prompts]
@@ -255,10 +264,10 @@ class CachingBackend:
     def _save(self, row: int, length: int) -> Saved | None:
         """``backend.save``, once the oldest entries living in the backend made room (None: none
         is left to go and it still does not fit)."""
-        while not self.backend.can_save(length):
+        while not self.kept.can_save(length):
             if not self.cache.drop_oldest(self.backend):
                 return None
-        return self.backend.save(row, length)
+        return self.kept.save(row, length)
 
     def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
         logits = self.backend.admit_copies(prompt, copies)
@@ -301,6 +310,9 @@ class CachingBackend:
         self.backend.close()
 
 
-def can_cache(backend: Any) -> bool:
-    """Whether ``backend`` offers what :class:`CachingBackend` needs."""
-    return all(hasattr(backend, name) for name in ("can_save", "save", "admit_saved"))
+def with_prompt_cache(backend: Any, cache: PromptCache | None) -> Any:
+    """``backend`` admitting prompts from ``cache`` where it keeps prefixes (its ``prefixes``);
+    as it is without a cache, or where it keeps none."""
+    if cache is None or backend.prefixes is None:
+        return backend
+    return CachingBackend(backend, cache)

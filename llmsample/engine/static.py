@@ -31,6 +31,8 @@ class StaticBatch:
 
     can_join = False
     ragged = False
+    prefixes = joining = layers = None  # the seam's optional parts (llmsample.engine.backend): none here
+    reused = None  # no prompt cache
 
     def __init__(self, lm: LoadedModel, rows: int, positions: int) -> None:
         """``positions``: the most any request of the run needs (prompt, tokens and one more)."""

@@ -94,6 +94,8 @@ def test_a_backend_without_layers_is_refused_and_closed(deep_lm, monkeypatch: py
     closed = []
 
     class Plain:
+        layers = None  # declared: it reads no layers
+
         def close(self) -> None:
             closed.append(True)
 

