@@ -158,8 +158,8 @@ def read_requests(
                 seen.setdefault(exc.custom_id, number)
             yield RequestError(number, exc.custom_id, str(exc))
             continue
-        except RecursionError:  # Python's JSON reader (or a check walking the value) ran out of stack
-            yield RequestError(number, None, "nested too deeply to read (about 1000 levels at most); flatten the line")
+        except RecursionError:  # Python's JSON reader ran out of stack (deeper than MAX_NESTING)
+            yield RequestError(number, None, TOO_DEEP)
             continue
         first = seen.setdefault(request.custom_id, number)
         if first != number:
@@ -196,11 +196,32 @@ def _parse(text: str, number: int) -> Request:
     return _our_request(data, number)
 
 
+MAX_NESTING = 500
+"""Levels of arrays and objects a line may nest: a deeper one is its error whatever reads it
+next (a check that walks the value would run out of stack near 1000, as and when the stack
+beneath it allowed)."""
+TOO_DEEP = f"nested too deeply to read ({MAX_NESTING} levels at most); flatten the line"
+
+
 def _load_json(text: str) -> dict[str, Any]:
     try:
-        return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
+        data = json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
     except json.JSONDecodeError as exc:
         raise _LineError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    if _nesting(data) > MAX_NESTING:
+        raise _LineError(TOO_DEEP)
+    return data
+
+
+def _nesting(value: Any) -> int:
+    """The deepest level of arrays and objects in ``value``, walked without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            todo += [(child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)]
+    return deepest
 
 
 def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

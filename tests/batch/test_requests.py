@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from llmsample.batch.requests import SAMPLING_KEYS, Request, RequestError, read_requests
+from llmsample.batch.requests import MAX_NESTING, SAMPLING_KEYS, TOO_DEEP, Request, RequestError, read_requests
 from llmsample.sampling.config import SamplingConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -347,12 +347,15 @@ def test_invalid_utf8_is_one_error_and_reading_goes_on() -> None:
     assert items[3].line == 4
 
 
-@pytest.mark.parametrize("depth", [3000, 990])
+@pytest.mark.parametrize("depth", [3000, 990, MAX_NESTING])
 def test_a_line_nested_too_deeply_is_its_error_and_reading_goes_on(depth: int) -> None:
-    """3000 levels stop Python's JSON reader, 990 a check that walks the value: both the line's error."""
+    """3000 levels stop Python's JSON reader, 990 and MAX_NESTING (with the object around them)
+    the check that counts the levels: the line's error, whatever the stack beneath the reader."""
     deep = json.dumps({"custom_id": "d", "prompt": "hi", "stop": "X"}).replace('"X"', "[" * depth + "]" * depth)
     items = list(read_requests(["before", deep, "after"]))
-    assert items[1] == RequestError(2, None, "nested too deeply to read (about 1000 levels at most); flatten the line")
+    assert items[1] == RequestError(2, None, TOO_DEEP)
+    shallow = json.dumps({"custom_id": "s", "prompt": "hi", "stop": "X"}).replace('"X"', "[" * (MAX_NESTING - 1) + "]" * (MAX_NESTING - 1))
+    assert next(iter(read_requests([shallow]))).message.startswith("stop: expected")  # read, then refused for itself
     assert [item.prompt for item in (items[0], items[2])] == ["before", "after"]
 
 
