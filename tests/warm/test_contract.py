@@ -21,19 +21,12 @@ from typing import Any
 import pytest
 
 from tests.warm.conftest import Engine, start_engine
+from tests.warm.test_batch import REQUESTS  # a line of each kind, and one that cannot run
 from tests.warm.test_same_bytes import in_terminal
 
 CLOCKS = ("ttft_s", "tokens_per_s", "elapsed_s", "plain_tokens_per_s", "plain_elapsed_s", "speedup")
 WHERE = ("engine", "warm", "cache")  # where it ran, and what its cache held
 FIGURES = ("mean_logprob", "perplexity", "mean_entropy")
-REQUESTS = [
-    "w3 w4 w5",
-    json.dumps({"custom_id": "sys", "prompt": "w6 w7", "system": "w9", "seed": 4, "max_tokens": 12}),
-    json.dumps({"custom_id": "msgs", "messages": [{"role": "user", "content": "w5"},
-                {"role": "assistant", "content": "w6"}, {"role": "user", "content": "w7 w8"}], "stop": ["w4"]}),
-    json.dumps({"custom_id": "raw", "prompt": "w4 w4", "raw": True, "preset": "creative", "min_p": 0.05}),
-    '{"prompt": "w3", "temperature": "hot"}',  # a line that cannot run: its error record, in its place
-]  # fmt: skip
 CHAT = "w3\n/explain 1\nw4 w5\n/set repetition_penalty 1.3\nw6\n/explain 3\n/inspect\n/stats\n"
 
 
