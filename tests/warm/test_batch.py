@@ -119,16 +119,18 @@ def test_resuming_a_file_on_the_engine(serial: Engine, requests_file: Path, tmp_
 @pytest.mark.parametrize(
     ("flag", "named"),
     [(("--format", "openai"), "--format openai"), (("--batch-size", "2"), "--batch-size"),
-     (("--prompt-cache-mb", "64"), "--prompt-cache-mb"), (("--draft", "suffix"), "--draft MODEL")],
+     (("--prompt-cache-mb", "64"), "--prompt-cache-mb"), (("--draft", "suffix"), "--draft suffix")],
 )  # fmt: skip
 def test_a_flag_the_engine_cannot_honour_is_one_line(
     engine: Engine, requests_file: Path, flag: tuple[str, ...], named: str
 ) -> None:
+    """A drafter the engine was not started with says how to get one (tests/warm/test_draft_engine.py)."""
     done = batch(engine, requests_file, *flag)
     assert done.returncode == 2 and done.stdout == ""
+    started = f", or start it with {named}" if named.startswith("--draft") else ""
     assert done.stderr.strip().splitlines() == [
-        f"Error: {named} does not run on the warm engine for {engine.model}; leave it out, or pass --local "
-        "to run here"
+        f"Error: {named} does not run on the warm engine for {engine.model}; leave it out{started}, or pass "
+        "--local to run here"
     ]
 
 
