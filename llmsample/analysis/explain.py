@@ -186,18 +186,17 @@ def explain_reply(
 
 def explain_job(lm: LoadedModel, asked: Explanation) -> Answer:
     """:func:`explain_prompt` for an engine's question, or :func:`explain_reply` for a chat's
-    (its prompt built as its reply's row was: :func:`~llmsample.engine.job_row.job_row`): on a
-    model loaded without ``--deterministic`` (explain has no such mode), so an engine started
-    with it answers with the same numbers as one without."""
+    (its prompt built as its reply's row was: :func:`~llmsample.engine.job_row.job_row`). Its
+    passes are plain whatever the engine's mode (explain has no ``--deterministic``), so an
+    engine started with it answers with the same numbers as one without."""
     job = asked.job
-    plain = dataclasses.replace(lm, deterministic=False) if lm.deterministic else lm
     if asked.reply is not None:
         from llmsample.engine.job_row import job_row
         from llmsample.sampling.vocabulary import Vocabulary, named_tokens
 
         watched = named_tokens(Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids), asked.watch,
                                "/watch") if asked.watch else ()  # fmt: skip
-        item, _ = job_row(plain, job, 0)
-        return explain_reply(plain, item.prompt_ids, asked.reply, job.cfg, job.top_n, [t for _, t in watched])
-    return explain_prompt(plain, job.prompt, job.cfg, system=job.system, raw=job.raw, truncate=job.truncate,
+        item, _ = job_row(lm, job, 0)
+        return explain_reply(lm, item.prompt_ids, asked.reply, job.cfg, job.top_n, [t for _, t in watched])
+    return explain_prompt(lm, job.prompt, job.cfg, system=job.system, raw=job.raw, truncate=job.truncate,
                           top_n=job.top_n, continuation=asked.continuation, watch=asked.watch)  # fmt: skip

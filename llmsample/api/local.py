@@ -42,8 +42,10 @@ class LocalEngine:
         drafter: Callable[[LoadedModel], Callable[[], Any]] | None = None,
         reference: Callable[[LoadedModel], LoadedModel] | None = None,
         prompt_cache_mb: int = 0,
+        deterministic: bool = False,
     ) -> None:
         self._load, self._make_drafter, self._load_reference = load, drafter, reference
+        self._deterministic = deterministic  # every row computed alone (--deterministic)
         self._prompt_cache_mb = prompt_cache_mb  # each run_many's prompt cache (0: none)
         self._lm: LoadedModel | None = None
         self._drafter: Callable[[], Any] | None = None
@@ -68,7 +70,7 @@ class LocalEngine:
         capabilities += ["reference"] * (self._load_reference is not None)
         return {"model": lm.name, "backend": lm.backend, "dtype": lm.weights, "device": str(lm.device),
                 "context_length": lm.context_length, "chat_template": has_chat_template(lm),
-                "deterministic": lm.deterministic, "capabilities": capabilities,
+                "deterministic": self._deterministic, "capabilities": capabilities,
                 "cached_positions": len(self._session.cached) if self._session is not None else 0}  # fmt: skip
 
     def run(self, job: Job) -> Iterator[Record]:
@@ -86,7 +88,7 @@ class LocalEngine:
         lm = self.model()
         item, dropped = job_row(lm, job, 0, self._drafter_for(lm, job))
         if self._session is None:
-            self._session = Session(lm, (lm.context_length or 4096) + 65)
+            self._session = Session(lm, (lm.context_length or 4096) + 65, DecodeOptions(deterministic=self._deterministic))
         prompt = item.prompt_ids[: len(item.prompt_ids) - len(job.prefix)]
         return Answered(raised_failures(self._session.turn(item)), dropped, prompt)
 
@@ -136,7 +138,7 @@ class LocalEngine:
             if self._reference is None:
                 self._reference = self._load_reference(lm)
             reference = self._reference
-        return DecodeOptions(max(job.top_n for job in jobs), False, (), reference)
+        return DecodeOptions(max(job.top_n for job in jobs), reference=reference, deterministic=self._deterministic)
 
     def _drafter_for(self, lm: LoadedModel, job: Job) -> Callable[[], Any] | None:
         if job.drafter is None:

@@ -172,7 +172,6 @@ def load_model_with_progress(options: dict[str, Any]) -> LoadedModel:
             task = progress.add_task(f"loading {options['model'] or 'the default model'}", total=None)
             lm = load_model(*spec, progress=progress, compile=compile_model, **scaling)
             progress.remove_task(task)
-    lm.deterministic = bool(options.get("deterministic"))
     if options.get("verbose"):
         click.echo(f"llmsample: {lm.backend} runs {lm.name} ({lm.weights}): {lm.why}", err=True)
     return lm
@@ -231,4 +230,5 @@ def local_engine(options: dict[str, Any], lm: LoadedModel | None = None) -> Loca
     drafter = (lambda lm: build_drafter(options, lm)) if options.get("draft") not in (None, "ngram") else None
     reference = (lambda lm: load_reference(options, lm)) if options.get("reference") else None
     load = (lambda: lm) if lm is not None else (lambda: load_model_with_progress(options))
-    return LocalEngine(load, drafter=drafter, reference=reference, prompt_cache_mb=options.get("prompt_cache_mb") or 0)
+    return LocalEngine(load, drafter=drafter, reference=reference, prompt_cache_mb=options.get("prompt_cache_mb") or 0,
+                       deterministic=bool(options.get("deterministic")))

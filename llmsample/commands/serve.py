@@ -118,7 +118,8 @@ def serve(**options: Any) -> None:
 
         drafter = build_drafter(options, lm)
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
-    engine = Engine(lm, batch_size, options["max_queue"], prompt_cache_mb=options["prompt_cache_mb"])
+    engine = Engine(lm, batch_size, options["max_queue"], prompt_cache_mb=options["prompt_cache_mb"],
+                    deterministic=bool(options["deterministic"]))
     if not options["engine"] and keeps_log(options):  # a warm engine's clients log their own runs
         from llmsample.serve.journal import ServeLog
 

@@ -114,6 +114,7 @@ def open_backend(
     *,
     steps: bool = True,
     cache_bytes: int = 0,
+    deterministic: bool = False,
 ) -> Backend:
     """The backend a run decodes through. A model split over processes (``--tp``) needs rows that
     advance in lockstep over one prompt; a compiled one (``--compile``) runs one prompt's rows in
@@ -124,10 +125,10 @@ def open_backend(
     ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks);
     ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
     cache), which a compiled one-token step would not serve; ``cache_bytes``: the prompt cache's
-    budget, for a backend whose kept prefixes need room of its own (llama.cpp's context). A model
-    loaded ``--deterministic`` runs every row on a one-row backend of its own, one position per
+    budget, for a backend whose kept prefixes need room of its own (llama.cpp's context).
+    ``deterministic`` (a run's mode, ``--deterministic``): every row runs on a one-row backend of its own, one position per
     pass (:mod:`llmsample.engine.deterministic`), without a prompt cache."""
-    if lm.deterministic:
+    if deterministic:
         from llmsample.engine.deterministic import DeterministicBackend
 
         return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps, 0))

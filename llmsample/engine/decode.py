@@ -32,12 +32,14 @@ from llmsample.sampling.figures import WatchIndex
 @dataclass(frozen=True)
 class DecodeOptions:
     """What every row of a run shares: the alternatives per record, EOS handling, ``--watch``
-    (``(name, token id)`` pairs), and a reference model scoring every token (``--reference``)."""
+    (``(name, token id)`` pairs), a reference model scoring every token (``--reference``), and
+    the run's mode: the model loads the same whatever the mode, an engine runs its rows in one."""
 
     top_n: int = 5
     ignore_eos: bool = False
     watch: Sequence[tuple[str, int]] = ()
     reference: LoadedModel | None = None
+    deterministic: bool = False  # --deterministic: every row alone, one position per pass, no prompt cache
     on_forward: Callable[[float], None] | None = None  # the seconds of each forward pass (benchmarks)
     prompt_cache: PromptCache | None = None  # rows start from prefixes earlier and running rows hold
 
@@ -66,14 +68,16 @@ def decode(
     with contextlib.ExitStack() as stack:
         cache = options.prompt_cache if options.reference is None else None
         budget = cache.budget if cache is not None else 0
-        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward, cache_bytes=budget)
+        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward, cache_bytes=budget,
+                               deterministic=options.deterministic)
         backend = with_prompt_cache(backend, cache)  # closing it forgets what lives in it
         stack.enter_context(contextlib.closing(backend))
         backends = [backend]
         if options.reference is not None:
             backends.append(
                 stack.enter_context(
-                    contextlib.closing(open_backend(options.reference, max_rows, positions, one_prompt))
+                    contextlib.closing(open_backend(options.reference, max_rows, positions, one_prompt,
+                                                    deterministic=options.deterministic))
                 )
             )
 
@@ -141,7 +145,8 @@ def run_rows(
                 if backend.compile_s:
                     item.stats.note(compile_s=backend.compile_s)
             new = [start_row(lm, item, vocab, options.ignore_eos or item.ignore_eos,
-                             tuple(dict.fromkeys((*options.watch, *item.watch))), reference_dtype) for item in joining]  # fmt: skip
+                             tuple(dict.fromkeys((*options.watch, *item.watch))), reference_dtype,
+                             deterministic=options.deterministic) for item in joining]  # fmt: skip
             step = _joined(step, rows, admitted)
             rows += new
             watched = _watch_index(options.watch, rows, watched, lm.sample_device)
@@ -149,7 +154,7 @@ def run_rows(
             return ended
         assert step is not None
         top_n = max(options.top_n if row.item.top_n is None else row.item.top_n for row in rows)
-        result = yield from sample_step(rows, step, top_n, watched, backend.agree, alone=lm.deterministic)
+        result = yield from sample_step(rows, step, top_n, watched, backend.agree, alone=options.deterministic)
         cancelled = feed.cancelled()
         for i, row in enumerate(rows):
             if not result.finished[i] and row.key in cancelled:

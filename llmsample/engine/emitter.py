@@ -55,11 +55,13 @@ class Emitter:
         watch: Sequence[tuple[str, int]] = (),
         stop_ids: Collection[int] = (),
         keep_stop: bool = False,
+        deterministic: bool = False,
     ):
         """``watch``: the row's watched tokens as ``(the user's text, id)``, picked by id from the
         step's watched figures (which may hold other rows' too);
         ``stop_ids``: tokens that end the text as the end of text does (vLLM's ``stop_token_ids``);
-        ``keep_stop``: a stop string that ends the text stays in it."""
+        ``keep_stop``: a stop string that ends the text stays in it; ``deterministic``: the run's
+        mode, which the summary notes."""
         self.lm = lm
         self.watch = tuple(watch)
         self.max_tokens = cfg.max_tokens
@@ -72,7 +74,7 @@ class Emitter:
         stats.prompt_tokens = len(prompt_ids)
         # What the run actually used (``--device``/``--dtype auto`` resolve per machine and model).
         stats.note(device=str(lm.device), dtype=lm.weights, backend=lm.backend, model_file=lm.model_file)
-        if lm.deterministic:
+        if deterministic:
             stats.note(deterministic=True)
 
     def room(self) -> int:

@@ -220,6 +220,8 @@ def start_row(
     ignore_eos: bool,
     watch: Sequence[tuple[str, int]],
     reference_dtype: str | None,
+    *,
+    deterministic: bool = False,
 ) -> Row:
     """A row whose cache holds its whole prompt; it draws its first token from the prefill's
     logits, a speculative row too (it drafts after that token: drafting from the prompt's end
@@ -232,7 +234,8 @@ def start_row(
         matcher = start_matcher(lm, item.cfg, vocab, history)
     except UserError as exc:  # this request's constraint, not the rows beside it
         failed = exc
-    emitter = Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch, item.stop_ids, item.keep_stop)
+    emitter = Emitter(lm, item.cfg, item.stats, item.prompt_ids, ignore_eos, watch, item.stop_ids, item.keep_stop,
+                      deterministic)
     drafting = None
     if item.drafter is not None:
         length = DraftLength(k=item.draft_tokens or 4, adaptive=item.draft_tokens is None)

@@ -71,7 +71,8 @@ class Session:
 
     def _backend(self) -> Backend:
         if self.backend is None:
-            self.backend = open_backend(self.lm, 1, self.positions, True, self.options.on_forward)
+            self.backend = open_backend(self.lm, 1, self.positions, True, self.options.on_forward,
+                                        deterministic=self.options.deterministic)
         return self.backend
 
     def _prefill(self, joining: list[BatchItem]) -> list[torch.Tensor]:

@@ -54,7 +54,6 @@ class LoadedModel:
     quantization: str | None = None  # "int8", "int4", or how a stored-quantized checkpoint was quantized
     backend: str = "transformers"  # "llama.cpp": ``model`` is a LlamaCppModel (a GGUF's handle); "torch": a NativeCausalLM
     model_file: str | None = None  # llama.cpp: the GGUF it runs
-    deterministic: bool = False  # --deterministic: every row runs alone, one position per pass
     why: str = ""  # why this backend runs it (models/plan.py; --verbose says it)
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
     bytes_table: TokenBytes | None = field(default=None, repr=False, compare=False)  # token_bytes's, made once

@@ -93,15 +93,23 @@ class Engine:
     is in flight (a request of more rows than that runs in waves rather than never)."""
 
     def __init__(
-        self, lm: LoadedModel, batch_size: int, max_queue: int, top_n: int = 20, prompt_cache_mb: int = 0
+        self,
+        lm: LoadedModel,
+        batch_size: int,
+        max_queue: int,
+        top_n: int = 20,
+        prompt_cache_mb: int = 0,
+        deterministic: bool = False,
     ) -> None:
-        """``prompt_cache_mb``: the prompt cache's budget across requests (0: none)."""
+        """``prompt_cache_mb``: the prompt cache's budget across requests (0: none);
+        ``deterministic``: every row computed alone (``--deterministic``)."""
         self.lm = lm
         self.batch_size = batch_size
         self.max_queue = max_queue
         self.metrics = ServeMetrics()
         cache = PromptCache(prompt_cache_mb * 2**20) if prompt_cache_mb else None
-        self.options = DecodeOptions(top_n=top_n, on_forward=self.metrics.forward_pass, prompt_cache=cache)
+        self.options = DecodeOptions(top_n=top_n, deterministic=deterministic, on_forward=self.metrics.forward_pass,
+                                     prompt_cache=cache)  # fmt: skip
         self.feed = QueueFeed()
         self.lock = threading.Lock()
         self.routes: dict[Any, Mailbox] = {}

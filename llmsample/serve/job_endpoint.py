@@ -81,7 +81,7 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
                              "dtype": lm.weights, "device": str(lm.device), "pid": os.getpid(),
                              "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
                              "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
-                             "deterministic": lm.deterministic, "context_length": lm.context_length,
+                             "deterministic": state.engine.options.deterministic, "context_length": lm.context_length,
                              "capabilities": ["drafter"] if state.drafter_kind else [],
                              **state.engine.figures()})  # fmt: skip
 
@@ -102,7 +102,7 @@ def _check_version(request: HttpRequest) -> None:
 
 def _check_mode(state: ServeState, request: HttpRequest) -> None:
     """A ``--deterministic`` command's rows must be computed alone; a plain engine's share passes."""
-    if request.headers.get(DETERMINISTIC_HEADER) == "1" and not state.lm.deterministic:
+    if request.headers.get(DETERMINISTIC_HEADER) == "1" and not state.engine.options.deterministic:
         raise ApiError(400, "--deterministic needs an engine started with --deterministic (llmsample start "
                        "--deterministic, llmsample serve --deterministic); this one batches its rows, or pass --local",
                        None, "not_deterministic")  # fmt: skip

@@ -6,7 +6,6 @@ case: tests/engine/test_llamacpp.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ FED = [30, 31, 3, 29]  # the tokens the row is fed after its prompt
 
 @pytest.fixture(scope="module", params=["bfloat16", "float32"])
 def det_lm(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Any:
-    return dataclasses.replace(load_model(str(tiny_model_dir), "cpu", request.param), deterministic=True)
+    return load_model(str(tiny_model_dir), "cpu", request.param)
 
 
 def alone(backend: Backend) -> Tensor:
@@ -73,7 +72,7 @@ def check_invariant(lm: Any, way: Callable[[Backend], Tensor]) -> None:
     """``way``'s logits for the row equal those of the row alone, bit for bit."""
 
     def fresh() -> Backend:
-        return open_backend(lm, 4, 64, one_prompt=False)
+        return open_backend(lm, 4, 64, one_prompt=False, deterministic=True)
 
     assert isinstance(fresh(), DeterministicBackend)
     expected = alone(fresh())
@@ -81,8 +80,8 @@ def check_invariant(lm: Any, way: Callable[[Backend], Tensor]) -> None:
 
 
 def test_a_rollback_to_nothing_starts_the_row_afresh(det_lm: Any) -> None:
-    backend = open_backend(det_lm, 2, 64, one_prompt=False)
+    backend = open_backend(det_lm, 2, 64, one_prompt=False, deterministic=True)
     backend.admit([[3, 4, 5, 6]])
     backend.rollback(0, 0)
     got = backend.verify([PROMPT])[0, -1]
-    assert torch.equal(got, alone(open_backend(det_lm, 1, 64, one_prompt=True))[0])
+    assert torch.equal(got, alone(open_backend(det_lm, 1, 64, one_prompt=True, deterministic=True))[0])
