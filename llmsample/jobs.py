@@ -39,10 +39,9 @@ class Job:
     put after the prompt as the reply's start (a chat's ``/branch``, a replayed reply).
 
     ``watch``: tokens whose numbers every record carries (each row its own). What needs more
-    than a row of the batch: ``reference`` (every token scored under the engine's float32
-    reference model) and
-    ``drafter`` (the engine's own drafter: ``suffix``, its pool across requests, or ``model``,
-    its draft model); an engine without the capability refuses the job in one line."""
+    than a row of the batch (:class:`Capabilities`): ``reference`` (every token scored under the
+    engine's float32 reference model) and ``drafter`` (the engine's own drafter: ``suffix``, its
+    pool across requests, or ``model``, its draft model)."""
 
     prompt: str
     cfg: SamplingConfig
@@ -71,6 +70,33 @@ class Job:
         data = asdict(self)
         data["cfg"] = config
         return data
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine holds beyond a row of its batch, or what a command asks of one: a drafter
+    of its own (a draft model, by name or kind, or ``suffix``) and a reference model. The one
+    table every engine refuses from, in one line naming the flag (``needs --local``)."""
+
+    drafter: str | None = None
+    reference: bool = False
+
+    def names(self) -> list[str]:
+        """As an engine's status lists them."""
+        return ["drafter"] * (self.drafter is not None) + ["reference"] * self.reference
+
+    def lacking(self, asked: Capabilities, draft_flag: str | None = None) -> str | None:
+        """The flag of the first thing ``asked`` that this engine lacks (``--draft`` shown as
+        ``draft_flag``, the value the user gave); None: the engine runs it."""
+        if asked.reference and not self.reference:
+            return "--reference"
+        if asked.drafter is not None and asked.drafter != self.drafter:
+            return f"--draft {draft_flag or asked.drafter}"
+        return None
+
+    @classmethod
+    def of_job(cls, job: Job) -> Capabilities:
+        return cls(job.drafter, job.reference)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsample.errors import UserError
+from llmsample.jobs import Capabilities
 
 SPEC_KEYS = ("model", "device", "dtype", "backend", "quantize", "deterministic")
 """The load options that make two engines different (an engine refuses the others: placement,
@@ -90,10 +91,15 @@ class EngineRecord:
     keep_alive_s: float | None
     started: float
     draft: str | None = None  # what it drafts with beyond a row's own (--draft MODEL or suffix)
+    reference: bool = False  # it holds a reference model (--reference)
 
     @property
     def where(self) -> str:
         return f"unix:{self.socket}"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(self.draft, self.reference)
 
     @property
     def deterministic(self) -> bool:

@@ -13,30 +13,32 @@ from typing import Any
 from llmsample.client import registry
 from llmsample.client.connection import Target, address
 from llmsample.errors import UserError
+from llmsample.jobs import Capabilities
 from llmsample.version import __version__
 
 UNSERVED = {
     "tp": "--tp",
     "compile_model": "--compile",
-    "reference": "--reference",
     "device_map": "--device-map",
     "max_memory": "--max-memory",
     "offload_folder": "--offload-folder",
 }
-"""Options an engine's rows cannot take (a model of its own, a per-run setting of the loop, a
-placement): refused in one line when an engine would run the command, never dropped."""
+"""Options no engine's rows can take (how the model is split, compiled or placed): refused in one
+line when an engine would run the command, never dropped. What an engine may hold or not (a
+draft model, a reference) is its :class:`~llmsample.jobs.Capabilities`'."""
 
 
-def unserved(options: dict[str, Any], refused: list[str] | None = None, served_draft: str | None = None) -> str | None:
-    """The first option given that an engine cannot honour (``--draft``: a draft model or a
-    suffix pool, unless the engine was started with that one, ``served_draft``; ``ngram`` runs
-    on any); ``refused``: a command's own such flags, found given by the command."""
+def unserved(options: dict[str, Any], refused: list[str] | None = None, offered: Capabilities | None = None) -> str | None:
+    """The first option given that the engine cannot honour: ``refused``, a command's own such
+    flags; one of :data:`UNSERVED`; or, given what the engine holds (``offered``, from its
+    record), a drafter or a reference it lacks (a server at ``--host`` answers that itself)."""
     if refused:
         return refused[0]
-    draft = registry.draft_of(options)
-    if draft is not None and draft != served_draft:
-        return f"--draft {options['draft']}"
-    return next((flag for key, flag in UNSERVED.items() if options.get(key)), None)
+    flag = next((flag for key, flag in UNSERVED.items() if options.get(key)), None)
+    if flag is None and offered is not None:
+        asked = Capabilities(registry.draft_of(options), bool(options.get("reference")))
+        flag = offered.lacking(asked, options.get("draft"))
+    return flag
 
 
 def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target | None:
@@ -56,9 +58,9 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
     record = registry.find(registry.spec_of(options))
     if record is None:
         return None
-    flag = unserved(options, refused, record.draft)
+    flag = unserved(options, refused, record.capabilities)
     if flag:
-        started = f", or start it with {flag}" if flag.startswith("--draft") else ""
+        started = f", or start it with {flag}" if flag.startswith(("--draft", "--reference")) else ""
         raise UserError(
             f"{flag} does not run on the warm engine for {record.name}; leave it out{started}, or pass --local to run here"
         )

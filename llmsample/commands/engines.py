@@ -22,6 +22,7 @@ from llmsample.commands.help import GroupedCommand
 from llmsample.commands.model_options import model_options
 from llmsample.commands.options import quiet_option
 from llmsample.errors import RuntimeFailure, UserError
+from llmsample.jobs import Capabilities
 
 START_TIMEOUT_S = 900  # converting the default model on a first run takes tens of seconds; a big one, minutes
 STOP_TIMEOUT_S = 30
@@ -57,6 +58,8 @@ def _locked(path: Path) -> Iterator[None]:
 @click.option("--draft", metavar="MODEL|suffix",
               help="A draft model (sharing the model's tokenizer) or a suffix pool the engine holds: commands "
               "run with the same --draft speculate on it.")  # fmt: skip
+@click.option("--reference", is_flag=True,
+              help="Also hold the checkpoint in float32: commands run with --reference score their tokens on it.")
 @quiet_option()
 def start(**options: Any) -> None:
     """Start a warm engine: the model stays loaded, and generate uses it (a fraction of a second).
@@ -69,6 +72,7 @@ def start(**options: Any) -> None:
     llmsample start -m HuggingFaceTB/SmolLM2-360M-Instruct --keep-alive 1h
     llmsample start --deterministic    # for batch/generate --deterministic, and compare-presets
     llmsample start --draft suffix      # for speculate/generate/batch --draft suffix
+    llmsample start --reference         # for generate/batch --reference
     """
     if options["compile_model"]:
         raise UserError(
@@ -78,6 +82,11 @@ def start(**options: Any) -> None:
     record, running = running_engine(options, keep_s)
     mode = ", deterministic" if record.deterministic else ""
     if running:
+        asked = Capabilities(registry.draft_of(options), bool(options["reference"]))
+        flag = record.capabilities.lacking(asked, options["draft"])
+        if flag:
+            raise UserError(f"the engine for {record.name} already runs without {flag}: stop it first "
+                            f"(llmsample stop {record.name}), then start it with {flag}")  # fmt: skip
         click.echo(f"{record.where} (already running: {record.name}{mode}, pid {record.pid})")
         return
     keeps = "never stops by itself" if keep_s is None else f"keep-alive {options['keep_alive']}"
@@ -111,6 +120,8 @@ def _spawn(options: dict[str, Any], directory: Path, ident: str, keep_s: float |
         command.append("--deterministic")
     if options.get("draft") not in (None, "ngram"):
         command += ["--draft", options["draft"]]
+    if options.get("reference"):
+        command.append("--reference")
     log = directory / f"{ident}.log"
     with open(log, "wb") as err:
         proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
@@ -144,7 +155,7 @@ def ps() -> None:
     """List the running engines: model, backend, dtype, mode, rows in flight, memory, idle time.
 
     MODE is ``deterministic`` for an engine started with --deterministic (every row computed
-    alone), else ``batched``."""
+    alone), else ``batched``; then what it holds beyond its rows (``+drafter``, ``+reference``)."""
     from llmsample.client.connection import Target, engine_status
 
     rows = []
@@ -155,7 +166,7 @@ def ps() -> None:
         except (RuntimeFailure, UserError, KeyError, ValueError):
             rows_in, idle = "?", "?"
         keep = "never" if record.keep_alive_s is None else f"{record.keep_alive_s:g}s"
-        mode = "deterministic" if record.deterministic else "batched"
+        mode = "+".join(["deterministic" if record.deterministic else "batched", *record.capabilities.names()])
         rows.append((record.name, record.backend, record.dtype, mode, rows_in, _memory(record.pid), idle, keep,
                      str(record.pid), record.where))  # fmt: skip
     if not rows:

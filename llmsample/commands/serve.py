@@ -18,6 +18,7 @@ from llmsample.commands.options import (
     log_option,
     prompt_cache_option,
     quiet_option,
+    reference_option,
 )
 from llmsample.commands.sampling_options import resolve_sampling, sampling_options, sampling_overrides
 from llmsample.errors import UserError
@@ -28,6 +29,7 @@ from llmsample.errors import UserError
 @sampling_options
 @draft_options
 @deterministic_option()
+@reference_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every interface).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0 picks a free port.")
 @click.option(
@@ -110,23 +112,29 @@ def serve(**options: Any) -> None:
     lm = load_model_with_progress(options)
     if lm.tensor_parallel:
         raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
-    from llmsample.jobs import engine_drafter
+    from llmsample.jobs import Capabilities, engine_drafter
 
     drafter = None
     if options["draft"]:
         from llmsample.commands.model_options import build_drafter
 
         drafter = build_drafter(options, lm)
+    reference = None
+    if options["reference"]:
+        from llmsample.commands.model_options import load_reference
+
+        reference = load_reference(options, lm)
     batch_size = options["batch_size"] or default_batch_size(lm, min(lm.context_length or 2048, 4096))
     engine = Engine(lm, batch_size, options["max_queue"], prompt_cache_mb=options["prompt_cache_mb"],
-                    deterministic=bool(options["deterministic"]))
+                    deterministic=bool(options["deterministic"]), reference=reference)
     if not options["engine"] and keeps_log(options):  # a warm engine's clients log their own runs
         from llmsample.serve.journal import ServeLog
 
         engine.log = ServeLog(options["system"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
-                       drafter=drafter, drafter_kind=engine_drafter(options["draft"]), read_timeout=options["read_timeout"],
-                       strict_api=options["strict_api"])  # fmt: skip
+                       drafter=drafter, read_timeout=options["read_timeout"],
+                       strict_api=options["strict_api"],
+                       capabilities=Capabilities(engine_drafter(options["draft"]), reference is not None))  # fmt: skip
     idle = Idle(state)
     if options["engine"]:
         ready = engine_ready(options, state, idle, directory, sock_path)

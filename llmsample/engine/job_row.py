@@ -49,7 +49,8 @@ def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | No
 
         watch = named_tokens(Vocabulary.of(lm.tokenizer, lm.model.config.vocab_size, lm.eos_ids), job.watch, "--watch")
     item = BatchItem(key, ids, job.cfg, stats, drafter, job.draft_tokens, top_n=job.top_n,
-                     cache_prompt=job.cache_prompt, ignore_eos=job.ignore_eos, watch=watch)  # fmt: skip
+                     cache_prompt=job.cache_prompt, ignore_eos=job.ignore_eos, watch=watch,
+                     reference=job.reference)  # fmt: skip
     return item, dropped
 
 

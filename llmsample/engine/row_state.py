@@ -47,6 +47,7 @@ class BatchItem:
     cache_prompt: bool = True
     ignore_eos: bool = False  # this row runs to its length past EOS (DecodeOptions.ignore_eos: every row)
     watch: tuple[tuple[str, int], ...] = ()  # this row's own --watch (name, id) pairs, beside the run's
+    reference: bool = True  # scored under the run's reference model, where it has one (an engine's, only if asked)
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def start_row(
             torch.zeros(0, dtype=torch.long, device=lm.sample_device), torch.zeros(0, vocab, device=lm.sample_device)
         ),
         drafting=drafting,
-        reference=ReferenceTotals(reference_dtype) if reference_dtype is not None else None,
+        reference=ReferenceTotals(reference_dtype) if reference_dtype is not None and item.reference else None,
         matcher=matcher,
         failed=failed,
     )

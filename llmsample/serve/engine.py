@@ -100,16 +100,19 @@ class Engine:
         top_n: int = 20,
         prompt_cache_mb: int = 0,
         deterministic: bool = False,
+        reference: LoadedModel | None = None,
     ) -> None:
         """``prompt_cache_mb``: the prompt cache's budget across requests (0: none);
-        ``deterministic``: every row computed alone (``--deterministic``)."""
+        ``deterministic``: every row computed alone (``--deterministic``); ``reference``: every
+        row decodes beside it, and a job that asks (``--reference``) has its tokens scored (the
+        prompt cache then stays off: a prefix kept for one model is not the other's)."""
         self.lm = lm
         self.batch_size = batch_size
         self.max_queue = max_queue
         self.metrics = ServeMetrics()
         cache = PromptCache(prompt_cache_mb * 2**20) if prompt_cache_mb else None
-        self.options = DecodeOptions(top_n=top_n, deterministic=deterministic, on_forward=self.metrics.forward_pass,
-                                     prompt_cache=cache)  # fmt: skip
+        self.options = DecodeOptions(top_n=top_n, reference=reference, deterministic=deterministic,
+                                     on_forward=self.metrics.forward_pass, prompt_cache=cache)  # fmt: skip
         self.feed = QueueFeed()
         self.lock = threading.Lock()
         self.routes: dict[Any, Mailbox] = {}

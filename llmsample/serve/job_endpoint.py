@@ -41,7 +41,7 @@ from llmsample.engine.job_row import job_row
 from llmsample.engine.prompt import has_chat_template
 from llmsample.engine.row_state import BatchItem
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.jobs import Job
+from llmsample.jobs import Capabilities, Job
 from llmsample.serve.api_errors import ApiError
 from llmsample.serve.app import _endpoint
 from llmsample.serve.engine import Closing
@@ -82,7 +82,7 @@ def add_routes(app: Starlette, state: ServeState, idle: Idle) -> None:
                              "idle_s": idle.seconds(), "batch_size": state.engine.batch_size,
                              "max_queue": state.engine.max_queue, "chat_template": has_chat_template(lm),
                              "deterministic": state.engine.options.deterministic, "context_length": lm.context_length,
-                             "capabilities": ["drafter"] if state.drafter_kind else [],
+                             "capabilities": state.capabilities.names(),
                              **state.engine.figures()})  # fmt: skip
 
     async def explain(state: ServeState, request: HttpRequest) -> Response:
@@ -162,13 +162,12 @@ def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
     """The job's row (:func:`~llmsample.engine.job_row.job_row`, as the in-process engine builds
     it) and how many of a chat's oldest exchanges were dropped to fit; what a row of this
     engine's batch cannot carry is refused, naming ``--local``."""
-    drafted = job.drafter is not None and job.drafter == state.drafter_kind  # the drafter this engine holds
-    needs = [flag for flag, given in (("--reference", job.reference), (f"--draft {job.drafter}", job.drafter and not drafted)) if given]  # fmt: skip
-    if needs:
-        raise ApiError(400, f"{needs[0]} does not run on this engine's batch; leave it out or pass --local", None,
-                       "not_served")  # fmt: skip
+    flag = state.capabilities.lacking(Capabilities.of_job(job))
+    if flag:
+        raise ApiError(400, f"{flag} does not run on this engine; start it with {flag}, leave it out, or pass --local",
+                       None, "not_served")  # fmt: skip
     try:
-        item, dropped = job_row(state.lm, job, state.engine.new_key(), state.drafter if drafted else None)
+        item, dropped = job_row(state.lm, job, state.engine.new_key(), state.drafter if job.drafter else None)
     except UserError as exc:
         raise ApiError(400, str(exc)) from None
     return [item], dropped
@@ -206,6 +205,7 @@ def register(directory: Path, options: dict[str, Any], state: ServeState, sock_p
     spec = registry.spec_of(options)
     ident = registry.engine_id(spec)
     record = registry.EngineRecord(ident, os.getpid(), spec, lm.name, lm.backend, lm.weights, str(lm.device),
-                                   str(sock_path), __version__, keep_s, time.time(), registry.draft_of(options))  # fmt: skip
+                                   str(sock_path), __version__, keep_s, time.time(), registry.draft_of(options),
+                                   bool(options.get("reference")))  # fmt: skip
     registry.write_record(directory, record)
     return ident

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llmsample.batch.run import BatchSettings
+from llmsample.jobs import Capabilities
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
 from llmsample.serve.completion_bodies import fingerprint
@@ -28,7 +29,7 @@ class ServeState:
     read_timeout: float = READ_TIMEOUT_S  # seconds a client has to send a request's body
     presets: frozenset[str] = frozenset()
     drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
-    drafter_kind: str | None = None  # a job's drafter this engine runs (suffix, model; None: ngram or none)
+    capabilities: Capabilities = field(default_factory=Capabilities)  # what a job may ask beyond a row (its drafter's kind, a reference)
     strict_api: bool = False  # --strict-api: a key the server would ignore is a 400
 
     @property

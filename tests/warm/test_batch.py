@@ -124,7 +124,7 @@ def test_resuming_a_file_on_the_engine(serial: Engine, requests_file: Path, tmp_
 def test_a_flag_the_engine_cannot_honour_is_one_line(
     engine: Engine, requests_file: Path, flag: tuple[str, ...], named: str
 ) -> None:
-    """A drafter the engine was not started with says how to get one (tests/warm/test_draft_engine.py)."""
+    """A drafter the engine was not started with says how to get one (tests/warm/test_held_models.py)."""
     done = batch(engine, requests_file, *flag)
     assert done.returncode == 2 and done.stdout == ""
     started = f", or start it with {named}" if named.startswith("--draft") else ""

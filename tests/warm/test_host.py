@@ -43,7 +43,7 @@ def test_watch_runs_on_a_server_as_in_process(engine: Engine, server: Server) ->
 def test_what_a_server_cannot_do_is_one_line(engine: Engine, server: Server) -> None:
     referenced = engine.generate("-p", "w3", "--reference", "--host", server.url)
     other = engine.cli("generate", "-m", "some/other-model", "-p", "w3", "--host", server.url)
-    for done, words in ((referenced, "--reference does not run on an engine"), (other, "is not served at this engine")):
+    for done, words in ((referenced, "--reference does not run on this engine"), (other, "is not served at this engine")):
         assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
         assert words in done.stderr
 
