@@ -189,9 +189,9 @@ def _job(request: Request, preset: str, cfg: SamplingConfig, settings: BatchSett
     """The request's job: its messages (its own system message rendered with its prompt, as the
     chat template does), else its prompt and system, the engine encoding it."""
     raw = request.raw or (settings.raw and request.messages is None)
-    ngram = settings.ngram
+    drafts = settings.ngram or settings.drafter
     return Job(request.prompt or "", cfg, preset, request.system or settings.system, raw, settings.truncate, top_n,
-               ngram=ngram, draft_tokens=settings.draft_tokens if ngram or settings.drafter else None,
+               ngram=settings.ngram, draft_tokens=settings.draft_tokens if drafts else None,
                messages=request.messages, ignore_eos=settings.ignore_eos, reference=settings.reference,
                drafter=settings.drafter)  # fmt: skip
 
