@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmsample.batch.requests import Request, RequestError
 from llmsample.batch.result_lines import (
@@ -85,18 +85,21 @@ def run_batch(
     done: frozenset[str],
     settings: BatchSettings,
     write: Callable[[Record], None],
-    on_finished: Callable[[int], None] = lambda tokens: None,
+    progress: BatchProgress | None = None,
     *,
     log: bool = False,
 ) -> BatchOutcome:
     """Decode every request not in ``done`` on ``engine`` (here or warm, one program); bad lines
-    and failed requests become error records. ``log``: each decoded request goes to the run
-    log. Raises what interrupts it after writing every record that finished."""
+    and failed requests become error records. ``progress`` hears of every token as it comes.
+    ``log``: each decoded request goes to the run log. Raises what interrupts it after writing
+    every record that finished."""
+    progress = progress or _Unwatched()
     outcome = BatchOutcome()
     todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
     writer = OrderedWriter(write, [i for i, _ in todo])
     top_n = max([settings.top_n, *(item.top_logprobs for _, item in todo if isinstance(item, Request))])
-    jobs, asked = _admit(engine, todo, settings, top_n, writer, outcome, on_finished)
+    jobs, asked = _admit(engine, todo, settings, top_n, writer, outcome)
+    progress.planned(len(jobs), sum(this.cfg.max_tokens for this in asked.values()))
     events: dict[int, list[TokenEvent]] = {position: [] for position in asked}
     positions = list(asked)
     try:
@@ -104,13 +107,39 @@ def run_batch(
             position = positions[index]
             if isinstance(record, TokenEvent):
                 events[position].append(record)
+                progress.token(position)
                 continue
             this, tokens = asked[position], events.pop(position)
             writer.put(position, _ended(engine, settings, this, record, tokens, outcome, log))
-            on_finished(len(tokens))
+            progress.finished(position, len(tokens), this.cfg.max_tokens)
     finally:
         writer.flush_finished()
     return outcome
+
+
+class BatchProgress(Protocol):
+    """What a run tells whoever shows its progress, token by token (a bar that only moved when
+    a request ended sat still for minutes while one row rambled on)."""
+
+    def planned(self, rows: int, tokens: int) -> None:
+        """The rows to decode and the most tokens they may write (their max tokens summed)."""
+
+    def token(self, row: int) -> None:
+        """Row ``row`` wrote a token."""
+
+    def finished(self, row: int, tokens: int, max_tokens: int) -> None:
+        """Row ``row`` ended after ``tokens`` of its ``max_tokens``."""
+
+
+class _Unwatched:
+    def planned(self, rows: int, tokens: int) -> None:
+        pass
+
+    def token(self, row: int) -> None:
+        pass
+
+    def finished(self, row: int, tokens: int, max_tokens: int) -> None:
+        pass
 
 
 def _ended(
@@ -153,7 +182,6 @@ def _admit(
     top_n: int,
     writer: OrderedWriter,
     outcome: BatchOutcome,
-    on_finished: Callable[[int], None],
 ) -> tuple[list[Job], dict[int, _Asked]]:
     """Each request's job, or its record at once: an error for a line that cannot run, the
     whole answer for one that generates nothing (``max_tokens: 0``)."""
@@ -178,7 +206,6 @@ def _admit(
             stats = RunStats(engine.model_name() or "", preset, cfg.seed)
             summary = dataclasses.replace(stats.summary("length"), prompt_tokens=len(job.prompt_ids or ()))
             writer.put(position, _result(settings, this, summary, [], engine))
-            on_finished(0)
             continue
         asked[position] = this
         jobs.append(job)

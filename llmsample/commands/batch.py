@@ -267,30 +267,15 @@ def _run(
     """Decode on ``engine`` into ``output`` (None: stdout) with a progress bar on stderr (a
     terminal only); exit 130/143 when interrupted, with every finished record written (the
     engine gone: those, then one line, exit 1). Returns the outcome (how many requests failed)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
     from llmsample.batch.run import run_batch
     from llmsample.client.engine_client import IN_PROCESS
+    from llmsample.render.progress import TokenProgress
     from llmsample.terminal import stderr_console
 
-    todo = sum(1 for r in parsed if getattr(r, "custom_id", None) not in done)
     console = stderr_console()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]}"), TimeRemainingColumn())  # fmt: skip
     disabled = options["quiet"] or not console.is_terminal
-    progress_bar = Progress(*columns, console=console, transient=True, disable=disabled)
-    with record_writer(output) as write, progress_bar as progress:
-        task = progress.add_task("requests", total=todo, rate="")
-        generated = 0
-
-        def finished(tokens: int) -> None:
-            nonlocal generated
-            generated += tokens
-            elapsed = progress.tasks[task].elapsed or 0.0
-            rate = f"{generated / elapsed:.1f} tok/s" if elapsed else ""
-            progress.update(task, advance=1, rate=rate)
-
-        outcome = run_batch(engine, parsed, done, settings, write, finished, log=keeps_log(options))
+    with record_writer(output) as write, TokenProgress(console, "requests", disabled) as progress:
+        outcome = run_batch(engine, parsed, done, settings, write, progress, log=keeps_log(options))
     if not options["quiet"]:
         where = "" if engine.where == IN_PROCESS else f", on the engine at {engine.where}"
         console.print(f"[dim]{outcome.succeeded} done, {outcome.failed} failed, {outcome.tokens} tokens{where}[/]")
