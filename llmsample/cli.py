@@ -32,19 +32,25 @@ def leave_objects_to_the_exit() -> None:
     gc.freeze()
 
 
-def near_misses(exc: click.NoSuchOption) -> list[str]:
-    """The command's own flags that the mistyped one is near: difflib's 0.6 cutoff, click's,
-    offers --compare for --temprature; a close spelling or a prefix (--temp) is what a user meant."""
+def near_misses(exc: click.NoSuchOption | click.NoSuchCommand) -> list[str]:
+    """The command's own flags (or the group's commands) that the mistyped one is near. Click
+    offers only commands already imported (none here: they load when run), and difflib's 0.6
+    cutoff, click's, offers --compare for --temprature; a close spelling or a prefix (--temp,
+    comp) is what a user meant."""
     if exc.ctx is None:
         return list(exc.possibilities or [])
     import difflib
 
-    typed = exc.option_name
-    names = [name for param in exc.ctx.command.get_params(exc.ctx) for name in (*param.opts, *param.secondary_opts)]
-    if typed.replace("_", "-") in names:  # --top_k: the config key's spelling
-        return [typed.replace("_", "-")]
-    near = difflib.get_close_matches(typed, [n for n in names if n.startswith("--")], n=3, cutoff=0.75)
-    prefixed = [n for n in names if len(typed) > 4 and n.startswith(typed) and n not in near]
+    if isinstance(exc, click.NoSuchCommand):
+        typed, names = exc.command_name, exc.ctx.command.list_commands(exc.ctx)  # type: ignore[attr-defined]
+    else:
+        typed = exc.option_name
+        flags = [name for param in exc.ctx.command.get_params(exc.ctx) for name in (*param.opts, *param.secondary_opts)]
+        if typed.replace("_", "-") in flags:  # --top_k: the config key's spelling
+            return [typed.replace("_", "-")]
+        names = [name for name in flags if name.startswith("--")]
+    near = difflib.get_close_matches(typed, names, n=3, cutoff=0.75)
+    prefixed = [n for n in names if len(typed.lstrip("-")) >= 3 and n.startswith(typed) and n not in near]
     return near + prefixed[: 3 - len(near)]
 
 
@@ -120,7 +126,7 @@ class LlmsampleGroup(RichGroup):
             silence(sys.stdout)
             return None if exc.quiet else str(exc), exc.exit_code
         except click.UsageError as exc:
-            if isinstance(exc, click.NoSuchOption):
+            if isinstance(exc, click.NoSuchOption | click.NoSuchCommand):
                 exc.possibilities = near_misses(exc)
             command = exc.ctx.command_path if exc.ctx else "llmsample"
             return f"{exc.format_message()} (see '{command} --help')", exc.exit_code

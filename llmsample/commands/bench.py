@@ -78,6 +78,7 @@ OWN_OPTIONS = {"clients": "serve", "requests": "serve", "turns": "multi_turn"}
     default=Path("bench-results"),
     show_default=True,
     callback=_check_out_dir,
+    help="Where the results go: one JSON file a run, named by kind, device, dtype and time.",
 )
 @click.option(
     "--batch-sizes",

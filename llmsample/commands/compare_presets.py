@@ -37,7 +37,9 @@ if TYPE_CHECKING:
 @click.option("--presets", "names", metavar="A,B,...", help="Presets to compare [default: every preset].")
 @click.option("--samples", type=click.IntRange(1, 64), default=1, show_default=True, help="Samples per preset.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sample i uses seed S+i.")
-@click.option("--max-tokens", "-n", type=click.IntRange(1), default=128, show_default=True)
+@click.option(
+    "--max-tokens", "-n", type=click.IntRange(1), default=128, show_default=True, help="Most tokens per sample."
+)
 @constraint_options
 @format_option
 @html_option

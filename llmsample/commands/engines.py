@@ -62,7 +62,8 @@ def _locked(path: Path) -> Iterator[None]:
               help="Also hold the checkpoint in float32: commands run with --reference score their tokens on it.")
 @quiet_option()
 def start(**options: Any) -> None:
-    """Start a warm engine: the model stays loaded, and generate uses it (a fraction of a second).
+    """Start a warm engine: the model stays loaded, and generate, speculate, chat, batch, compare-presets
+    and explain run on it (a fraction of a second to the first token).
 
     Returns once the model is loaded and prints where the engine listens. A second start of the
     same model reuses the running engine.

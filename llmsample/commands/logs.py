@@ -55,7 +55,13 @@ def search(text: str, count: int, fmt: str) -> None:
 @format_option
 @click.option("--inspect", is_flag=True, help="Every token's numbers as a table after the text.")
 @click.option("--html", type=click.Path(path_type=Path, dir_okay=False), help="Write the run as a page.")
-@click.option("--color-by", type=click.Choice(["sampled", "model"]), default="sampled", show_default=True)
+@click.option(
+    "--color-by",
+    type=click.Choice(["sampled", "model"]),
+    default="sampled",
+    show_default=True,
+    help="Colour by the probability in the sampling distribution, or under the raw model.",
+)
 @click.option("--no-color", is_flag=True, help="Plain text even on a terminal.")
 def show(run_id: int, **options: Any) -> None:
     """One run again, through the renderers that printed it: coloured text, --inspect's table,

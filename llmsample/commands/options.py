@@ -47,7 +47,14 @@ html_option = click.option(
 )
 
 
-format_option = click.option("--format", "fmt", type=click.Choice(["text", "jsonl"]), default="text", show_default=True)
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "jsonl"]),
+    default="text",
+    show_default=True,
+    help="text to read, or JSON lines for scripts: one record per line (docs/output.md).",
+)
 
 
 no_color_option = click.option("--no-color", is_flag=True, help="No colour (also: NO_COLOR=1).")

@@ -50,33 +50,23 @@ def _parse_logit_bias(
     return tuple(pairs)
 
 
-sampling_options = option_group(
+common_sampling_options = option_group(
     click.option("--preset", metavar="NAME", help="A preset from `llmsample presets list` [default: balanced]."),
     click.option("--preset-file", type=click.Path(path_type=Path, dir_okay=False), help="A preset TOML file."),
     click.option("--temperature", "-t", type=float, help="0 (or <= 1e-4) is greedy."),
     click.option("--top-k", type=int, help="Keep the k most likely tokens; 0 is off."),
     click.option("--top-p", type=float, help="Keep the smallest set reaching this mass; 1 is off."),
     click.option("--min-p", type=float, help="Drop tokens below min_p x the top probability; 0 is off."),
+    click.option("--seed", type=int, help="Seed for the draws: same seed, same text."),
+    click.option("--max-tokens", "-n", type=int, help="Most tokens to generate."),
+    panel="Sampling",
+)
+
+
+penalty_options = option_group(
+    click.option("--repetition-penalty", type=float, help="CTRL's, > 0; 1 is off."),
     click.option("--frequency-penalty", type=float, help="OpenAI's, in [-2, 2]."),
     click.option("--presence-penalty", type=float, help="OpenAI's, in [-2, 2]."),
-    click.option("--repetition-penalty", type=float, help="CTRL's, > 0; 1 is off."),
-    click.option("--max-tokens", "-n", type=int, help="Most tokens to generate."),
-    click.option(
-        "--stop", multiple=True, metavar="TEXT", callback=check_utf8_option, help="Stop before this text (repeatable)."
-    ),
-    click.option("--seed", type=int, help="Seed for the draws: same seed, same text."),
-    click.option(
-        "--typical-p", type=float, help="Locally typical sampling: keep this mass nearest the entropy; 1 is off."
-    ),
-    click.option(
-        "--top-n-sigma", type=float, help="Keep logits within n standard deviations of the top one; 0 is off."
-    ),
-    click.option(
-        "--xtc-threshold", type=float, help="XTC: tokens at least this likely are top choices [default: 0.1]."
-    ),
-    click.option(
-        "--xtc-probability", type=float, help="XTC: how often top choices but the least are excluded; 0 is off."
-    ),
     click.option("--dry-multiplier", type=float, help="DRY repetition penalty strength; 0 is off."),
     click.option("--dry-base", type=float, help="DRY: growth per repeated token [default: 1.75]."),
     click.option("--dry-allowed-length", type=int, help="DRY: repeats up to this long are free [default: 2]."),
@@ -87,6 +77,22 @@ sampling_options = option_group(
         metavar="TEXT",
         callback=check_utf8_option,
         help='DRY: a token holding this text ends a repeat (repeatable; replaces \\n : " *).',
+    ),
+    click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this many tokens; 0 is off."),
+    panel="Penalties",
+)
+
+
+token_options = option_group(
+    click.option(
+        "--stop", multiple=True, metavar="TEXT", callback=check_utf8_option, help="Stop before this text (repeatable)."
+    ),
+    click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
+    click.option(
+        "--reasoning-budget",
+        type=int,
+        metavar="N",
+        help="After N tokens in a <think> block, close it (its closing tokens forced, source 'forced').",
     ),
     click.option(
         "--logit-bias",
@@ -102,11 +108,36 @@ sampling_options = option_group(
         callback=check_utf8_option,
         help="Never generate this text (repeatable).",
     ),
-    click.option("--min-tokens", type=int, help="No end-of-sequence or stop string before this many tokens."),
-    click.option("--no-repeat-ngram-size", type=int, help="Never repeat an n-gram of this many tokens; 0 is off."),
+    panel="Stops, bans and biases",
+)
+
+
+truncation_options = option_group(
     click.option(
-        "--dynatemp-range", type=float, help="Dynamic temperature: t ± this, hotter when unsure; 0 is off."
+        "--typical-p", type=float, help="Locally typical sampling: keep this mass nearest the entropy; 1 is off."
     ),
+    click.option(
+        "--top-n-sigma", type=float, help="Keep logits within n standard deviations of the top one; 0 is off."
+    ),
+    click.option("--epsilon-cutoff", type=float, help="Drop tokens below this probability; 0 is off."),
+    click.option("--eta-cutoff", type=float, help="Eta sampling: an entropy-scaled epsilon; 0 is off."),
+    click.option("--top-h", type=float, help="Top-h: keep tokens until their entropy reaches h x the total; 0 is off."),
+    click.option("--top-a", type=float, help="Drop tokens below a x the top probability squared; 0 is off."),
+    click.option(
+        "--p-less/--no-p-less", default=None, help="p-less: keep tokens at least as likely as two draws agree."
+    ),
+    panel="Truncation",
+)
+
+
+lab_options = option_group(
+    click.option(
+        "--xtc-threshold", type=float, help="XTC: tokens at least this likely are top choices [default: 0.1]."
+    ),
+    click.option(
+        "--xtc-probability", type=float, help="XTC: how often top choices but the least are excluded; 0 is off."
+    ),
+    click.option("--dynatemp-range", type=float, help="Dynamic temperature: t ± this, hotter when unsure; 0 is off."),
     click.option(
         "--dynatemp-exponent",
         "--dynatemp-exp",
@@ -116,15 +147,10 @@ sampling_options = option_group(
     ),
     click.option("--smoothing-factor", type=float, help="Quadratic smoothing of the logits; 0 is off."),
     click.option("--smoothing-curve", type=float, help="Smoothing: 1 quadratic, up to 3 cubic [default: 1]."),
-    click.option("--epsilon-cutoff", type=float, help="Drop tokens below this probability; 0 is off."),
-    click.option("--eta-cutoff", type=float, help="Eta sampling: an entropy-scaled epsilon; 0 is off."),
-    click.option("--top-h", type=float, help="Top-h: keep tokens until their entropy reaches h x the total; 0 is off."),
-    click.option("--top-a", type=float, help="Drop tokens below a x the top probability squared; 0 is off."),
     click.option(
-        "--p-less/--no-p-less", default=None, help="p-less: keep tokens at least as likely as two draws agree."
-    ),
-    click.option(
-        "--mirostat", type=click.IntRange(0, 2), help="Mirostat 1 or 2: aim at a surprise of tau bits; replaces top-k etc."
+        "--mirostat",
+        type=click.IntRange(0, 2),
+        help="Mirostat 1 or 2: aim at a surprise of tau bits; replaces top-k etc.",
     ),
     click.option("--mirostat-tau", type=float, help="Mirostat: the target surprise in bits [default: 5]."),
     click.option("--mirostat-eta", type=float, help="Mirostat: the learning rate of mu [default: 0.1]."),
@@ -137,14 +163,15 @@ sampling_options = option_group(
         metavar="A,B,...",
         help="The order of the stages after the history ones (top_k,min_p,temperature,...); only these run.",
     ),
-    click.option(
-        "--reasoning-budget",
-        type=int,
-        metavar="N",
-        help="After N tokens in a <think> block, close it (its closing tokens forced, source 'forced').",
-    ),
-    panel="Sampling",
+    panel="More samplers",
 )
+
+
+sampling_options = option_group(
+    common_sampling_options, penalty_options, token_options, truncation_options, lab_options
+)
+"""Every sampling flag: the ones people reach for first under Sampling, the rest by family
+(``--help`` lists each family under its own heading, in :data:`~llmsample.commands.help.PANELS`' order)."""
 
 
 constraint_options = option_group(

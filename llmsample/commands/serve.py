@@ -66,7 +66,8 @@ from llmsample.errors import UserError
 @log_option
 @quiet_option("startup line or request log")
 def serve(**options: Any) -> None:
-    """Serve the model over the OpenAI API (chat and completions, streamed or whole).
+    """Serve the model over the OpenAI (chat, completions, responses) and Anthropic (messages) APIs,
+    streamed or whole, tool calls included, with a page to try it at /.
 
     Every request in flight is a row of one continuous batch; each request may carry any
     llmsample sampling key beside OpenAI's (top_k, min_p, dry_multiplier, preset, ...). The
