@@ -38,6 +38,17 @@ def parse_duration(text: str) -> float | None:
     return float(found.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[found.group(2)]
 
 
+def format_duration(seconds: float | None) -> str:
+    """A keep-alive as :func:`parse_duration` reads it, in the largest unit it is a whole number
+    of: ``--keep-alive 30m`` comes back as ``30m``, not ``1800s`` (the record holds seconds)."""
+    if seconds is None:
+        return "never"
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """One ``start`` of a spec at a time: a second waits, then finds the first's engine."""
@@ -166,7 +177,7 @@ def ps() -> None:
             rows_in, idle = str(status["in_flight"]), f"{status['idle_s']:.0f}s"
         except (RuntimeFailure, UserError, KeyError, ValueError):
             rows_in, idle = "?", "?"
-        keep = "never" if record.keep_alive_s is None else f"{record.keep_alive_s:g}s"
+        keep = format_duration(record.keep_alive_s)
         mode = "+".join(["deterministic" if record.deterministic else "batched", *record.capabilities.names()])
         rows.append((record.name, record.backend, record.dtype, mode, rows_in, _memory(record.pid), idle, keep,
                      str(record.pid), record.where))  # fmt: skip

@@ -51,11 +51,11 @@ def started_again(gone: Target, options: dict[str, Any]) -> Target:
     """This user's engine, gone (its keep-alive ran out while a chat waited, or it was
     stopped), started again with the same options, saying so in one line."""
     from llmsample.client.connection import EngineGone, Target, say
-    from llmsample.commands.engines import running_engine
+    from llmsample.commands.engines import format_duration, running_engine
     from llmsample.errors import RuntimeFailure
 
     keep = gone.keep_alive_s
-    why = "" if keep is None else f" (its keep-alive: {keep:g} s without work; or llmsample stop)"
+    why = "" if keep is None else f" (its keep-alive: {format_duration(keep)} without work; or llmsample stop)"
     say(f"the engine for {gone.name} has stopped{why}; starting it again")
     try:
         record, _ = running_engine({**options, "batch_size": None, "max_queue": None, "quiet": True}, keep)

@@ -43,7 +43,7 @@ def test_a_line_after_the_keep_alive_starts_the_engine_again(chat_model: Path) -
         proc.kill()
         engine.cli("stop", "--all")
     assert proc.returncode == 0, err.decode()
-    note = ("llmsample: the engine for {} has stopped (its keep-alive: 2 s without work; or llmsample stop); "
+    note = ("llmsample: the engine for {} has stopped (its keep-alive: 2s without work; or llmsample stop); "
             "starting it again")  # fmt: skip
     notes = err.decode().splitlines()
     assert notes and all(line == note.format(chat_model) for line in notes), notes  # at least the second line's

@@ -24,6 +24,7 @@ def test_start_again_reuses_and_ps_lists(engine: Engine) -> None:
     header, row = listed.stdout.splitlines()
     assert header.split()[:6] == ["MODEL", "BACKEND", "DTYPE", "MODE", "ROWS", "MEMORY"]
     assert row.split()[:5] == [str(engine.model), "transformers", "float32", "batched", "0"]
+    assert row[header.index("KEEP-ALIVE") :].split()[0] == "10m"  # as start was given it, not 600s
     assert record["version"] and record["spec"]["model"] == str(engine.model.resolve())
 
 
