@@ -25,7 +25,7 @@ from llmsample.events import TokenEvent
 from llmsample.serve import messages_api, responses_api
 from llmsample.serve.access import TOKENS
 from llmsample.serve.api_errors import ApiError
-from llmsample.serve.compat import log_ignored
+from llmsample.serve.compat import warned
 from llmsample.serve.completion_bodies import DONE, Answer
 from llmsample.serve.flow import failure, gather, off_loop, read_json, records, submit
 from llmsample.serve.mailbox import Mailbox
@@ -80,19 +80,21 @@ async def completions(state: ServeState, request: HttpRequest, url: str) -> Resp
     serve = parse_body(
         await read_json(request, state.max_body, state.read_timeout), url, state.presets, state.strict_api
     )
-    log_ignored(list(serve.warnings))
-    serve, keys, queue, shape = await submit(state, serve, chat)
+    headers = warned(request.scope, serve.warnings)
+    serve, keys, queue, shape = await submit(state, serve, chat, request.scope)
     answer = Answer(serve, state.lm.name, state.fingerprint, chat, state.lm.token_bytes, shape=shape)
     if serve.stream:
         stream = _stream(state, request, answer, keys, queue)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers}
+        )
     gathered = await gather(state, request, keys, queue)
     if gathered is None:
         return Response(status_code=499)  # the client went away; nobody reads this
     summaries, events = gathered
     prompts = sum(summary.prompt_tokens for summary in summaries[:: serve.n])  # each prompt's, as usage counts
     request.scope[TOKENS] = [prompts, sum(summary.tokens for summary in summaries)]
-    return JSONResponse(answer.body(summaries, events))
+    return JSONResponse(answer.body(summaries, events), headers=headers)
 
 
 async def _stream(
@@ -102,10 +104,11 @@ async def _stream(
     opening = answer.opening(len(keys))
     if opening:
         yield opening
-    usage = request.scope.setdefault(TOKENS, [0, 0])  # prompt tokens, completion tokens (the log's too)
+    usage = [0, 0]  # prompt tokens, completion tokens: the log counts its own until every row has ended
     async for batch in records(state, request, keys, queue):
         chunks = [_chunk(answer, index, record, usage) for index, record in batch]
         yield "".join(chunk for chunk in chunks if chunk)
+    request.scope[TOKENS] = usage
     tail = answer.usage_chunk(*usage) if answer.serve.include_usage else ""
     yield tail + DONE
 

@@ -7,7 +7,8 @@ docs/serve-api.md):
   meaning (``seed: -1`` random, ``max_tokens: -1`` to the end of the context, a message's
   ``name`` dropped);
 - **ignored with a warning** (``HINTS``, and any key nobody knows): it would change nothing
-  here; the answer's ``warnings`` says so and the server logs one line;
+  here; the answer's ``warnings`` and its ``X-Llmsample-Warnings`` header say so, and the
+  request's line of the access log names the keys;
 - **refused** (``REFUSED``): ignoring it would silently change the answer.
 
 ``strict`` (``serve --strict-api``) refuses every key that would be ignored, as the server did
@@ -16,11 +17,12 @@ before it read other clients' keys."""
 from __future__ import annotations
 
 import difflib
-import sys
-from collections.abc import Collection
+import json
+from collections.abc import Collection, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmsample.serve.access import WARNINGS
 from llmsample.serve.api_errors import ApiError
 
 ALIASES = {
@@ -106,7 +108,13 @@ def _unnamed(message: Any, index: int, out: Translated, strict: bool) -> Any:
     return {key: value for key, value in message.items() if key != "name"}
 
 
-def log_ignored(warnings: list[str]) -> None:
-    """The server's line for a request whose keys were ignored (beside any access log line)."""
-    if warnings:
-        print(f"llmsample serve: a request's keys were ignored: {'; '.join(warnings)}", file=sys.stderr, flush=True)
+WARNINGS_HEADER = "X-Llmsample-Warnings"
+
+
+def warned(scope: MutableMapping[str, Any], warnings: Sequence[str]) -> dict[str, str]:
+    """The answer's headers for ``warnings`` (a JSON list: a client that reads no extra field of a
+    body or a stream's first event still sees them), noted for the request's access-log line."""
+    if not warnings:
+        return {}
+    scope[WARNINGS] = list(warnings)
+    return {WARNINGS_HEADER: json.dumps(list(warnings))}  # ASCII: a header's value is latin-1

@@ -18,7 +18,7 @@ from llmsample.batch.tool_requests import ChatShape
 from llmsample.events import Summary, TokenEvent
 from llmsample.serve.access import TOKENS
 from llmsample.serve.api_errors import ApiError
-from llmsample.serve.compat import log_ignored
+from llmsample.serve.compat import warned
 from llmsample.serve.flow import gather, read_json, submit
 from llmsample.serve.mailbox import Mailbox
 from llmsample.serve.parsing import ServeRequest, parse_body
@@ -134,15 +134,17 @@ async def answer_converted(state: ServeState, request: HttpRequest, api: Convert
     body = await read_json(request, state.max_body, state.read_timeout)
     chat, warnings = api.chat_body(body, state.strict_api)
     serve = chat_request(chat, state.presets, state.strict_api, warnings, api.names)
-    log_ignored(list(serve.warnings))
-    serve, keys, queue, shape = await submit(state, serve, True)
+    headers = warned(request.scope, serve.warnings)
+    serve, keys, queue, shape = await submit(state, serve, True, request.scope)
     answer = api.answer(state, serve, body, shape)
     if serve.stream:
         stream = api.stream(state, request, answer, keys, queue)
-        return StreamingResponse(stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={"Cache-Control": "no-cache", **headers}
+        )
     gathered = await gather(state, request, keys, queue)
     if gathered is None:
         return Response(status_code=499)  # the client went away; nobody reads this
     [summary], [events] = gathered
     request.scope[TOKENS] = [summary.prompt_tokens, summary.tokens]
-    return JSONResponse(api.whole(answer, summary, events))
+    return JSONResponse(api.whole(answer, summary, events), headers=headers)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,6 +17,7 @@ from starlette.requests import Request as HttpRequest
 from llmsample.batch.tool_requests import ChatShape
 from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.events import Summary, TokenEvent
+from llmsample.serve.access import TOKENS
 from llmsample.serve.api_errors import ApiError, bad_request
 from llmsample.serve.engine import Busy, Closing
 from llmsample.serve.mailbox import Mailbox
@@ -59,12 +60,13 @@ async def off_loop(work: Callable[..., Any], *args: Any) -> Any:
 
 
 async def submit(
-    state: ServeState, serve: ServeRequest, chat: bool
+    state: ServeState, serve: ServeRequest, chat: bool, scope: MutableMapping[str, Any] | None = None
 ) -> tuple[ServeRequest, dict[Any, int], Mailbox, ChatShape]:
     """The request's rows in the engine's batch: the request (token prompts given their text,
     echoed prompts their log probabilities), each row's key to its choice index, the mailbox its
     records come to (``max_tokens: 0``: every row's end already), and how a chat answer's text is
-    read back (tool calls, reasoning)."""
+    read back (tool calls, reasoning). ``scope``: the access log counts the prompts' tokens from
+    here on (each prompt once, as usage counts them), and :func:`records` the tokens."""
     if serve.model is not None and serve.model != state.lm.name:
         raise ApiError(
             404,
@@ -77,6 +79,8 @@ async def submit(
     if scores_prompt(serve, chat):
         serve = await with_prompt_logprobs(state, serve, items)
     queue = ended_at_once(state, items) if serve.request.prompt_only else enqueue(state, items)
+    if scope is not None:
+        scope[TOKENS] = [sum(len(item.prompt_ids) for item in items[:: serve.n]), 0]
     return serve, {item.key: i for i, item in enumerate(items)}, queue, shape
 
 
@@ -106,10 +110,13 @@ async def records(
     state: ServeState, request: HttpRequest, keys: dict[Any, int], queue: Mailbox
 ) -> AsyncIterator[list[tuple[int, Any]]]:
     """``(choice index, record)`` lists (a step's at a time) until every row has ended; a client
-    that goes away closes the mailbox and cancels its rows."""
+    that goes away closes the mailbox and cancels its rows. Each token is counted for the access
+    log as it is handed over (where :func:`submit` began the count): a stream cancelled midway
+    has no summary to count from."""
     watch = asyncio.ensure_future(_watch_disconnect(request))
     watch.add_done_callback(lambda _: queue.close())
     open_rows = set(keys)
+    counted = request.scope.get(TOKENS)
     try:
         while open_rows:
             taken = await queue.take()
@@ -119,6 +126,8 @@ async def records(
             for key, record in taken:
                 if not isinstance(record, TokenEvent):
                     open_rows.discard(key)
+                elif counted is not None:
+                    counted[1] += 1
                 batch.append((keys[key], record))
             yield batch
     finally:
