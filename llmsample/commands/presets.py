@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 from rich_click import RichGroup
@@ -45,15 +46,30 @@ def list_presets() -> None:
 @click.argument("name", required=False)
 @click.option("--file", "path", type=click.Path(path_type=Path, dir_okay=False), help="Show a preset file instead.")
 def show(name: str | None, path: Path | None) -> None:
-    """A preset's resolved values, as TOML (every key, defaults filled in)."""
-    from llmsample.render.jsonout import strict_json
+    """A preset's resolved values as TOML: first what it sets apart from the defaults (what makes
+    it itself), then every default it leaves as it is."""
+    from llmsample.sampling.config import SamplingConfig
 
     if name is None and path is None:
         raise click.UsageError("give a preset NAME or --file PATH")
     _, cfg = preset_store.load(name, path)
-    for key, value in cfg.as_dict().items():
-        if isinstance(value, dict):  # an inline TOML table: JSON keys and values, TOML's `=`
-            pairs = ", ".join(f"{strict_json(k, key)} = {strict_json(v, f'{key}.{k}')}" for k, v in value.items())
-            click.echo(f"{key} = {{{pairs}}}" if pairs else f"{key} = {{}}")
-        elif value is not None:
-            click.echo(f"{key} = {strict_json(value, key)}")
+    defaults = SamplingConfig().as_dict()
+    values = {key: value for key, value in cfg.as_dict().items() if value is not None}
+    own = [key for key, value in values.items() if value != defaults[key]]
+    click.echo("# set by this preset")
+    for key in own:
+        click.echo(_toml_line(key, values[key]))
+    click.echo("\n# the defaults, left as they are")
+    for key, value in values.items():
+        if key not in own:
+            click.echo(_toml_line(key, value))
+
+
+def _toml_line(key: str, value: Any) -> str:
+    """``key = value``; a table inline, its keys and values as JSON writes them (TOML's ``=``)."""
+    from llmsample.render.jsonout import strict_json
+
+    if isinstance(value, dict):
+        pairs = ", ".join(f"{strict_json(k, key)} = {strict_json(v, f'{key}.{k}')}" for k, v in value.items())
+        return f"{key} = {{{pairs}}}" if pairs else f"{key} = {{}}"
+    return f"{key} = {strict_json(value, key)}"
