@@ -30,7 +30,8 @@ class Control:
     """One sampling key as the page shows it: a slider (``integer``: a whole-number field;
     ``flag``: a checkbox) in a group named as the docs name the stages; the range is the
     slider's, the key's own rules are the server's (a value out of them is the server's 400,
-    shown on the page)."""
+    shown on the page). ``common``: in the row above Send (with the preset and the seed); the
+    rest wait in one closed section, so the reply is in sight on a laptop's screen."""
 
     key: str
     label: str
@@ -40,17 +41,18 @@ class Control:
     step: float
     integer: bool = False
     flag: bool = False
+    common: bool = False
 
 
 CONTROLS: tuple[Control, ...] = (
-    Control("temperature", "temperature", "Temperature and truncation", 0, 2, 0.05),
+    Control("temperature", "temperature", "Temperature and truncation", 0, 2, 0.05, common=True),
     Control("dynatemp_range", "dynamic ±", "Temperature and truncation", 0, 2, 0.05),
     Control("dynatemp_exponent", "dynamic exponent", "Temperature and truncation", 0, 4, 0.05),
     Control("smoothing_factor", "smoothing", "Temperature and truncation", 0, 5, 0.05),
     Control("smoothing_curve", "smoothing curve", "Temperature and truncation", 1, 10, 0.1),
     Control("top_k", "top-k", "Temperature and truncation", 0, 200, 1, integer=True),
-    Control("top_p", "top-p", "Temperature and truncation", 0.05, 1, 0.01),
-    Control("min_p", "min-p", "Temperature and truncation", 0, 0.5, 0.01),
+    Control("top_p", "top-p", "Temperature and truncation", 0.05, 1, 0.01, common=True),
+    Control("min_p", "min-p", "Temperature and truncation", 0, 0.5, 0.01, common=True),
     Control("typical_p", "typical-p", "Temperature and truncation", 0.05, 1, 0.01),
     Control("top_n_sigma", "top-n-σ", "Temperature and truncation", 0, 5, 0.1),
     Control("epsilon_cutoff", "epsilon", "Temperature and truncation", 0, 0.01, 0.0001),
@@ -74,7 +76,7 @@ CONTROLS: tuple[Control, ...] = (
     Control("adaptive_target", "adaptive-p target (<0 off)", "Mirostat and adaptive-p", -1, 1, 0.01),
     Control("adaptive_decay", "adaptive-p decay", "Mirostat and adaptive-p", 0, 0.99, 0.01),
     Control("min_tokens", "min tokens", "Length", 0, 4096, 1, integer=True),
-    Control("max_tokens", "max tokens", "Length", 1, 4096, 1, integer=True),
+    Control("max_tokens", "max tokens", "Length", 1, 4096, 1, integer=True, common=True),
     Control("reasoning_budget", "thinking budget (0: none)", "Length", 0, 8192, 1, integer=True),
 )  # fmt: skip
 """Every numeric and on/off key of :class:`SamplingConfig` (a test holds the table to that), grouped.

@@ -43,12 +43,18 @@ def set_slider(tab, name: str, value: float) -> None:
 
 def ask(tab, prompt: str, max_tokens: int, extra: dict, mode: str = "complete") -> None:
     tab.check(f"input[name=mode][value={mode}]")
-    tab.click("summary")
+    open_more(tab)
     tab.fill("#extra", json.dumps(extra))
     tab.fill("#max_tokens", str(max_tokens))
     tab.fill("#prompt", prompt)
     tab.click("#send")
     wait_done(tab)
+
+
+def open_more(tab) -> None:
+    """The page's one closed section (the rest of the controls, other keys, the API key), opened."""
+    if not tab.is_visible("#extra"):
+        tab.click("details > summary")
 
 
 def wait_done(tab) -> None:

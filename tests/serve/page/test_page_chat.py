@@ -12,7 +12,7 @@ import httpx
 
 from llmsample.render.bands import band_for
 from llmsample.serve.page import CONTROLS
-from tests.serve.page.browser import IMAGE, SCRIPT, ask, hex_of, tokens, wait_done
+from tests.serve.page.browser import IMAGE, SCRIPT, ask, hex_of, open_more, tokens, wait_done
 
 NO_EOS = {"logit_bias": {"1": -100}}
 
@@ -30,6 +30,7 @@ def test_a_chat_model_opens_in_chat_mode_with_every_sampler_as_a_control(page, p
     assert page.is_visible("#system")
     groups = page.eval_on_selector_all("#groups fieldset legend", "ls => ls.map(l => l.textContent)")
     assert groups == list(dict.fromkeys(control.group for control in CONTROLS))
+    open_more(page)  # the common controls show at once, the rest in the closed section
     for control in CONTROLS:
         assert page.is_visible(f"#{control.key}"), control.key
     page.select_option("#preset", "creative")  # a preset sets every control, not only four
@@ -46,6 +47,7 @@ def test_a_chat_model_opens_in_chat_mode_with_every_sampler_as_a_control(page, p
 def test_the_system_prompt_and_every_control_go_into_the_request(page) -> None:
     bodies = sent_bodies(page)
     page.fill("#system", "w9 w9")
+    open_more(page)
     page.fill("#repetition_penalty", "1.2")  # a range input: fill sets it as a user would
     page.fill("#dry_allowed_length", "3")
     ask(page, "w4", 3, NO_EOS, mode="chat")
