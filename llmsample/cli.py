@@ -6,11 +6,13 @@ import gc
 import importlib
 import signal
 import sys
+import time
 from typing import Any
 
 import click
 from rich_click import RichGroup
 
+from llmsample.commands.clock import STARTED
 from llmsample.errors import (
     ENDING_SIGNALS,
     Interrupted,
@@ -85,6 +87,15 @@ class LlmsampleGroup(RichGroup):
             module, attribute = COMMANDS[name].split(":")
             self.add_command(getattr(importlib.import_module(f"llmsample.commands.{module}"), attribute), name)
         return super().get_command(ctx, name)  # type: ignore[arg-type]
+
+    def make_context(
+        self, info_name: str | None, args: list[str], parent: click.Context | None = None, **extra: Any
+    ) -> click.Context:
+        """The context, holding when the command started (shared with the subcommand's)."""
+        started = time.perf_counter()
+        ctx = super().make_context(info_name, args, parent, **extra)
+        ctx.meta[STARTED] = started
+        return ctx
 
     def main(self, args: Any = None, *rest: Any, **kwargs: Any) -> Any:
         """Run the command, then report how it ended in at most one line on stderr; from then

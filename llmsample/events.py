@@ -152,6 +152,7 @@ class RunFacts:
     model_file: str | None = None  # the GGUF llama.cpp ran
     device_map: tuple[str, ...] | None = None
     compile_s: float | None = None
+    load_s: float | None = None  # the model's load this run waited for (None: it was loaded already, or warm)
     speculation: Speculation | None = None
     reference: ReferenceSummary | None = None
     comparison: PlainComparison | None = None
@@ -164,7 +165,7 @@ class RunFacts:
     def to_dict(self) -> dict[str, Any]:
         """The summary record's keys, as the JSONL schema has them (flat, ``reference`` nested)."""
         data: dict[str, Any] = {}
-        for key in ("quantization", "compile_s", "device", "dtype", "backend", "model_file", "deterministic"):
+        for key in ("quantization", "compile_s", "load_s", "device", "dtype", "backend", "model_file", "deterministic"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.device_map is not None:

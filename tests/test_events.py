@@ -48,6 +48,11 @@ def test_every_section_flattens_to_its_old_keys() -> None:
     assert (record["plain_tokens_per_s"], record["plain_elapsed_s"], record["speedup"]) == (20.0, 1.5, 1.8)
 
 
+def test_a_run_that_loaded_its_model_says_how_long_the_load_took() -> None:
+    assert summary(RunFacts(load_s=2.5))["load_s"] == 2.5
+    assert "load_s" not in summary(RunFacts())
+
+
 def test_a_comparison_without_a_speed_has_no_speedup_key() -> None:
     record = summary(RunFacts(comparison=PlainComparison(None, 0.2)))
     assert "speedup" not in record and record["plain_tokens_per_s"] is None

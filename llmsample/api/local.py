@@ -8,6 +8,7 @@ across its jobs, or a draft model), each loaded once, when a job first asks."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ class LocalEngine:
         self._deterministic = deterministic  # every row computed alone (--deterministic)
         self._prompt_cache_mb = prompt_cache_mb  # each run_many's prompt cache (0: none)
         self._lm: LoadedModel | None = None
+        self._load_s: float | None = None  # the load's seconds, until a run's summary reports them
         self._drafter: Callable[[], Any] | None = None
         self._reference: LoadedModel | None = None
         self._session: Any = None  # a chat's one row, its cache kept between turns
@@ -55,7 +57,9 @@ class LocalEngine:
     def model(self) -> LoadedModel:
         """The model, loaded on first use (a load's progress and errors come from here)."""
         if self._lm is None:
+            started = time.perf_counter()
             self._lm = self._load()
+            self._load_s = time.perf_counter() - started
         return self._lm
 
     def local_model(self) -> LoadedModel:
@@ -75,11 +79,13 @@ class LocalEngine:
 
     def run(self, job: Job) -> Iterator[Record]:
         """Loads, encodes and makes the drafter now (a bad prompt or draft fails before any
-        record); the records come as the loop yields them."""
+        record); the records come as the loop yields them, the summary of the run that waited for
+        the load saying how long it took (``load_s``)."""
         lm = self.model()
         options = self._options(lm, [job])
         item, _ = job_row(lm, job, 0, self._drafter_for(lm, job))
-        return raised_failures(decode(lm, [item], 1, options, one_prompt=True))
+        load_s, self._load_s = self._load_s, None
+        return raised_failures(decode(lm, [item], 1, options, one_prompt=True), load_s)
 
     def converse(self, job: Job) -> Answered:
         """The turn on the chat's one row, whose cache holds the conversation so far."""
@@ -150,13 +156,16 @@ class LocalEngine:
         return self._drafter
 
 
-def raised_failures(records: Iterator[tuple[Any, Any]]) -> Iterator[Record]:
+def raised_failures(records: Iterator[tuple[Any, Any]], load_s: float | None = None) -> Iterator[Record]:
     """One row's records; a row that failed raises as the command's error. Closing this closes
-    the loop's (a chat's interrupted turn: its session starts its cache afresh)."""
+    the loop's (a chat's interrupted turn: its session starts its cache afresh). ``load_s``: the
+    model's load the row waited for, in its summary."""
     try:
         for _, record in records:
             if isinstance(record, RowFailed):
                 raise (UserError if record.user_error else RuntimeFailure)(record.message)
+            if load_s is not None and isinstance(record, Summary):
+                record = dataclasses.replace(record, facts=dataclasses.replace(record.facts, load_s=load_s))
             yield record
     finally:
         records.close()  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -215,18 +216,21 @@ def build_renderers(options: dict[str, Any], asked: tuple[str, dict[str, Any]] |
 def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, quiet: bool = False) -> Summary:
     """Feed events to the renderers; on Ctrl-C, SIGTERM or SIGHUP keep what was printed, finish
     with an 'interrupted' summary and exit 130 (143, 129). Returns the summary."""
+    from llmsample.commands.clock import since_start
     from llmsample.events import Summary
     from llmsample.render.stream import print_summary
     from llmsample.terminal import stderr_console
 
     code = 0
     summary = None
+    first_at = None  # when the first token reached the renderers
     shown: list[str] = []  # what reached the renderers: a signal can land between a token's count and its print
     try:
         for item in events:
             if isinstance(item, Summary):
                 summary = item
             else:
+                first_at = first_at or time.perf_counter()
                 with signals_deferred():
                     for renderer in renderers:
                         renderer.token(item)
@@ -240,7 +244,7 @@ def consume(events: Iterator[Any], renderers: list[Renderer], stats: RunStats, q
         renderer.summary(summary)
     sys.stdout.flush()
     if not quiet:
-        print_summary(stderr_console(), summary)
+        print_summary(stderr_console(), summary, since_start(first_at) if first_at else None)
     if code:
         raise click.exceptions.Exit(code)
     return summary

@@ -100,11 +100,12 @@ def legend(color_by: str) -> Text:
     return text
 
 
-def summary_lines(summary: Summary, width: int | None) -> str:
+def summary_lines(summary: Summary, width: int | None, first_token_s: float | None = None) -> str:
     """The figures broken between parts to fit a terminal's ``width``, never inside one (a wrapped
-    "1.2 tok/s" reads as two figures); one line when ``width`` is None."""
+    "1.2 tok/s" reads as two figures); one line when ``width`` is None. ``first_token_s``: see
+    :func:`summary_parts`."""
     lines: list[str] = []
-    for part in summary_parts(summary):
+    for part in summary_parts(summary, first_token_s):
         if lines and (width is None or len(lines[-1]) + len(" · ") + len(part) <= width):
             lines[-1] += " · " + part
         else:
@@ -112,17 +113,24 @@ def summary_lines(summary: Summary, width: int | None) -> str:
     return "\n".join(lines)
 
 
-def print_summary(console: Console, summary: Summary) -> None:
+def print_summary(console: Console, summary: Summary, first_token_s: float | None = None) -> None:
     """The dim summary on stderr: fitted to a terminal, one line into a pipe or a file."""
     from rich.text import Text
 
-    console.print(Text(summary_lines(summary, console.width if console.is_terminal else None), style="dim"))
+    width = console.width if console.is_terminal else None
+    console.print(Text(summary_lines(summary, width, first_token_s), style="dim"))
 
 
-def summary_parts(summary: Summary) -> list[str]:
+def summary_parts(summary: Summary, first_token_s: float | None = None) -> list[str]:
+    """The summary's figures. ``first_token_s``: the wait for the first token from the command's
+    start, which is what its user waited (a load and the start-up in it); without it the row's
+    own ``ttft_s``, from the row's start."""
     parts = [f"{summary.tokens} tokens", f"stop: {summary.stop_reason}"]
-    if summary.ttft_s is not None:
-        parts.append(f"first token {summary.ttft_s:.2f} s")
+    if summary.facts.load_s is not None:
+        parts.append(f"load {summary.facts.load_s:.2f} s")
+    first = first_token_s if first_token_s is not None else summary.ttft_s
+    if first is not None:
+        parts.append(f"first token {first:.2f} s")
     if summary.tokens_per_s is not None:
         parts.append(f"{summary.tokens_per_s:.1f} tok/s")
     facts = summary.facts

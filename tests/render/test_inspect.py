@@ -50,3 +50,16 @@ def test_a_summary_breaks_between_its_figures_never_inside_one() -> None:
     assert one == "6 tokens · stop: length · first token 2.53 s · 1.2 tok/s"
     assert summary_lines(summary, 40).splitlines() == ["6 tokens · stop: length", "first token 2.53 s · 1.2 tok/s"]
     assert summary_lines(summary, len(one)) == one
+
+
+def test_a_summary_names_the_load_and_the_wait_for_the_first_token() -> None:
+    from llmsample.events import RunFacts, Summary
+    from llmsample.render.stream import summary_lines
+
+    facts = RunFacts(load_s=17.04)
+    summary = Summary("", 6, 3, "length", ttft_s=1.31, tokens_per_s=1.2, model="m", preset="p", seed=1, elapsed_s=5.0,
+                      facts=facts)  # fmt: skip
+    assert summary_lines(summary, None, first_token_s=18.6) == (
+        "6 tokens · stop: length · load 17.04 s · first token 18.60 s · 1.2 tok/s"
+    )
+    assert "first token 1.31 s" in summary_lines(summary, None)  # no command's start: the row's own

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -79,6 +81,20 @@ def test_inspect_table_and_jsonl_agree(tiny_model_dir: Path) -> None:
     for event in events:
         assert f"{event['prob']:.3f}" in table and f"{event['model_prob']:.3f}" in table
     assert "\x1b" not in table
+
+
+def test_the_summary_line_counts_the_load_and_the_first_token_from_the_start(tiny_model_dir: Path) -> None:
+    """The wait a user sees: the model's load named, the first token counted from the command's
+    start (the load in it), not from the row's."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, *generate_args(tiny_model_dir)], capture_output=True, text=True,
+                          env=cli_env(), timeout=120)  # fmt: skip
+    waited = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr
+    line = done.stderr.splitlines()[-1]
+    load, first = re.search(r"load (\d+\.\d+) s", line), re.search(r"first token (\d+\.\d+) s", line)
+    assert load and first, line
+    assert 0 < float(load[1]) <= float(first[1]) < waited
 
 
 def test_head_closes_the_pipe_quietly(tiny_model_dir: Path) -> None:

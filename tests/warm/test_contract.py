@@ -24,7 +24,7 @@ from tests.warm.conftest import Engine, start_engine
 from tests.warm.test_batch import REQUESTS  # a line of each kind, and one that cannot run
 from tests.warm.test_same_bytes import in_terminal
 
-CLOCKS = ("ttft_s", "tokens_per_s", "elapsed_s", "plain_tokens_per_s", "plain_elapsed_s", "speedup")
+CLOCKS = ("ttft_s", "tokens_per_s", "elapsed_s", "load_s", "plain_tokens_per_s", "plain_elapsed_s", "speedup")
 WHERE = ("engine", "warm", "cache")  # where it ran, and what its cache held
 FIGURES = ("mean_logprob", "perplexity", "mean_entropy")
 CHAT = "w3\n/explain 1\nw4 w5\n/set repetition_penalty 1.3\nw6\n/explain 3\n/inspect\n/stats\n"

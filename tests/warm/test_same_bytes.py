@@ -15,7 +15,7 @@ import pytest
 
 from tests.warm.conftest import Engine
 
-TIMING = ("ttft_s", "tokens_per_s", "elapsed_s")
+TIMING = ("ttft_s", "tokens_per_s", "elapsed_s", "load_s")
 
 
 def both(engine: Engine, *args: str) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
