@@ -26,7 +26,7 @@ $(BASE): pyproject.toml Makefile
 # LLMSAMPLE_REQUIRE_QUANT=1 makes a missing torchao or bitsandbytes fail them, not skip them);
 # llamacpp: --backend llama.cpp (the default on a CPU once installed) and its tests.
 $(STAMP): $(BASE)
-	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[dev,quant,serve,llamacpp]'
+	$(BIN)/python -m pip install -q --no-warn-conflicts -e '.[dev,quant,serve,llamacpp,studio]'
 	touch $(STAMP)
 
 # Without llama-cpp-python the default model runs on llmsample's own torch forward (about a third

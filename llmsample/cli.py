@@ -63,6 +63,7 @@ COMMANDS = {
     "explain": "explain:explain",
     "compare-presets": "compare_presets:compare_presets",
     "batch": "batch:batch",
+    "sweep": "sweep:sweep",
     "compare-models": "compare_models:compare_models",
     "presets": "presets:presets",
     "models": "models:models",

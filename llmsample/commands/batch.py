@@ -43,8 +43,10 @@ from llmsample.errors import Interrupted, RuntimeFailure, UserError
 @constraint_options
 @click.option("--system", metavar="TEXT", callback=check_utf8_option, help="System message for prompts without one.")
 @click.option("--raw", is_flag=True, help="Plain-text prompts go to the model as they are, without the chat template.")
-@click.option("--truncate", type=click.Choice(["error", "left"]), default="error", show_default=True)
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "openai"]), default="jsonl", show_default=True)
+@click.option("--truncate", type=click.Choice(["error", "left"]), default="error", show_default=True,
+              help="A prompt longer than the context: an error record, or its start cut off.")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "openai"]), default="jsonl", show_default=True,
+              help="Our records, or OpenAI Batch output lines (for OpenAI Batch input).")  # fmt: skip
 @click.option(
     "--tokens",
     type=click.Choice(["none", "ids", "full"]),
@@ -147,7 +149,7 @@ def _read_input(options: dict[str, Any]) -> list[Any]:
     from llmsample.sampling import presets as preset_store
 
     known = preset_store.discover().keys()
-    return list(read_requests(_input_lines(options["input_path"]), known_presets=known))
+    return list(read_requests(input_lines(options["input_path"]), known_presets=known))
 
 
 def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any, engine: Any) -> Any:
@@ -249,16 +251,17 @@ def _end_with(ranks: Any, message: str, code: int) -> None:
     end_rank(code)
 
 
-def _input_lines(path: str) -> list[bytes]:
-    """Raw bytes per line: invalid UTF-8 is an error record for its line, not for the run."""
+def input_lines(path: str, what: str = "requests") -> list[bytes]:
+    """Raw bytes per line (``batch``'s requests, ``sweep``'s prompts): invalid UTF-8 is an
+    error record for its line, not for the run."""
     if path == "-":
         if sys.stdin is None or sys.stdin.isatty():
-            raise UserError("no input: pass a file of requests, or pipe them on stdin")
+            raise UserError(f"no input: pass a file of {what}, or pipe them on stdin")
         return sys.stdin.buffer.read().splitlines(keepends=True)
     try:
         return Path(path).read_bytes().splitlines(keepends=True)
     except OSError as exc:
-        raise UserError(f"cannot read {path} ({exc.strerror}); pass a file of requests, one per line") from exc
+        raise UserError(f"cannot read {path} ({exc.strerror}); pass a file of {what}, one per line") from exc
 
 
 def _run(
@@ -283,10 +286,11 @@ def _run(
 
 
 @contextlib.contextmanager
-def record_writer(output: Path | None) -> Iterator[Callable[[dict[str, Any]], None]]:
+def record_writer(output: Path | None, stdout: bool = True) -> Iterator[Callable[[dict[str, Any]], None]]:
     """Where a batch run's records go, in-process or on an engine alike: ``output`` through an
-    :class:`Appender`, else stdout a flushed line each. Ctrl-C exits 130 and an interruption
-    with its own code, the records written so far kept (a rerun with ``-o`` resumes after them)."""
+    :class:`Appender`, else stdout a flushed line each (``stdout`` False: nowhere, ``sweep``'s
+    stdout is its settings'). Ctrl-C exits 130 and an interruption with its own code, the
+    records written so far kept (a rerun with ``-o`` resumes after them)."""
     from llmsample.batch.result_lines import dumps
     from llmsample.batch.resume import Appender
 
@@ -295,7 +299,7 @@ def record_writer(output: Path | None) -> Iterator[Callable[[dict[str, Any]], No
     def write(record: dict[str, Any]) -> None:
         if appender is not None:
             appender.write(record)
-        else:
+        elif stdout:
             sys.stdout.write(dumps(record) + "\n")
             sys.stdout.flush()
 

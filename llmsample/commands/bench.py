@@ -59,8 +59,8 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
     return variants
 
 
-SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix", "serve", "multi_turn", "constraints")
-THROUGH_ENGINE = ("suffix", "serve", "multi_turn", "constraints")
+SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix", "serve", "multi_turn", "constraints", "sweep")
+THROUGH_ENGINE = ("suffix", "serve", "multi_turn", "constraints", "sweep")
 """Sections that run whatever backend the engine runs (--backend llama.cpp included)."""
 OWN_OPTIONS = {"clients": "serve", "requests": "serve", "turns": "multi_turn"}
 
@@ -133,6 +133,12 @@ OWN_OPTIONS = {"clients": "serve", "requests": "serve", "turns": "multi_turn"}
     help="Instead: what a JSON schema costs (the tokenizer's table, the compile, the masks a step at batch 1 and 8) "
     "and public JSON schemas' coverage and compliance (fetched once with pip and npm).",
 )
+@click.option(
+    "--sweep",
+    is_flag=True,
+    help="Instead: llmsample sweep against llmsample batch on the same rows (the sweep's own lines; at most 64 "
+    "tokens each): what measuring every sample costs.",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
     from llmsample.bench.results import results_table, write_results
@@ -141,7 +147,8 @@ def bench(**options: Any) -> None:
 
     check_sections(options)
     err = stderr_console()
-    served = {"serve": bench_serve, "multi_turn": bench_multi_turn, "constraints": bench_constraints}
+    served = {"serve": bench_serve, "multi_turn": bench_multi_turn, "constraints": bench_constraints,
+              "sweep": bench_sweep}  # fmt: skip
     for name, section in served.items():
         if options[name]:
             section(options, err)
@@ -239,6 +246,14 @@ def bench_serve(options: dict[str, Any], err: Any) -> None:
     clients, requests, tokens = options["clients"] or 16, options["requests"] or 32, min(options["tokens"], 64)
     result = run_serve_benchmark(_model_args(options), clients, requests, options["runs"], tokens, _log(err))
     _write("bench-serve", result.to_dict(), table(result), options, err)
+
+
+def bench_sweep(options: dict[str, Any], err: Any) -> None:
+    """``--sweep``: a sweep against batch on the same rows."""
+    from llmsample.bench.sweep_cost import run_sweep_cost, table
+
+    result = run_sweep_cost(_model_args(options), options["runs"], min(options["tokens"], 64), _log(err))
+    _write("bench-sweep", result.to_dict(), table(result), options, err)
 
 
 def bench_multi_turn(options: dict[str, Any], err: Any) -> None:

@@ -1,0 +1,140 @@
+"""``sweep``'s run once its lines are planned: the engine (here or warm, as ``batch`` finds it),
+the output claimed and resumed, the lines decoded with a progress bar, then each setting's
+figures on stdout and the plot and page written whole."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from llmsample.errors import RuntimeFailure, UserError
+
+
+def run(options: dict[str, Any], settings: Sequence[Any], planned: Sequence[Any], base: dict[str, Any]) -> None:
+    from llmsample.batch.output import claim_output, consolidate
+    from llmsample.batch.settings import BatchSettings
+    from llmsample.commands.batch import record_writer
+    from llmsample.commands.host_options import open_engine
+    from llmsample.render.progress import TokenProgress
+    from llmsample.sweep.metrics import detector
+    from llmsample.sweep.samples import Annotator, parsed_lines, run_sweep
+    from llmsample.terminal import stderr_console
+
+    _check_studio(options)
+    y_axis = options["y_axis"] or ("judge_logprob" if options["judge"] else "logprob")
+    if y_axis == "judge_logprob" and not options["judge"]:
+        raise UserError("--y judge_logprob needs --judge MODEL")
+    if options["plot"] is not None:
+        from llmsample.sweep.plot import plot_format
+
+        plot_format(options["plot"])
+    for flag, path in (("--plot", options["plot"]), ("--html", options["html_path"])):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise UserError(f"{flag} {path}: no such folder")
+    engine = open_engine(options)
+    judge = _judge(options, engine)
+    batch_settings = BatchSettings(top_n=options["top_n"], batch_size=options["batch_size"], tokens="full")
+    claim = claim_output(options["output"]) if options["output"] else None
+    kept: list[dict[str, Any]] = []
+    try:
+        done: frozenset[str] = frozenset()
+        if claim is not None and claim.regular:
+            done = consolidate(claim.path, parsed_lines(planned), "jsonl", keep_errors=False).done
+        console = stderr_console()
+        disabled = options["quiet"] or not console.is_terminal
+        annotate = Annotator(planned, base, detector(), judge)
+        with record_writer(claim.path if claim else None, stdout=False) as write, \
+                TokenProgress(console, "samples", disabled) as progress:  # fmt: skip
+
+            def keep(record: dict[str, Any]) -> None:
+                write(record)
+                kept.append(record)
+
+            outcome = run_sweep(engine, planned, done, batch_settings, keep, annotate, progress)
+    finally:
+        if claim is not None:
+            claim.release()
+    records = _all_records(claim.path, planned) if claim is not None and claim.regular else kept
+    _report(options, settings, records, y_axis, engine.model_name() or "")
+    if outcome.failed:
+        raise click.exceptions.Exit(1)
+
+
+def _check_studio(options: dict[str, Any]) -> None:
+    """The studio extra's libraries, before the model loads: one line naming what to install."""
+    import importlib.util
+
+    wanted = ["py3langid", "sacrebleu"] + ["matplotlib"] * bool(options["plot"] or options["html_path"])
+    missing = [name for name in wanted if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UserError(f"sweep needs {', '.join(missing)}: pip install 'llmsample[studio]'")
+
+
+def _judge(options: dict[str, Any], engine: Any) -> Any:
+    """The judge's engine: the sweep's own for the same model, else found as any command finds
+    one (a warm engine of it, else loaded here)."""
+    if not options["judge"]:
+        return None
+    if options["judge"] == options["model"]:
+        return engine
+    from llmsample.commands.host_options import open_engine
+
+    return open_engine({**options, "model": options["judge"], "host": None})
+
+
+def _all_records(path: Path, planned: Sequence[Any]) -> list[dict[str, Any]]:
+    """The sweep's records in the output (a resumed run's included), this plan's only."""
+    wanted = {p.line["custom_id"] for p in planned}
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and record.get("custom_id") in wanted and "setting" in record:
+            records.append(record)
+    return records
+
+
+def _report(options: dict[str, Any], settings: Sequence[Any], records: list[dict[str, Any]], y: str, model: str) -> None:
+    from llmsample.batch.result_lines import dumps
+    from llmsample.sweep.summary import summarize
+
+    x = options["x_axis"]
+    summaries = summarize(settings, records, x, y)
+    title = f"{model} · {options['seeds']} seeds · {len({r['prompt_index'] for r in records})} prompts"
+    if options["fmt"] == "jsonl":
+        for summary in summaries:
+            click.echo(dumps(summary.to_dict()))
+    else:
+        _table(summaries, x, y)
+    if options["plot"] is not None:
+        from llmsample.sweep.plot import write_plot
+
+        write_plot(options["plot"], summaries, x, y, title)
+    if options["html_path"] is not None:
+        from llmsample.files import replace_whole
+        from llmsample.sweep.study_page import sweep_page
+
+        try:
+            replace_whole(options["html_path"], sweep_page(summaries, records, x, y, title).encode("utf-8"))
+        except OSError as exc:
+            raise RuntimeFailure(f"cannot write --html {options['html_path']} ({exc.strerror or exc})") from exc
+
+
+def _table(summaries: Sequence[Any], x: str, y: str) -> None:
+    """A plain table (piped output stays plain): a star marks the Pareto front."""
+    keys = [y, x, *(k for k in ("entropy", "repeats", "loops", "early_end", "off_language") if k not in (x, y))]
+    rows = [["setting", "n", *keys]]
+    for summary in summaries:
+        cells = [summary.setting.name + (" *" if summary.front else ""), str(summary.samples)]
+        cells += ["-" if summary.metrics.get(k) is None else f"{summary.metrics[k].mean:.3f}" for k in keys]
+        rows.append(cells)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    click.echo("* on the Pareto front of the two first figures' means", err=True)

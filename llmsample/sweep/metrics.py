@@ -1,0 +1,142 @@
+"""What a sweep measures of each sample and of each prompt's samples across seeds, from the
+records ``batch`` writes (``--tokens full``) alone: every formula is in ``docs/sampling.md``.
+
+Quality: the text's mean log-probability under the model at temperature 1 (the record's
+``model_prob``), and under a judge model. Diversity: distinct-n and self-BLEU across the seeds
+of one prompt, and the entropy of the distributions the tokens were drawn from. Failures:
+repeated n-grams, loops, early ends, and text not in the prompt's language."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llmsample.analysis.text_metrics import cross_sample_diversity, mean_logprob, ngrams
+
+REPEAT_N = 4
+"""A sample *repeats* when an n-gram of this many tokens (or more) occurs twice in it."""
+
+LOOP_SPAN = 32
+LOOP_TIMES = 3
+"""A sample *loops* when it ends in a span of at most ``LOOP_SPAN`` tokens written
+``LOOP_TIMES`` times or more back to back (the degenerate repetition of Holtzman et al. 2020)."""
+
+EARLY_SHARE = 0.1
+"""A sample *ends early* when end of text (or a stop) came before this share of its max tokens."""
+
+MIN_WORDS = 3
+"""Fewer words than this: too little text to tell its language (not counted either way)."""
+
+
+@dataclass(frozen=True)
+class SampleMetrics:
+    """One sample's numbers; ``judge_logprob`` and ``language`` None where not measured."""
+
+    tokens: int
+    logprob: float
+    entropy: float
+    repeats: bool
+    loops: bool
+    early_end: bool
+    language: str | None
+    off_language: bool | None
+    judge_logprob: float | None = None
+
+
+def repeats(ids: Sequence[int], n: int = REPEAT_N) -> bool:
+    """Whether some n-gram of ``n`` tokens occurs twice (a longer repeated one contains one)."""
+    grams = ngrams(ids, n)
+    return len(set(grams)) < len(grams)
+
+
+def loops(ids: Sequence[int], span: int = LOOP_SPAN, times: int = LOOP_TIMES) -> bool:
+    """Whether the tokens end in one span of at most ``span`` tokens, ``times`` times in a row."""
+    for length in range(1, min(span, len(ids) // times) + 1):
+        tail = list(ids[-length:])
+        if all(list(ids[len(ids) - k * length : len(ids) - (k - 1) * length]) == tail for k in range(2, times + 1)):
+            return True
+    return False
+
+
+def ended_early(stop_reason: str | None, tokens: int, max_tokens: int, share: float = EARLY_SHARE) -> bool:
+    """End of text or a stop string before ``share`` of the allowed tokens (a length end never is)."""
+    return stop_reason not in (None, "length") and tokens < share * max_tokens
+
+
+def sample_metrics(
+    record: dict[str, Any], max_tokens: int, prompt_language: str | None, detect: Callable[[str], str | None]
+) -> SampleMetrics:
+    """A ``batch`` record's numbers (its ``per_token`` with ``model_prob`` and ``entropy``)."""
+    per_token = record.get("per_token") or []
+    ids = [token["token_id"] for token in per_token]
+    language = detect(record.get("text", ""))
+    off = None if language is None or prompt_language is None else language != prompt_language
+    return SampleMetrics(
+        tokens=record.get("tokens", len(ids)),
+        logprob=mean_logprob([token["model_prob"] for token in per_token]),
+        entropy=sum(token["entropy"] for token in per_token) / len(per_token) if per_token else 0.0,
+        repeats=repeats(ids),
+        loops=loops(ids),
+        early_end=ended_early(record.get("stop_reason"), record.get("tokens", len(ids)), max_tokens),
+        language=language,
+        off_language=off,
+    )
+
+
+def distinct(samples: Sequence[Sequence[int]], n: int) -> float:
+    """distinct-n across the samples of one prompt (Li et al. 2016): unique n-grams over all."""
+    return cross_sample_diversity(samples, n)
+
+
+def self_bleu(samples: Sequence[Sequence[int]]) -> float | None:
+    """Mean BLEU-4 of each sample against the others as references (Zhu et al. 2018, Texygen),
+    on the model's tokens, in [0, 1]: 1 when every sample is the same text. sacrebleu's sentence
+    BLEU (its default ``exp`` smoothing, no tokenizer: the ids are the words). None for fewer
+    than two samples."""
+    from sacrebleu.metrics import BLEU
+
+    if len(samples) < 2:
+        return None
+    bleu = BLEU(tokenize="none", effective_order=True)
+    words = [" ".join(map(str, ids)) for ids in samples]
+    scores = [bleu.sentence_score(words[i], words[:i] + words[i + 1 :]).score for i in range(len(words))]
+    return sum(scores) / len(scores) / 100
+
+
+def detector() -> Callable[[str], str | None]:
+    """The text's language (ISO 639-1) by py3langid's bundled model; None for too few words."""
+    from py3langid.langid import classify
+
+    def detect(text: str) -> str | None:
+        if len(text.split()) < MIN_WORDS:
+            return None
+        return str(classify(text)[0])
+
+    return detect
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean with its 95 % interval under the normal approximation (mean ± 1.96 standard
+    errors; ``half`` 0 for one value), over ``n`` values."""
+
+    mean: float
+    half: float
+    n: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return {"mean": self.mean, "low": self.mean - self.half, "high": self.mean + self.half, "n": self.n}
+
+
+def interval(values: Sequence[float]) -> Interval | None:
+    """None for no values."""
+    if not values:
+        return None
+    n = len(values)
+    mean = math.fsum(values) / n
+    if n == 1:
+        return Interval(mean, 0.0, 1)
+    variance = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+    return Interval(mean, 1.96 * math.sqrt(variance / n), n)
