@@ -140,7 +140,7 @@ def summary_parts(summary: Summary, first_token_s: float | None = None) -> list[
     if (reference := facts.reference) is not None and reference.tokens:
         parts.append(f"vs {reference.dtype}: mean KL {reference.mean_kl:.4f} nats, same top {reference.same_top:.1%}")
     if (comparison := facts.comparison) is not None and comparison.speedup is not None:
-        parts.append(f"plain loop {comparison.plain_tokens_per_s:.1f} tok/s: {comparison.speedup:.2f}x speedup")
+        parts.append(f"plain loop {comparison.plain_tokens_per_s:.1f} tok/s: {said_speedup(comparison.speedup)}")
     if (cache := facts.cache) is not None:  # a chat turn: what its session's cache spared
         parts.append(f"prompt {cache.reused} cached + {cache.prefilled} prefilled")
     if facts.backend == "llama.cpp":
@@ -150,3 +150,11 @@ def summary_parts(summary: Summary, first_token_s: float | None = None) -> list[
     if facts.engine is not None:
         parts.append(f"engine {facts.engine}")
     return parts
+
+
+def said_speedup(speedup: float) -> str:
+    """Speculation against the plain loop in words: a ratio under 1 read as "0.65x speedup" looks
+    like a gain to most readers, so a loss is said as how many times slower it was."""
+    if round(speedup, 2) >= 1:
+        return f"{speedup:.2f}x speedup"
+    return f"speculation {1 / speedup:.2f}x slower"

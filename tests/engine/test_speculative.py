@@ -361,4 +361,4 @@ def test_speculate_command_reports_sources_and_speedup(tiny_model_dir: Path) -> 
     assert {t["source"] for t in lines[:-1]} == {"draft", "target"}
     assert summary["plain_tokens_per_s"] > 0 and summary["speedup"] > 0
     assert summary["accepted"] == sum(t["source"] == "draft" for t in lines[:-1])
-    assert "accepted" in result.stderr and "speedup" in result.stderr
+    assert "accepted" in result.stderr and "plain loop" in result.stderr  # a speedup or a slowdown, in words

@@ -63,3 +63,19 @@ def test_a_summary_names_the_load_and_the_wait_for_the_first_token() -> None:
         "6 tokens · stop: length · load 17.04 s · first token 18.60 s · 1.2 tok/s"
     )
     assert "first token 1.31 s" in summary_lines(summary, None)  # no command's start: the row's own
+
+
+def test_a_comparison_below_one_is_said_as_a_slowdown() -> None:
+    """Issue 60: ``speculate --compare`` slower than the plain loop says so in words, not as a
+    "0.65x speedup" a reader takes for a gain."""
+    from llmsample.events import PlainComparison, RunFacts, Summary
+    from llmsample.render.stream import summary_lines
+
+    def said(speedup: float) -> str:
+        facts = RunFacts(comparison=PlainComparison(40.0, 1.0, speedup))
+        return summary_lines(Summary("", 6, 3, "length", ttft_s=0.1, tokens_per_s=40.0 * speedup, model="m", preset="p", seed=1,
+                                     elapsed_s=1.0, facts=facts), None)  # fmt: skip
+
+    assert "plain loop 40.0 tok/s: 1.65x speedup" in said(1.65)
+    assert "plain loop 40.0 tok/s: speculation 1.54x slower" in said(0.65)
+    assert "0.65" not in said(0.65) and "speedup" not in said(0.65)
