@@ -44,7 +44,7 @@ def test_bench_suffix_writes_every_workload(tiny_model_dir, tmp_path, monkeypatc
 
 def options(**chosen: object) -> dict[str, object]:
     none = {"batch_sizes": None, "workloads": False, "quant": None, "startup": False, "suffix": False, "serve": False,
-            "multi_turn": False, "constraints": False}  # fmt: skip
+            "multi_turn": False, "constraints": False, "sweep": False}  # fmt: skip
     return {**none, "backend": "llama.cpp", "dtype": "auto", "compile_model": False, **chosen}
 
 
