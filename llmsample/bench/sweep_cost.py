@@ -60,8 +60,7 @@ def run_sweep_cost(args: ModelArgs, runs: int, tokens: int, log: Callable[[str],
 
             return run
 
-        swept, batched = rounds(runs, [side("sweep", sweep), side("batch", ["batch", "lines.jsonl", "--local", "-q",
-                                                                              "--top-n", "3"])])  # fmt: skip
+        swept, batched = rounds(runs, [side("sweep", sweep), side("batch", ["batch", "lines.jsonl", "--local", "-q"])])
     return SweepCost(rows, tokens, swept, batched)
 
 

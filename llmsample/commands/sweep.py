@@ -35,8 +35,10 @@ AXES = ("logprob", "judge_logprob", "entropy", "distinct_1", "distinct_2", "dist
 @click.option("--x", "x_axis", type=click.Choice(AXES), default="distinct_2", show_default=True, help="Diversity axis.")
 @click.option("--y", "y_axis", type=click.Choice(AXES), help="Quality axis [default: judge_logprob with --judge, else logprob].")
 @click.option("--judge", metavar="MODEL", help="Also score every text under this model (perplexity under a second model).")
+@click.option("--language", metavar="CODE",
+              help="The language replies should be in (ISO 639-1: en, fr) [default: the prompts', detected].")  # fmt: skip
 @click.option("--plan", is_flag=True, help="Print the sweep's batch lines and stop (llmsample batch runs them alike).")
-@click.option("--top-n", type=click.IntRange(0, 100), default=3, show_default=True, help="Alternatives per token in the records.")
+@click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token in the records.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
 @model_options
 @sampling_options
@@ -76,5 +78,5 @@ def sweep(**options: Any) -> None:
         return
     from llmsample.commands.sweep_run import run
 
-    run(options, settings, planned, base)
+    run(options, settings, prompts, planned, base)
 

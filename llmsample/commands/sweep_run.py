@@ -14,14 +14,15 @@ import click
 from llmsample.errors import RuntimeFailure, UserError
 
 
-def run(options: dict[str, Any], settings: Sequence[Any], planned: Sequence[Any], base: dict[str, Any]) -> None:
+def run(options: dict[str, Any], settings: Sequence[Any], prompts: Sequence[Any], planned: Sequence[Any],
+        base: dict[str, Any]) -> None:  # fmt: skip
     from llmsample.batch.output import claim_output, consolidate
     from llmsample.batch.settings import BatchSettings
     from llmsample.commands.batch import record_writer
     from llmsample.commands.host_options import open_engine
     from llmsample.render.progress import TokenProgress
     from llmsample.sweep.metrics import detector
-    from llmsample.sweep.samples import Annotator, parsed_lines, run_sweep
+    from llmsample.sweep.samples import Annotator, parsed_lines, prompts_language, run_sweep
     from llmsample.terminal import stderr_console
 
     _check_studio(options)
@@ -46,7 +47,9 @@ def run(options: dict[str, Any], settings: Sequence[Any], planned: Sequence[Any]
             done = consolidate(claim.path, parsed_lines(planned), "jsonl", keep_errors=False).done
         console = stderr_console()
         disabled = options["quiet"] or not console.is_terminal
-        annotate = Annotator(planned, base, detector(), judge)
+        detect = detector(options["language"])
+        language = options["language"] or prompts_language(prompts, detect)
+        annotate = Annotator(planned, base, detect, language, judge)
         with record_writer(claim.path if claim else None, stdout=False) as write, \
                 TokenProgress(console, "samples", disabled) as progress:  # fmt: skip
 

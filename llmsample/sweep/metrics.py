@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmsample.analysis.text_metrics import cross_sample_diversity, mean_logprob, ngrams
+from llmsample.errors import UserError
 
 REPEAT_N = 4
 """A sample *repeats* when an n-gram of this many tokens (or more) occurs twice in it."""
@@ -27,7 +28,9 @@ EARLY_SHARE = 0.1
 """A sample *ends early* when end of text (or a stop) came before this share of its max tokens."""
 
 MIN_WORDS = 3
-"""Fewer words than this: too little text to tell its language (not counted either way)."""
+MIN_SHARE = 0.2
+"""Fewer words than ``MIN_WORDS``, or no language given ``MIN_SHARE`` of the probability: too
+little to tell the text's language (not counted either way)."""
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,14 @@ def ended_early(stop_reason: str | None, tokens: int, max_tokens: int, share: fl
 
 
 def sample_metrics(
-    record: dict[str, Any], max_tokens: int, prompt_language: str | None, detect: Callable[[str], str | None]
+    record: dict[str, Any], max_tokens: int, language: str | None, detect: Callable[[str], str | None]
 ) -> SampleMetrics:
-    """A ``batch`` record's numbers (its ``per_token`` with ``model_prob`` and ``entropy``)."""
+    """A ``batch`` record's numbers (its ``per_token`` with ``model_prob`` and ``entropy``);
+    ``language``: the one its text should be in (None: not measured)."""
     per_token = record.get("per_token") or []
     ids = [token["token_id"] for token in per_token]
-    language = detect(record.get("text", ""))
-    off = None if language is None or prompt_language is None else language != prompt_language
+    found = detect(record.get("text", ""))
+    off = None if found is None or language is None else found != language
     return SampleMetrics(
         tokens=record.get("tokens", len(ids)),
         logprob=mean_logprob([token["model_prob"] for token in per_token]),
@@ -80,7 +84,7 @@ def sample_metrics(
         repeats=repeats(ids),
         loops=loops(ids),
         early_end=ended_early(record.get("stop_reason"), record.get("tokens", len(ids)), max_tokens),
-        language=language,
+        language=found,
         off_language=off,
     )
 
@@ -105,14 +109,23 @@ def self_bleu(samples: Sequence[Sequence[int]]) -> float | None:
     return sum(scores) / len(scores) / 100
 
 
-def detector() -> Callable[[str], str | None]:
-    """The text's language (ISO 639-1) by py3langid's bundled model; None for too few words."""
-    from py3langid.langid import classify
+def detector(expected: str | None = None) -> Callable[[str], str | None]:
+    """The text's language (ISO 639-1) by py3langid's bundled model; None where it cannot tell:
+    fewer than :data:`MIN_WORDS` words, or no language above :data:`MIN_SHARE` of the
+    probability (a short English list of fruit reads as Tagalog at 0.06; a plain English
+    sentence is English at 0.29). ``expected``: a language the user named, one line if the
+    model does not know it."""
+    from py3langid.langid import MODEL_DIR, MODEL_FILE, LanguageIdentifier
+
+    identifier = LanguageIdentifier.from_modelpath(MODEL_DIR / MODEL_FILE, norm_probs=True)
+    if expected is not None and expected not in identifier.nb_classes:
+        raise UserError(f"--language {expected!r}: not a language code py3langid knows (en, fr, de, zh, ...)")
 
     def detect(text: str) -> str | None:
         if len(text.split()) < MIN_WORDS:
             return None
-        return str(classify(text)[0])
+        language, share = identifier.classify(text)
+        return str(language) if share >= MIN_SHARE else None
 
     return detect
 

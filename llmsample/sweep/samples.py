@@ -23,6 +23,14 @@ SWEEP_KEYS = ("setting", "settings", "prompt_index", "metrics")
 """What a sample's record holds beyond ``batch``'s record of the same line."""
 
 
+def prompts_language(prompts: Sequence[dict[str, Any]], detect: Callable[[str], str | None]) -> str | None:
+    """The language of the prompts' words together: one line says too little ("How do I boil an
+    egg?" reads as Nigerian Pidgin), a file of them does."""
+    words = [prompt.get("prompt") or " ".join(m.get("content") or "" for m in prompt.get("messages") or [])
+             for prompt in prompts]  # fmt: skip
+    return detect(" ".join(words))
+
+
 def parsed_lines(planned: Sequence[Planned]) -> list[Request | RequestError]:
     """The lines as ``batch`` reads them (the same parser, the same checks)."""
     return list(read_requests([json.dumps(p.line, ensure_ascii=False) for p in planned]))
@@ -36,11 +44,12 @@ class Annotator:
         planned: Sequence[Planned],
         base: dict[str, Any],
         detect: Callable[[str], str | None],
+        language: str | None,
         judge: EngineClient | None = None,
     ) -> None:
+        """``language``: the one every text should be in (None: not measured)."""
         self.by_id = {p.line["custom_id"]: p for p in planned}
-        self.base, self.detect, self.judge = base, detect, judge
-        self.prompt_languages: dict[int, str | None] = {}
+        self.base, self.detect, self.language, self.judge = base, detect, language, judge
 
     def __call__(self, record: Record) -> Record:
         planned = self.by_id[record["custom_id"]]
@@ -50,18 +59,11 @@ class Annotator:
         if "error" in record:
             return annotated
         cfg = setting.config(self.base)
-        metrics = sample_metrics(record, cfg.max_tokens, self._prompt_language(planned), self.detect)
+        metrics = sample_metrics(record, cfg.max_tokens, self.language, self.detect)
         found = asdict(metrics)
         if self.judge is not None:
             found["judge_logprob"] = self._judged(planned, record.get("text", ""))
         return {**annotated, "metrics": found}
-
-    def _prompt_language(self, planned: Planned) -> str | None:
-        if planned.prompt not in self.prompt_languages:
-            line = planned.line
-            text = line.get("prompt") or " ".join(m.get("content") or "" for m in line.get("messages") or [])
-            self.prompt_languages[planned.prompt] = self.detect(text)
-        return self.prompt_languages[planned.prompt]
 
     def _judged(self, planned: Planned, text: str) -> float | None:
         """The text's mean log-probability after its prompt under the judge (temperature 1, as

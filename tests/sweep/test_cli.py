@@ -57,7 +57,7 @@ def test_the_records_are_batchs_for_the_same_lines(model: Path, tmp_path: Path) 
     assert plan.returncode == 0, plan.stderr
     (tmp_path / "lines.jsonl").write_text(plan.stdout)
     swept = cli(model, "sweep", "prompts.txt", *GRID, "-o", "swept.jsonl", "--format", "jsonl", cwd=tmp_path)
-    batched = cli(model, "batch", "lines.jsonl", "--top-n", "3", "-o", "batched.jsonl", cwd=tmp_path)
+    batched = cli(model, "batch", "lines.jsonl", "-o", "batched.jsonl", cwd=tmp_path)
     assert swept.returncode == batched.returncode == 0, swept.stderr + batched.stderr
     mine, theirs = records(tmp_path / "swept.jsonl"), records(tmp_path / "batched.jsonl")
     assert len(mine) == 4 * 2 * 3

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from llmsample.errors import UserError
 from llmsample.sweep.metrics import (
     Interval,
     detector,
@@ -17,6 +18,7 @@ from llmsample.sweep.metrics import (
     sample_metrics,
     self_bleu,
 )
+from llmsample.sweep.samples import prompts_language
 from llmsample.sweep.summary import pareto
 
 
@@ -89,3 +91,14 @@ def test_the_language_detector() -> None:
     assert detect("The capital of France is Paris, a city of lights.") == "en"
     assert detect("La capitale de la France est Paris, la ville lumière.") == "fr"
     assert detect("Paris.") is None  # too few words to tell
+    assert detect("1. Bananas\n2. Grapes\n3. Tomatoes\n4. Papayas") is None  # Tagalog at 0.06: cannot tell
+    with pytest.raises(UserError, match="--language 'english': not a language code"):
+        detector("english")
+
+
+def test_the_prompts_language_is_read_from_all_of_them() -> None:
+    detect = detector()
+    assert detect("How do I boil an egg?") != "en"  # one line says too little
+    prompts = [{"prompt": "How do I boil an egg?"}, {"messages": [{"role": "user", "content": "Write a poem about the sea."}]},
+               {"prompt": "List four fruits that are red."}]  # fmt: skip
+    assert prompts_language(prompts, detect) == "en"
