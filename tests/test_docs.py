@@ -277,6 +277,25 @@ def test_the_readme_stays_a_few_screens() -> None:
     assert not re.search(r"\b20\d\d-\d\d-\d\d\b", readme), "dated measurements belong in docs/history/"
 
 
+# Options whose value is a file the command writes: it need not exist before.
+WRITTEN = {"-o", "--output", "--html"}
+INPUT_FILE = re.compile(r"[\w./-]+\.(?:txt|json|jsonl|toml|lark|gbnf|py|gguf)")
+
+
+def test_the_files_the_readmes_examples_read_ship_with_it() -> None:
+    """Issue 60: a README example runs as printed from the repository root, so every file it reads
+    (``--json-schema docs/examples/person.json``, ``batch docs/examples/questions.txt``, a prompt
+    in ``$(cat ...)``) is in the repository; a file it writes (``-o``, ``--html``) need not be."""
+    missing = []
+    for line in command_lines(REPO / "README.md"):
+        tokens = tokens_of(line.text)
+        for index, token in enumerate(tokens):
+            if index and tokens[index - 1] in WRITTEN:
+                continue
+            missing += [f"{line.where}: {name}" for name in INPUT_FILE.findall(token) if not (REPO / name).is_file()]
+    assert not missing, missing
+
+
 def _prose(path: str) -> str:
     """A doc's text with its line breaks and runs of spaces as single spaces (sentences wrap)."""
     return " ".join((REPO / path).read_text(encoding="utf-8").split())
