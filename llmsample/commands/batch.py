@@ -120,7 +120,7 @@ def batch(**options: Any) -> None:
         return
     from llmsample.commands.host_options import open_engine
 
-    engine = open_engine(options, _refused_flags(options))  # before anything imports torch
+    engine = open_engine(options, refused_flags(options))  # before anything imports torch
     # The output is checked and locked first: before the model loads, and before stdin is read.
     claim = claim_output(options["output"]) if options["output"] else None
     try:
@@ -132,9 +132,10 @@ def batch(**options: Any) -> None:
         raise click.exceptions.Exit(1)
 
 
-def _refused_flags(options: dict[str, Any]) -> list[str]:
-    """``batch``'s own flags an engine elsewhere cannot honour: its rows and prompt cache are
-    the engine's, and OpenAI records need the tokenizer's bytes and the template's tool shapes."""
+def refused_flags(options: dict[str, Any]) -> list[str]:
+    """``batch``'s (and ``sweep``'s) own flags an engine elsewhere cannot honour: its rows and
+    prompt cache are the engine's, and OpenAI records need the tokenizer's bytes and the
+    template's tool shapes."""
     source = click.get_current_context().get_parameter_source
     given = source("prompt_cache_mb") not in (None, click.core.ParameterSource.DEFAULT)
     return [flag for flag, refused in (

@@ -10,7 +10,7 @@ import click
 from llmsample.commands.help import GroupedCommand
 from llmsample.commands.host_options import with_engine_options
 from llmsample.commands.model_options import model_options
-from llmsample.commands.options import quiet_option
+from llmsample.commands.options import prompt_cache_option, quiet_option
 from llmsample.commands.sampling_options import resolve_sampling, sampling_options, sampling_overrides
 from llmsample.errors import UserError
 
@@ -40,6 +40,7 @@ AXES = ("logprob", "judge_logprob", "entropy", "distinct_1", "distinct_2", "dist
 @click.option("--plan", is_flag=True, help="Print the sweep's batch lines and stop (llmsample batch runs them alike).")
 @click.option("--top-n", type=click.IntRange(0, 100), default=5, show_default=True, help="Alternatives per token in the records.")
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
+@prompt_cache_option
 @model_options
 @sampling_options
 @quiet_option("progress")

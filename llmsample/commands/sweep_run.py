@@ -18,7 +18,7 @@ def run(options: dict[str, Any], settings: Sequence[Any], prompts: Sequence[Any]
         base: dict[str, Any]) -> None:  # fmt: skip
     from llmsample.batch.output import claim_output, consolidate
     from llmsample.batch.settings import BatchSettings
-    from llmsample.commands.batch import record_writer
+    from llmsample.commands.batch import record_writer, refused_flags
     from llmsample.commands.host_options import open_engine
     from llmsample.render.progress import TokenProgress
     from llmsample.sweep.metrics import detector
@@ -36,7 +36,7 @@ def run(options: dict[str, Any], settings: Sequence[Any], prompts: Sequence[Any]
     for flag, path in (("--plot", options["plot"]), ("--html", options["html_path"])):
         if path is not None and not path.resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: no such folder")
-    engine = open_engine(options)
+    engine = open_engine(options, refused_flags(options))
     judge = _judge(options, engine)
     batch_settings = BatchSettings(top_n=options["top_n"], batch_size=options["batch_size"], tokens="full")
     claim = claim_output(options["output"]) if options["output"] else None
@@ -114,7 +114,7 @@ def _report(options: dict[str, Any], settings: Sequence[Any], records: list[dict
         for summary in summaries:
             click.echo(dumps(summary.to_dict()))
     else:
-        _table(summaries, x, y)
+        _table(summaries, x, y, options["quiet"])
     if options["plot"] is not None:
         from llmsample.sweep.plot import write_plot
 
@@ -129,7 +129,7 @@ def _report(options: dict[str, Any], settings: Sequence[Any], records: list[dict
             raise RuntimeFailure(f"cannot write --html {options['html_path']} ({exc.strerror or exc})") from exc
 
 
-def _table(summaries: Sequence[Any], x: str, y: str) -> None:
+def _table(summaries: Sequence[Any], x: str, y: str, quiet: bool) -> None:
     """A plain table (piped output stays plain): a star marks the Pareto front."""
     keys = [y, x, *(k for k in ("entropy", "repeats", "loops", "early_end", "off_language") if k not in (x, y))]
     rows = [["setting", "n", *keys]]
@@ -140,4 +140,5 @@ def _table(summaries: Sequence[Any], x: str, y: str) -> None:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
-    click.echo("* on the Pareto front of the two first figures' means", err=True)
+    if not quiet:
+        click.echo("* on the Pareto front of the two first figures' means", err=True)

@@ -49,7 +49,8 @@ class Annotator:
     ) -> None:
         """``language``: the one every text should be in (None: not measured)."""
         self.by_id = {p.line["custom_id"]: p for p in planned}
-        self.base, self.detect, self.language, self.judge = base, detect, language, judge
+        self.detect, self.language, self.judge = detect, language, judge
+        self.configs = {p.setting.name: p.setting.config(base) for p in planned}  # a preset read once a setting
 
     def __call__(self, record: Record) -> Record:
         planned = self.by_id[record["custom_id"]]
@@ -58,7 +59,7 @@ class Annotator:
                      "prompt_index": planned.prompt}  # fmt: skip
         if "error" in record:
             return annotated
-        cfg = setting.config(self.base)
+        cfg = self.configs[setting.name]
         metrics = sample_metrics(record, cfg.max_tokens, self.language, self.detect)
         found = asdict(metrics)
         if self.judge is not None:
@@ -72,7 +73,7 @@ class Annotator:
         if not text or "prompt" not in line:
             return None
         assert self.judge is not None
-        cfg = planned.setting.config(self.base)
+        cfg = self.configs[planned.setting.name]
         job = Job(line["prompt"], cfg, planned.setting.preset, system=line.get("system"), raw=line.get("raw", False))
         scored = self.judge.explain(Explanation(job, continuation=text))
         assert isinstance(scored, list)
