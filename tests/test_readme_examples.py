@@ -108,6 +108,14 @@ def speculates(ran: Ran) -> None:
     assert re.search(r"plain loop [\d.]+ tok/s: (\d+\.\d\dx speedup|speculation \d+\.\d\dx slower)", summary), summary
 
 
+def sweeps(ran: Ran) -> None:
+    """A row per setting with its figures (a star on the front), and the plot written whole."""
+    rows = [line.split() for line in ran.stdout.splitlines()[1:]]
+    assert ran.stdout.startswith("setting") and len(rows) == 4, ran.stdout
+    assert all(float(row[-7]) < 0 and 0 <= float(row[-6]) <= 1 for row in rows), ran.stdout  # logprob, distinct-2
+    assert any("*" in row for row in rows) and (ran.folder / "sweep.svg").read_text().rstrip().endswith("</svg>")
+
+
 # A fragment of each example's line, and what its output must look like: a new example needs one.
 CHECKS: dict[str, Callable[[Ran], None]] = {
     '"What is the capital of France?" -t 0': answers_france,
@@ -118,6 +126,7 @@ CHECKS: dict[str, Callable[[Ran], None]] = {
     "--format jsonl |": prints_probabilities,
     "llmsample batch": answers_each_question,
     "llmsample speculate": speculates,
+    "llmsample sweep": sweeps,
 }
 # The prose's inline examples that are run too, as the blocks' are (the others: placeholders such as
 # ./my-finetune and run 12, bench and compare-presets runs of their own tests, listings of no model).
