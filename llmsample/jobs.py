@@ -87,11 +87,12 @@ class Capabilities:
 
     def lacking(self, asked: Capabilities, draft_flag: str | None = None) -> str | None:
         """The flag of the first thing ``asked`` that this engine lacks (``--draft`` shown as
-        ``draft_flag``, the value the user gave); None: the engine runs it."""
+        ``draft_flag``, the value the user gave, else as its kind: ``--draft MODEL`` for a
+        draft model); None: the engine runs it."""
         if asked.reference and not self.reference:
             return "--reference"
         if asked.drafter is not None and asked.drafter != self.drafter:
-            return f"--draft {draft_flag or asked.drafter}"
+            return f"--draft {draft_flag or ('MODEL' if asked.drafter == 'model' else asked.drafter)}"
         return None
 
     @classmethod

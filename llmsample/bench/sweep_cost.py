@@ -77,7 +77,8 @@ def _cli(work: Path, command: list[str], args: ModelArgs) -> subprocess.Complete
     if done.returncode != 0:
         from llmsample.errors import RuntimeFailure
 
-        raise RuntimeFailure(f"llmsample {command[0]} failed: {done.stderr.strip().splitlines()[-1:]}")
+        last = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
+        raise RuntimeFailure(f"llmsample {command[0]} failed: {last}")
     return done
 
 

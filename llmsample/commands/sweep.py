@@ -71,6 +71,8 @@ def sweep(**options: Any) -> None:
     prompts = read_prompts(input_lines(options["prompts_path"], "prompts"), options["prompts_path"])
     first = options["seed"] if options["seed"] is not None else 0
     planned = plan(settings, prompts, range(first, first + options["seeds"]), base)
+    if options["plan"] and options["output"] is not None:
+        raise UserError("--plan prints the lines on stdout; leave out -o (batch -o runs them)")
     if options["plan"]:
         from llmsample.batch.result_lines import dumps
 

@@ -25,10 +25,53 @@ def run(options: dict[str, Any], settings: Sequence[Any], prompts: Sequence[Any]
     from llmsample.sweep.samples import Annotator, parsed_lines, prompts_language, run_sweep
     from llmsample.terminal import stderr_console
 
+    y_axis = _checked(options, prompts)
+    detect = detector(options["language"])  # a bad --language is one line before the output is touched
+    language = options["language"] or prompts_language(prompts, detect)
+    engine = open_engine(options, refused_flags(options))
+    judge = _judge(options, engine)
+    batch_settings = BatchSettings(top_n=options["top_n"], batch_size=options["batch_size"], tokens="full")
+    claim = claim_output(options["output"]) if options["output"] else None
+    regular = claim is not None and claim.regular
+    kept: list[dict[str, Any]] = []  # the records, where no file keeps them
+    try:
+        lines = parsed_lines(planned)
+        settled = consolidate(claim.path, lines, "jsonl", keep_errors=False) if regular else None
+        console = stderr_console()
+        disabled = options["quiet"] or not console.is_terminal
+        annotate = Annotator(planned, base, detect, language, judge)
+        with record_writer(claim.path if claim else None, stdout=False) as write, \
+                TokenProgress(console, "samples", disabled) as progress:  # fmt: skip
+
+            def keep(record: dict[str, Any]) -> None:
+                write(record)
+                if not regular:
+                    kept.append(record)
+
+            done = settled.done if settled is not None else frozenset()
+            outcome = run_sweep(engine, planned, done, batch_settings, keep, annotate, progress)
+        if settled is not None and not settled.in_order_after(lines):
+            consolidate(claim.path, lines, "jsonl", keep_errors=True)  # as batch -o puts it back
+    finally:
+        if claim is not None:
+            claim.release()
+    records = _all_records(claim.path, planned) if regular else kept
+    _report(options, settings, records, y_axis, engine.model_name() or "")
+    if outcome.failed:
+        raise click.exceptions.Exit(1)
+
+
+def _checked(options: dict[str, Any], prompts: Sequence[Any]) -> str:
+    """What can be refused before the model loads, in one line; the quality axis."""
     _check_studio(options)
     y_axis = options["y_axis"] or ("judge_logprob" if options["judge"] else "logprob")
-    if y_axis == "judge_logprob" and not options["judge"]:
-        raise UserError("--y judge_logprob needs --judge MODEL")
+    for flag, axis in (("--x", options["x_axis"]), ("--y", y_axis)):
+        if axis == "judge_logprob" and not options["judge"]:
+            raise UserError(f"{flag} judge_logprob needs --judge MODEL")
+    if options["x_axis"] == y_axis:
+        raise UserError(f"--x and --y are both {y_axis}; plot two figures against each other")
+    if options["judge"] and any("messages" in prompt for prompt in prompts):
+        raise UserError("--judge scores texts after a plain prompt; the prompts file has conversations (messages)")
     if options["plot"] is not None:
         from llmsample.sweep.plot import plot_format
 
@@ -36,35 +79,7 @@ def run(options: dict[str, Any], settings: Sequence[Any], prompts: Sequence[Any]
     for flag, path in (("--plot", options["plot"]), ("--html", options["html_path"])):
         if path is not None and not path.resolve().parent.is_dir():
             raise UserError(f"{flag} {path}: no such folder")
-    engine = open_engine(options, refused_flags(options))
-    judge = _judge(options, engine)
-    batch_settings = BatchSettings(top_n=options["top_n"], batch_size=options["batch_size"], tokens="full")
-    claim = claim_output(options["output"]) if options["output"] else None
-    kept: list[dict[str, Any]] = []
-    try:
-        done: frozenset[str] = frozenset()
-        if claim is not None and claim.regular:
-            done = consolidate(claim.path, parsed_lines(planned), "jsonl", keep_errors=False).done
-        console = stderr_console()
-        disabled = options["quiet"] or not console.is_terminal
-        detect = detector(options["language"])
-        language = options["language"] or prompts_language(prompts, detect)
-        annotate = Annotator(planned, base, detect, language, judge)
-        with record_writer(claim.path if claim else None, stdout=False) as write, \
-                TokenProgress(console, "samples", disabled) as progress:  # fmt: skip
-
-            def keep(record: dict[str, Any]) -> None:
-                write(record)
-                kept.append(record)
-
-            outcome = run_sweep(engine, planned, done, batch_settings, keep, annotate, progress)
-    finally:
-        if claim is not None:
-            claim.release()
-    records = _all_records(claim.path, planned) if claim is not None and claim.regular else kept
-    _report(options, settings, records, y_axis, engine.model_name() or "")
-    if outcome.failed:
-        raise click.exceptions.Exit(1)
+    return y_axis
 
 
 def _check_studio(options: dict[str, Any]) -> None:

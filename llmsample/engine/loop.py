@@ -43,7 +43,7 @@ def generate(
     carries under ``name``; ``reference``: score every token under this model too
     (``--reference``). Broken numbers raise :class:`RuntimeFailure` naming the position."""
     drafts = None if drafter is None else (lambda: drafter)
-    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, drafts, draft_tokens)
+    item = BatchItem(0, prompt_ids[0].tolist(), cfg, stats, drafts, draft_tokens, reference=reference is not None)
     for _, record in decode(lm, [item], 1, DecodeOptions(top_n, ignore_eos, watch, reference), one_prompt=True):
         if isinstance(record, RowFailed):
             raise (UserError if record.user_error else RuntimeFailure)(record.message)

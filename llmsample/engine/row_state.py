@@ -47,7 +47,7 @@ class BatchItem:
     cache_prompt: bool = True
     ignore_eos: bool = False  # this row runs to its length past EOS (DecodeOptions.ignore_eos: every row)
     watch: tuple[tuple[str, int], ...] = ()  # this row's own --watch (name, id) pairs, beside the run's
-    reference: bool = True  # scored under the run's reference model, where it has one (an engine's, only if asked)
+    reference: bool = False  # scored under the run's reference model (--reference; a server's other rows are not)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
     engine's batch cannot carry is refused, naming ``--local``."""
     flag = state.capabilities.lacking(Capabilities.of_job(job))
     if flag:
-        raise ApiError(400, f"{flag} does not run on this engine; start it with {flag}, leave it out, or pass --local",
+        raise ApiError(400, f"{flag} does not run on this engine; start (or serve) it with {flag}, leave it out, or pass --local",
                        None, "not_served")  # fmt: skip
     try:
         item, dropped = job_row(state.lm, job, state.engine.new_key(), state.drafter if job.drafter else None)

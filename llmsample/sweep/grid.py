@@ -5,6 +5,7 @@ settings) times the prompts times the seeds, as ``batch`` request lines. The lin
 from __future__ import annotations
 
 import difflib
+import hashlib
 import itertools
 import json
 import tomllib
@@ -103,14 +104,21 @@ def read_prompts(lines: Sequence[bytes], source: str) -> list[dict[str, Any]]:
 def plan(settings: Sequence[Setting], prompts: Sequence[dict[str, Any]], seeds: Sequence[int],
          base: dict[str, Any]) -> list[Planned]:  # fmt: skip
     """Every setting × prompt × seed as a whole ``batch`` line, settings outermost; the same
-    seeds under every setting (their differences are the settings', not the draws')."""
+    seeds under every setting (their differences are the settings', not the draws'). A line's
+    id ends in a digest of what it asks, so a resumed ``-o`` file's record counts only for the
+    very same line (not after ``-n``, a prompt or a setting's keys changed)."""
+    for setting in settings:
+        setting.config(base)  # checked before anything runs
     planned = []
     for setting, (p, prompt), seed in itertools.product(settings, enumerate(prompts), seeds):
-        setting.config(base)  # checked before anything runs
-        line = {"custom_id": f"{setting.name} | prompt {p} | seed {seed}", **prompt, "preset": setting.preset,
-                **base, **setting.values, "seed": seed}  # fmt: skip
-        planned.append(Planned(setting, p, seed, line))
+        line = {**prompt, "preset": setting.preset, **base, **setting.values, "seed": seed}
+        custom_id = f"{setting.name} | prompt {p} | seed {seed} | {_digest(line)}"
+        planned.append(Planned(setting, p, seed, {"custom_id": custom_id, **line}))
     return planned
+
+
+def _digest(line: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(line, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:8]
 
 
 def _toml_settings(path: Path, base_preset: str) -> list[Setting]:

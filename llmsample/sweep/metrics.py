@@ -35,11 +35,12 @@ little to tell the text's language (not counted either way)."""
 
 @dataclass(frozen=True)
 class SampleMetrics:
-    """One sample's numbers; ``judge_logprob`` and ``language`` None where not measured."""
+    """One sample's numbers; None where not measured (a sample of no tokens has no
+    log-probability or entropy: 0 would be the best score there is)."""
 
     tokens: int
-    logprob: float
-    entropy: float
+    logprob: float | None
+    entropy: float | None
     repeats: bool
     loops: bool
     early_end: bool
@@ -64,8 +65,9 @@ def loops(ids: Sequence[int], span: int = LOOP_SPAN, times: int = LOOP_TIMES) ->
 
 
 def ended_early(stop_reason: str | None, tokens: int, max_tokens: int, share: float = EARLY_SHARE) -> bool:
-    """End of text or a stop string before ``share`` of the allowed tokens (a length end never is)."""
-    return stop_reason not in (None, "length") and tokens < share * max_tokens
+    """End of text or a stop string before ``share`` of the allowed tokens (a length or context
+    end never is)."""
+    return stop_reason in ("eos", "stop") and tokens < share * max_tokens
 
 
 def sample_metrics(
@@ -79,8 +81,8 @@ def sample_metrics(
     off = None if found is None or language is None else found != language
     return SampleMetrics(
         tokens=record.get("tokens", len(ids)),
-        logprob=mean_logprob([token["model_prob"] for token in per_token]),
-        entropy=sum(token["entropy"] for token in per_token) / len(per_token) if per_token else 0.0,
+        logprob=mean_logprob([token["model_prob"] for token in per_token]) if per_token else None,
+        entropy=sum(token["entropy"] for token in per_token) / len(per_token) if per_token else None,
         repeats=repeats(ids),
         loops=loops(ids),
         early_end=ended_early(record.get("stop_reason"), record.get("tokens", len(ids)), max_tokens),

@@ -82,7 +82,7 @@ def write_plot(path: Path, summaries: Sequence[SettingSummary], x: str, y: str, 
     """The whole file or nothing: rendered in memory, then put in place in one step."""
     suffix = plot_format(path)
     out = io.BytesIO()
-    metadata = {"Date": None} if suffix != ".png" else None
+    metadata = {".svg": {"Date": None}, ".pdf": {"CreationDate": None}}.get(suffix)
     figure(summaries, x, y, title).savefig(out, format=suffix[1:], metadata=metadata)
     try:
         replace_whole(path, out.getvalue())

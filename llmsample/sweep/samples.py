@@ -50,7 +50,8 @@ class Annotator:
         """``language``: the one every text should be in (None: not measured)."""
         self.by_id = {p.line["custom_id"]: p for p in planned}
         self.detect, self.language, self.judge = detect, language, judge
-        self.configs = {p.setting.name: p.setting.config(base) for p in planned}  # a preset read once a setting
+        settings = {p.setting.name: p.setting for p in planned}
+        self.configs = {name: setting.config(base) for name, setting in settings.items()}  # read once a setting
 
     def __call__(self, record: Record) -> Record:
         planned = self.by_id[record["custom_id"]]
@@ -68,7 +69,8 @@ class Annotator:
 
     def _judged(self, planned: Planned, text: str) -> float | None:
         """The text's mean log-probability after its prompt under the judge (temperature 1, as
-        ``explain --continuation`` scores it); None for no text or a conversation's prompt."""
+        ``explain --continuation`` scores it); None for no text (a sweep with a judge has no
+        conversations: :func:`~llmsample.sweep.grid.read_prompts` refuses them)."""
         line = planned.line
         if not text or "prompt" not in line:
             return None

@@ -111,7 +111,9 @@ def test_the_judges_figure_is_explains_score_of_the_text(model: Path, tmp_path: 
 def test_mistakes_are_one_line(model: Path, tmp_path: Path) -> None:
     for args, words in (((), "nothing to sweep"), (("--vary", "temprature=1"), "did you mean temperature?"),
                         (("--vary", "temperature=1", "--y", "judge_logprob"), "--y judge_logprob needs --judge"),
-                        (("--vary", "temperature=1", "--plot", "p.gif"), "write .svg, .png or .pdf")):  # fmt: skip
+                        (("--vary", "temperature=1", "--plot", "p.gif"), "write .svg, .png or .pdf"),
+                        (("--vary", "temperature=1", "--x", "judge_logprob"), "--x judge_logprob needs --judge"),
+                        (("--vary", "temperature=1", "--plan", "-o", "x.jsonl"), "leave out -o")):  # fmt: skip
         done = cli(model, "sweep", str(prompts(tmp_path)), *args, cwd=tmp_path)
         assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, (args, done.stderr)
         assert words in done.stderr

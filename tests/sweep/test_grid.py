@@ -60,8 +60,9 @@ def test_the_lines_are_whole_with_the_same_seeds_under_every_setting() -> None:
     lines = [p.line for p in plan(grid, [{"prompt": "hi"}, {"prompt": "yo", "system": "s"}], range(3, 5),
                                   {"max_tokens": 20})]  # fmt: skip
     assert len(lines) == 2 * 2 * 2 and len({line["custom_id"] for line in lines}) == 8
-    assert lines[0] == {"custom_id": "temperature=0.6 | prompt 0 | seed 3", "prompt": "hi", "preset": "balanced",
-                        "max_tokens": 20, "temperature": 0.6, "seed": 3}  # fmt: skip
+    first = dict(lines[0])
+    assert first.pop("custom_id").startswith("temperature=0.6 | prompt 0 | seed 3 | ")
+    assert first == {"prompt": "hi", "preset": "balanced", "max_tokens": 20, "temperature": 0.6, "seed": 3}
     assert [line["seed"] for line in lines[:4]] == [line["seed"] for line in lines[4:]] == [3, 4, 3, 4]
     assert lines[2]["system"] == "s"
 
@@ -78,3 +79,15 @@ def test_prompts_carry_no_settings_of_their_own() -> None:
         read_prompts([b'{"prompt": "p", "temperature": 0.2}\n'], "p.txt")
     with pytest.raises(UserError, match=r"p\.txt holds no prompt"):
         read_prompts([], "p.txt")
+
+
+def test_a_lines_id_changes_with_what_it_asks() -> None:
+    """A resumed -o file's record counts only for the very same line: -n, a prompt or a key changed
+    is a line of its own."""
+    grid = settings_of([], ["temperature=0.6"], None, "balanced")
+
+    def ids(prompt: str, base: dict) -> str:
+        return plan(grid, [{"prompt": prompt}], [1], base)[0].line["custom_id"]
+
+    assert ids("hi", {"max_tokens": 20}) == ids("hi", {"max_tokens": 20})
+    assert len({ids("hi", {"max_tokens": 20}), ids("hi", {"max_tokens": 30}), ids("yo", {"max_tokens": 20})}) == 3

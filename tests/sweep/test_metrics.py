@@ -38,7 +38,7 @@ def test_loops_is_a_span_three_times_back_to_back_at_the_end() -> None:
 
 def test_an_early_end_is_end_of_text_before_a_tenth_of_the_tokens() -> None:
     assert ended_early("eos", 9, 100) and not ended_early("eos", 10, 100)
-    assert not ended_early("length", 3, 100)  # a length end is not early
+    assert not ended_early("length", 3, 100) and not ended_early("context", 3, 100)  # not early
 
 
 def test_distinct_n_is_unique_ngrams_over_all_across_the_seeds() -> None:
@@ -84,6 +84,8 @@ def test_a_samples_metrics_from_its_record() -> None:
     assert found.early_end and not found.repeats and not found.loops
     assert found.language == "fr" and found.off_language is True
     assert sample_metrics(record, 100, None, lambda text: "fr").off_language is None
+    empty = sample_metrics({"text": "", "tokens": 0, "stop_reason": "eos", "per_token": []}, 100, "en", lambda t: None)
+    assert empty.logprob is None and empty.entropy is None and empty.early_end  # 0 would be the best score
 
 
 def test_the_language_detector() -> None:
