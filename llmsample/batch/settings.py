@@ -36,7 +36,6 @@ class BatchSettings:
     ngram: tuple[int, int] | None = None  # --draft ngram: each row drafts from its own tokens
     drafter: str | None = None  # the engine's own drafter (a job's ``drafter``: suffix, model)
     reference: bool = False  # every token scored under the reference model (--reference)
-    prompt_cache_mb: int = 0  # the prompt cache's budget (shared system prompts prefilled once; 0: off)
     tokens: TokenLevel = "full"
     fmt: Literal["jsonl", "openai"] = "jsonl"
 

@@ -112,7 +112,6 @@ def batch(**options: Any) -> None:
         ngram=(options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
         drafter=engine_drafter(options["draft"]),
         reference=bool(options["reference"]),
-        prompt_cache_mb=options["prompt_cache_mb"],
     )
     ranks = launched_ranks()
     if ranks.world > 1:
