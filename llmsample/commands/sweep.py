@@ -29,7 +29,7 @@ AXES = ("logprob", "judge_logprob", "entropy", "distinct_1", "distinct_2", "dist
               help="Each sample's record (batch's, with its setting and metrics); resumes a partial file.")  # fmt: skip
 @click.option("--format", "fmt", type=click.Choice(["table", "jsonl"]), default="table", show_default=True,
               help="Each setting's figures on stdout: a table, or one JSON line each.")  # fmt: skip
-@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Draw quality against diversity: .svg, .png or .pdf.")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path), help="Draw quality against diversity: .svg, .png, .pdf, or .html (as --html).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False, path_type=Path),
               help="A page of the plot whose points show their samples, coloured per token.")  # fmt: skip
 @click.option("--x", "x_axis", type=click.Choice(AXES), default="distinct_2", show_default=True, help="Diversity axis.")

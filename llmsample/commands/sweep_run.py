@@ -62,7 +62,12 @@ def run(options: dict[str, Any], settings: Sequence[Any], prompts: Sequence[Any]
 
 
 def _checked(options: dict[str, Any], prompts: Sequence[Any]) -> str:
-    """What can be refused before the model loads, in one line; the quality axis."""
+    """What can be refused before the model loads, in one line; the quality axis. ``--plot
+    FILE.html`` is the page (``--html``)."""
+    if options["plot"] is not None and options["plot"].suffix.lower() == ".html":
+        if options["html_path"] is not None:
+            raise UserError("--plot FILE.html writes the page, and --html names one too: give one of them")
+        options["html_path"], options["plot"] = options["plot"], None
     _check_studio(options)
     y_axis = options["y_axis"] or ("judge_logprob" if options["judge"] else "logprob")
     for flag, axis in (("--x", options["x_axis"]), ("--y", y_axis)):

@@ -74,7 +74,7 @@ def plot_format(path: Path) -> str:
     """The file's format from its suffix, checked before the sweep runs."""
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
-        raise UserError(f"--plot {path}: write .svg, .png or .pdf (--html FILE for the page)")
+        raise UserError(f"--plot {path}: write .svg, .png, .pdf, or .html for the page")
     return suffix
 
 

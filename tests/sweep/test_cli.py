@@ -111,7 +111,7 @@ def test_the_judges_figure_is_explains_score_of_the_text(model: Path, tmp_path: 
 def test_mistakes_are_one_line(model: Path, tmp_path: Path) -> None:
     for args, words in (((), "nothing to sweep"), (("--vary", "temprature=1"), "did you mean temperature?"),
                         (("--vary", "temperature=1", "--y", "judge_logprob"), "--y judge_logprob needs --judge"),
-                        (("--vary", "temperature=1", "--plot", "p.gif"), "write .svg, .png or .pdf"),
+                        (("--vary", "temperature=1", "--plot", "p.gif"), "write .svg, .png, .pdf, or .html"),
                         (("--vary", "temperature=1", "--x", "judge_logprob"), "--x judge_logprob needs --judge"),
                         (("--vary", "temperature=1", "--plan", "-o", "x.jsonl"), "leave out -o")):  # fmt: skip
         done = cli(model, "sweep", str(prompts(tmp_path)), *args, cwd=tmp_path)
@@ -131,6 +131,8 @@ def test_the_plot_and_the_page_whose_points_show_their_samples(model: Path, tmp_
     assert '<g id="setting-3"' in (tmp_path / "s.svg").read_text()
     png = cli(model, "sweep", str(prompts(tmp_path)), "--vary", "top_k=5,50", "-n", "4", "--plot", "s.png", cwd=tmp_path)
     assert png.returncode == 0 and (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = cli(model, "sweep", str(prompts(tmp_path)), "--vary", "top_k=5,50", "-n", "4", "--plot", "p.html", cwd=tmp_path)
+    assert page.returncode == 0 and '<section class="samples" data-setting="1" hidden>' in (tmp_path / "p.html").read_text()
     with sync_playwright() as driver:
         browser = driver.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
         tab = browser.new_page()
