@@ -11,6 +11,7 @@
   both through ``served`` (a server process and a lean streaming client);
 - ``constraint_cost``: what a JSON schema costs a step (``--constraints``), with
   ``public_schemas``: coverage and compliance on the schemas ``public_schemas.json`` lists;
+- ``sweep_cost``: ``llmsample sweep`` against ``llmsample batch`` on the same rows (``--sweep``);
 - ``results``: the typed figures, the machine they were taken on, and writing them;
 - ``prompts``: the prompts every benchmark shares.
 
