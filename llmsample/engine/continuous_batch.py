@@ -42,7 +42,7 @@ def decode_batch(
     :func:`llmsample.engine.loop.generate`, the same for every request; an item with a drafter
     speculates, its drafts verified in the same pass as every other row's. ``prompt_cache``: rows
     start from the prefixes earlier and running rows hold (:mod:`llmsample.engine.prompt_cache`)."""
-    options = DecodeOptions(top_n, ignore_eos, watch, reference, on_forward, prompt_cache)
+    options = DecodeOptions(top_n, ignore_eos, watch, reference, on_forward=on_forward, prompt_cache=prompt_cache)
     yield from decode(lm, items, batch_size, options)
 
 

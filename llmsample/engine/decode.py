@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 
 import torch
 
@@ -39,9 +39,10 @@ class DecodeOptions:
     ignore_eos: bool = False
     watch: Sequence[tuple[str, int]] = ()
     reference: LoadedModel | None = None
-    deterministic: bool = False  # --deterministic: every row alone, one position per pass, no prompt cache
+    _: KW_ONLY  # the rest by name: a field added among them cannot take another's place
     on_forward: Callable[[float], None] | None = None  # the seconds of each forward pass (benchmarks)
     prompt_cache: PromptCache | None = None  # rows start from prefixes earlier and running rows hold
+    deterministic: bool = False  # --deterministic: every row alone, one position per pass, no prompt cache
 
 
 def decode(

@@ -327,10 +327,10 @@ def test_a_second_signal_while_shutting_down_is_ignored(tiny_model_dir: Path, si
     patch = f"""
 import llmsample.render.stream as stream
 lines = stream.summary_lines
-def summary_lines(summary, width):
+def summary_lines(summary, *rest):
     os.kill(os.getpid(), {int(sig)})
     time.sleep(0.2)
-    return lines(summary, width)
+    return lines(summary, *rest)
 stream.summary_lines = summary_lines
 """
     args = [*generate_args(tiny_model_dir, "--format", "jsonl"), "-n", "100000"]
