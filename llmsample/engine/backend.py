@@ -126,8 +126,9 @@ def open_backend(
     ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
     cache), which a compiled one-token step would not serve; ``cache_bytes``: the prompt cache's
     budget, for a backend whose kept prefixes need room of its own (llama.cpp's context).
-    ``deterministic`` (a run's mode, ``--deterministic``): every row runs on a one-row backend of its own, one position per
-    pass (:mod:`llmsample.engine.deterministic`), without a prompt cache."""
+    ``deterministic`` (a run's mode, ``--deterministic``): every row runs on a one-row backend of
+    its own, one position per pass (:mod:`llmsample.engine.deterministic`), without a prompt
+    cache."""
     if deterministic:
         from llmsample.engine.deterministic import DeterministicBackend
 
