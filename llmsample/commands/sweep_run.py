@@ -4,7 +4,6 @@ figures on stdout and the plot and page written whole."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -110,17 +109,12 @@ def _judge(options: dict[str, Any], engine: Any) -> Any:
 
 
 def _all_records(path: Path, planned: Sequence[Any]) -> list[dict[str, Any]]:
-    """The sweep's records in the output (a resumed run's included), this plan's only."""
+    """The sweep's records in the output (a resumed run's included), this plan's only, read as
+    ``batch -o`` reads its file."""
+    from llmsample.batch.resume import read_records
+
     wanted = {p.line["custom_id"] for p in planned}
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and record.get("custom_id") in wanted and "setting" in record:
-            records.append(record)
-    return records
+    return [record for _, record, _ in read_records(path, "jsonl").lines if record.get("custom_id") in wanted]
 
 
 def _report(options: dict[str, Any], settings: Sequence[Any], records: list[dict[str, Any]], y: str, model: str) -> None:
