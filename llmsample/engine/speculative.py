@@ -1,7 +1,10 @@
 """Speculative decoding (Leviathan et al. 2023; Chen et al. 2023): a drafter proposes K tokens,
-the target scores them in one forward pass, rejection sampling keeps the output distribution
-exactly the target's. Draft and target probabilities both come from
-:func:`llmsample.sampling.pipeline.sampler_chain`, so the distributions compared are the ones sampled."""
+the target scores them in one forward pass, and the output distribution stays exactly the
+target's. A draft model's tokens are drawn from q and kept by rejection sampling
+(:func:`accept_drafts`); fixed drafts (prompt lookup, the suffix pool) are checked against the
+target's own draws (:func:`accept_by_draws`), so a seed gives the plain run's text with them.
+Draft and target probabilities both come from :func:`llmsample.sampling.pipeline.sampler_chain`,
+so the distributions compared are the ones sampled."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Matcher
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import draw, sampler_chain
+from llmsample.sampling.pipeline import Chain, draw, sampler_chain
 
 
 def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
@@ -44,7 +47,31 @@ def accept_drafts(p: Tensor, q: Tensor, drafted: Tensor, generator: torch.Genera
     return accepted, draw(dist, generator)
 
 
+def accept_by_draws(chain: Chain, drafted: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Fixed drafts checked against the target's own draws: ``chain`` holds one row's ``K+1``
+    positions, ``drafted`` its ``K`` drafts. Position j draws what a plain run draws there (the
+    row's next uniform, the same inverse CDF), and the drafts stand while they equal those draws;
+    the draw at the first difference (or after all K) comes next. The tokens emitted are the
+    plain run's, so the seed gives one text with and without drafting; and a draft x stands with
+    probability p(x), the rejection step's min(1, p/q) at q(x) = 1: nothing is lost. Returns how
+    many drafts stand and the token after them; the generator ends where a plain run's would,
+    the uniforms past the first difference given back."""
+    k = drafted.shape[0]
+    state = generator.get_state()
+    drawn = chain.draw([generator] * (k + 1))
+    count = int((drawn[:k] == drafted).long().cumprod(0).sum())
+    if count < k:  # the draws after the first difference were never a plain run's
+        generator.set_state(state)
+        chain.rows(slice(0, count + 1)).draw([generator] * (count + 1))
+    return torch.tensor(count, device=drawn.device), drawn[count : count + 1]
+
+
 class Drafter(Protocol):
+    drawn: bool
+    """Whether its drafts are drawn from q (a draft model: kept by rejection sampling, so the
+    seed's text differs from the plain run's), or fixed tokens (checked by
+    :func:`accept_by_draws`: the plain run's text)."""
+
     def propose(
         self,
         seq: list[int],
@@ -74,6 +101,8 @@ class NgramDrafter:
     prompt back to front took milliseconds a step in Python, a forward pass's share). So a
     drafter serves one row; given another list, or its own grown shorter, it indexes that afresh
     (a row's ``seq`` only grows: rejected drafts are never in it)."""
+
+    drawn = False
 
     def __init__(self, vocab_size: int, device: torch.device, ngram_min: int = 2, ngram_max: int = 4) -> None:
         self.vocab_size, self.device = vocab_size, device
@@ -118,6 +147,8 @@ class NgramDrafter:
 class ModelDrafter:
     """A smaller model with its own KV cache (one row of a backend of its own, transformers or
     llama.cpp), sampled with the same pipeline and preset."""
+
+    drawn = True
 
     def __init__(self, draft: LoadedModel, vocab_size: int, sample_device: torch.device | None = None) -> None:
         """``sample_device``: the target's, where its proposals are compared with the target's

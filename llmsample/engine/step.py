@@ -19,7 +19,7 @@ from torch import Tensor
 
 from llmsample.engine.reference import reference_figures
 from llmsample.engine.row_state import Row, RowFailed
-from llmsample.engine.speculative import accept_drafts
+from llmsample.engine.speculative import accept_by_draws, accept_drafts
 from llmsample.errors import RuntimeFailure
 from llmsample.events import ConstraintOutcome, StepFigures, Summary, TokenEvent
 from llmsample.sampling.config import SamplingConfig
@@ -162,11 +162,13 @@ def _draw_group(
     for row in group:
         k = row.drafts.count
         starts.append(at)
-        probs = chain.probs[at : at + k + 1]
         if k == 0:
-            count = torch.zeros((), dtype=torch.long, device=probs.device)
             after = chain.rows(at).draw([row.text.generator])
+            count = torch.zeros((), dtype=torch.long, device=after.device)
+        elif row.drafting is not None and not row.drafting.drafter.drawn:
+            count, after = accept_by_draws(chain.rows(slice(at, at + k + 1)), row.drafts.tokens, row.text.generator)
         else:
+            probs = chain.probs[at : at + k + 1]
             count, after = accept_drafts(probs[None], row.drafts.q[None], row.drafts.tokens[None], row.text.generator)
             count = count[0]
         # Position j carries the emitted token: the draft while accepted, then the correction.

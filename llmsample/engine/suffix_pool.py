@@ -211,6 +211,8 @@ class SuffixDrafter:
     """One row's drafter over the shared pool: its sequence joins the pool as it grows. ``own``:
     the row's prompt lookup (a drafter of its own, which indexes the row's tokens)."""
 
+    drawn = False
+
     def __init__(self, pool: SuffixPool, own: NgramDrafter) -> None:
         self.pool, self.own = pool, own
         self.sid = pool.open()

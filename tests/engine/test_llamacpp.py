@@ -291,6 +291,8 @@ class FixedDrafter:
     a ``q`` far from the target's (mass outside its support, its top token underweighted), so
     every branch of the rejection step is taken."""
 
+    drawn = True
+
     def __init__(self, q: torch.Tensor) -> None:
         self.q = q
 

@@ -12,12 +12,12 @@ from scipy.stats import chisquare
 
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_drafts
+from llmsample.engine.speculative import ModelDrafter, NgramDrafter, accept_by_draws, accept_drafts
 from llmsample.events import RunStats
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.history import NO_HISTORY, TokenHistory
-from llmsample.sampling.pipeline import draw, make_generator, sampling_probs
+from llmsample.sampling.pipeline import draw, make_generator, sampler_chain, sampling_probs
 from tests.conftest import make_tiny_model
 
 
@@ -113,6 +113,41 @@ def test_drafts_outside_the_targets_filters_are_never_emitted() -> None:
     assert (p[accepted.clamp(max=2), after] > 0).all()
 
 
+# --- fixed drafts checked against the target's own draws ----------------------------------------
+
+
+def fixed_draft_chain(seed: int, positions: int = 5):
+    logits = torch.randn(positions, 40, generator=torch.Generator().manual_seed(seed)) * 2
+    return sampler_chain(logits, NO_HISTORY, SamplingConfig(temperature=0.9, top_k=12, min_p=0.02))
+
+
+@pytest.mark.parametrize("differs_at", [0, 2, 4])
+def test_fixed_drafts_stand_while_they_equal_the_plain_draws(differs_at: int) -> None:
+    chain = fixed_draft_chain(differs_at)
+    plain_generator = make_generator(5)
+    plain = [int(chain.rows(j).draw([plain_generator])) for j in range(5)]  # a plain run's tokens
+    drafted = torch.tensor(plain[:4])
+    if differs_at < 4:
+        drafted[differs_at] = (plain[differs_at] + 1) % 40  # not what the plain run drew there
+    generator = make_generator(5)
+    count, after = accept_by_draws(chain, drafted, generator)
+    assert int(count) == differs_at and int(after) == plain[differs_at]
+    # the generator is where a plain run's is after as many tokens: the next draws agree
+    plain_generator = make_generator(5)
+    for j in range(differs_at + 1):
+        chain.rows(j).draw([plain_generator])
+    assert torch.equal(generator.get_state(), plain_generator.get_state())
+
+
+def test_a_fixed_draft_stands_with_its_target_probability() -> None:
+    chain = fixed_draft_chain(7, positions=2)
+    p = chain.probs[0]
+    token = int(p.argsort()[-2])  # the second most likely: neither certain nor rare
+    n, generator = 4000, make_generator(11)
+    stood = sum(int(accept_by_draws(chain, torch.tensor([token]), generator)[0]) for _ in range(n))
+    assert abs(stood / n - float(p[token])) < math.sqrt(math.log(2 / 1e-6) / (2 * n))  # Hoeffding
+
+
 # --- greedy equality with the plain loop -------------------------------------------------------
 
 
@@ -174,6 +209,14 @@ def test_greedy_equals_plain_with_an_unrelated_draft(tiny_lm, other_lm, k: int) 
 def test_greedy_equals_plain_with_ngram(tiny_lm, k: int | None) -> None:
     cfg = SamplingConfig(temperature=0, max_tokens=60)
     tokens, summary = spec_run(tiny_lm, NgramDrafter(32, torch.device("cpu"), 1, 3), cfg, PROMPT, k)
+    assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
+    assert summary.facts.speculation.drafted > 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_sampled_with_ngram_gives_the_plain_runs_text(tiny_lm, seed: int) -> None:
+    cfg = SamplingConfig(temperature=0.8, top_p=0.95, max_tokens=60, seed=seed)
+    tokens, summary = spec_run(tiny_lm, NgramDrafter(32, torch.device("cpu"), 1, 3), cfg, PROMPT, None)
     assert [t.token_id for t in tokens] == plain_tokens(tiny_lm, cfg, PROMPT)
     assert summary.facts.speculation.drafted > 0
 
