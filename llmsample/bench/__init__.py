@@ -8,7 +8,9 @@
 - ``quant``: what quantization buys and costs (``--quant``);
 - ``serve_load``: the server under concurrent clients against ``llmsample batch`` (``--serve``),
   ``multi_turn``: a growing chat with the server's prompt cache and without (``--multi-turn``),
-  both through ``served`` (a server process and a lean streaming client);
+  both through ``served`` (a server process and a lean streaming client), and ``serve_peers``:
+  the server against llama.cpp's ``llama-server`` (built by ``llama_server``) and
+  ``llama_cpp.server`` (``--serve-peers``);
 - ``constraint_cost``: what a JSON schema costs a step (``--constraints``), with
   ``public_schemas``: coverage and compliance on the schemas ``public_schemas.json`` lists;
 - ``sweep_cost``: ``llmsample sweep`` against ``llmsample batch`` on the same rows (``--sweep``);

@@ -109,9 +109,14 @@ async def stream(url: str, path: str, body: dict[str, Any]) -> Streamed:
 
 
 def _usage(data: bytes) -> dict[str, Any]:
-    for line in reversed(data.split(b"\n")):
+    """The stream's usage chunk; for a finished stream without one (llama-cpp-python's server
+    ignores ``stream_options``), its chunks before the finishing one, one a token."""
+    lines = data.split(b"\n")
+    for line in reversed(lines):
         if line.startswith(b"data: {") and b'"usage": {' in line:
             return json.loads(line[6:])["usage"]
+    if b"data: [DONE]" in data:
+        return {"completion_tokens": sum(1 for line in lines if _unfinished(line))}
     head, _, body = data.partition(b"\r\n\r\n")
     try:
         why = json.loads(body)["error"]["message"]
@@ -128,3 +133,11 @@ def text_of(line: bytes) -> str:
     if not choices:
         return ""
     return choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
+
+
+def _unfinished(line: bytes) -> bool:
+    """A chunk that carries a token: a choice whose ``finish_reason`` is still null."""
+    if not line.startswith(b"data: {"):
+        return False
+    choices = json.loads(line[6:]).get("choices")
+    return bool(choices) and choices[0].get("finish_reason") is None

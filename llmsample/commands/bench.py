@@ -1,6 +1,6 @@
 """``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run; or
 one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``, ``--startup``,
-``--suffix``, ``--serve``, ``--multi-turn``, ``--constraints``, ``--backend llama.cpp``)."""
+``--suffix``, ``--serve``, ``--serve-peers``, ``--multi-turn``, ``--constraints``, ``--backend llama.cpp``)."""
 
 from __future__ import annotations
 
@@ -59,10 +59,11 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
     return variants
 
 
-SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix", "serve", "multi_turn", "constraints", "sweep")
+SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix", "serve", "serve_peers", "multi_turn", "constraints",
+            "sweep")  # fmt: skip
 THROUGH_ENGINE = ("suffix", "serve", "multi_turn", "constraints", "sweep")
 """Sections that run whatever backend the engine runs (--backend llama.cpp included)."""
-OWN_OPTIONS = {"clients": "serve", "requests": "serve", "turns": "multi_turn"}
+OWN_OPTIONS = {"clients": ("serve", "serve_peers"), "requests": ("serve", "serve_peers"), "turns": ("multi_turn",)}
 
 
 @click.command(cls=GroupedCommand)
@@ -118,8 +119,20 @@ OWN_OPTIONS = {"clients": "serve", "requests": "serve", "turns": "multi_turn"}
     help="Instead: llmsample serve under --clients streaming clients against llmsample batch on the same --requests at "
     "that batch size, each in a process of its own (greedy, at most 64 tokens each).",
 )
-@click.option("--clients", type=click.IntRange(1, 256), help="--serve: clients at once, and both sides' batch size [default: 16].")
-@click.option("--requests", type=click.IntRange(1, 4096), help="--serve: requests in all [default: 32].")
+@click.option(
+    "--serve-peers",
+    is_flag=True,
+    help="Instead: llmsample serve on llama.cpp (full records) against llama.cpp's llama-server (built once, cached) "
+    "and llama_cpp.server on the same GGUF and threads, 1, 4 and 16 streaming clients (at most 64 tokens each).",
+)
+@click.option(
+    "--clients", type=click.IntRange(1, 256), help="--serve: clients at once, and both sides' batch size [default: 16]; "
+    "--serve-peers: only this count.",
+)  # fmt: skip
+@click.option(
+    "--requests", type=click.IntRange(1, 4096), help="--serve: requests in all [default: 32]; --serve-peers: a round's "
+    "[default: twice the clients, at least 8].",
+)  # fmt: skip
 @click.option(
     "--multi-turn",
     is_flag=True,
@@ -147,8 +160,8 @@ def bench(**options: Any) -> None:
 
     check_sections(options)
     err = stderr_console()
-    served = {"serve": bench_serve, "multi_turn": bench_multi_turn, "constraints": bench_constraints,
-              "sweep": bench_sweep}  # fmt: skip
+    served = {"serve": bench_serve, "serve_peers": bench_serve_peers, "multi_turn": bench_multi_turn,
+              "constraints": bench_constraints, "sweep": bench_sweep}  # fmt: skip
     for name, section in served.items():
         if options[name]:
             section(options, err)
@@ -187,19 +200,25 @@ def check_sections(options: dict[str, Any]) -> None:
     chosen = [f"--{name.replace('_', '-')}" for name in SECTIONS if options[name]]
     if len(chosen) > 1:
         raise UserError(f"{' and '.join(chosen)} are separate benchmarks; run one at a time")
-    for name, section in OWN_OPTIONS.items():
-        if options.get(name) is not None and not options[section]:
-            raise UserError(f"--{name} is an option of --{section.replace('_', '-')}; leave it out or add --{section.replace('_', '-')}")
-    if (options["serve"] or options["multi_turn"]) and options["compile_model"]:
+    for name, sections in OWN_OPTIONS.items():
+        if options.get(name) is not None and not any(options[section] for section in sections):
+            flag = " or ".join(f"--{section.replace('_', '-')}" for section in sections)
+            raise UserError(f"--{name} is an option of {flag}; leave it out or add {flag}")
+    if options["serve_peers"] and (options["backend"] not in ("auto", "llama.cpp") or options["dtype"] != "auto"):
+        named = f"--dtype {options['dtype']}" if options["dtype"] != "auto" else f"--backend {options['backend']}"
+        raise UserError(f"--serve-peers serves the GGUF's own weights on llama.cpp, as its peers do; leave out {named}")
+    if (options["serve"] or options["multi_turn"] or options["serve_peers"]) and options["compile_model"]:
         raise UserError(f"{chosen[0]} times llmsample serve, which refuses --compile; leave out --compile")
-    if (options["serve"] or options["multi_turn"]) and not all(map(_importable, ("starlette", "uvicorn"))):
+    if (options["serve"] or options["multi_turn"] or options["serve_peers"]) and not all(
+        map(_importable, ("starlette", "uvicorn"))
+    ):
         raise UserError(f"{chosen[0]} needs the server: pip install 'llmsample[serve]'")
     if options["constraints"] and not _importable("jsonschema"):
         raise UserError("--constraints judges its outputs with jsonschema: pip install jsonschema")
     if options["quant"] and (options["dtype"] != "auto" or options["compile_model"]):
         flag = "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--quant sets each variant's dtype itself and runs eager; leave out {flag}")
-    through_engine = [f"--{name.replace('_', '-')}" for name in THROUGH_ENGINE]
+    through_engine = [f"--{name.replace('_', '-')}" for name in (*THROUGH_ENGINE, "serve_peers")]
     if options["backend"] == "llama.cpp" and chosen and chosen[0] in through_engine and options["dtype"] == "auto":
         return  # a workload through the engine, on either backend
     if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
@@ -246,6 +265,19 @@ def bench_serve(options: dict[str, Any], err: Any) -> None:
     clients, requests, tokens = options["clients"] or 16, options["requests"] or 32, min(options["tokens"], 64)
     result = run_serve_benchmark(_model_args(options), clients, requests, options["runs"], tokens, _log(err))
     _write("bench-serve", result.to_dict(), table(result), options, err)
+
+
+def bench_serve_peers(options: dict[str, Any], err: Any) -> None:
+    """``--serve-peers``: our server against llama-server and llama_cpp.server on one GGUF."""
+    from llmsample.bench.serve_peers import CLIENTS, ours, run_serve_peers, served_gguf, table
+
+    gguf_type = options.get("gguf_type")
+    side = ours(_model_args({**options, "backend": "llama.cpp"}), *(["--gguf-type", gguf_type] if gguf_type else []))
+    gguf, threads = served_gguf(options["model"], gguf_type)
+    counts = (options["clients"],) if options["clients"] else CLIENTS
+    result = run_serve_peers(side, gguf, threads, counts, options["requests"], options["runs"],
+                             min(options["tokens"], 64), _log(err))  # fmt: skip
+    _write("bench-serve-peers", result.to_dict(), table(result), {**options, "backend": "llama.cpp"}, err)
 
 
 def bench_sweep(options: dict[str, Any], err: Any) -> None:

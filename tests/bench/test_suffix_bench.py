@@ -32,7 +32,9 @@ def test_bench_suffix_writes_every_workload(tiny_model_dir, tmp_path, monkeypatc
     assert document["backend"] == "transformers" and document["runs"] == 2
     records, _, edits, _, chats, _ = document["rows"]
     assert [list(row) for row in document["rows"]] == [ROW_KEYS] * 6
-    assert records["workload"].startswith("4 records") and chats["workload"].startswith("2 open chat prompts of varied lengths")
+    assert records["workload"].startswith("4 records") and chats["workload"].startswith(
+        "2 open chat prompts of varied lengths"
+    )
     assert edits["workload"].startswith("2 edits of the same code")
     assert [row["workload"][-9:] for row in document["rows"]] == ["(batch 1)", "(batch 4)"] * 3
     assert [row["bar"] for row in document["rows"]] == [1.5, 1.5, 1.5, 1.5, 0.95, 0.95]
@@ -44,7 +46,7 @@ def test_bench_suffix_writes_every_workload(tiny_model_dir, tmp_path, monkeypatc
 
 def options(**chosen: object) -> dict[str, object]:
     none = {"batch_sizes": None, "workloads": False, "quant": None, "startup": False, "suffix": False, "serve": False,
-            "multi_turn": False, "constraints": False, "sweep": False}  # fmt: skip
+            "serve_peers": False, "multi_turn": False, "constraints": False, "sweep": False}  # fmt: skip
     return {**none, "backend": "llama.cpp", "dtype": "auto", "compile_model": False, **chosen}
 
 
