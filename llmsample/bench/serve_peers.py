@@ -66,6 +66,7 @@ class PeerLoad:
     requests: int
     sides: dict[str, list[Side]]
     forward_share: list[float]
+    failed: dict[str, str] = field(default_factory=dict)  # a side whose requests failed: none of its rounds kept
 
     def ratios(self) -> dict[str, float]:
         """Ours over each peer, medians of the rounds' ratios: aggregate tok/s, TTFT p50 and p95."""
@@ -82,7 +83,7 @@ class PeerLoad:
     def to_dict(self) -> dict[str, Any]:
         return {"clients": self.clients, "requests": self.requests,
                 "sides": {name: [asdict(s) for s in runs] for name, runs in self.sides.items()},
-                "ours_forward_share": self.forward_share, "ratios": self.ratios()}  # fmt: skip
+                "ours_forward_share": self.forward_share, "failed": self.failed, "ratios": self.ratios()}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -216,22 +217,31 @@ def forward_seconds(url: str) -> float:
 
 
 def one_count(peers: list[Peer], clients: int, requests: int, runs: int, tokens: int) -> PeerLoad:
-    """Every side's server started for ``clients``, warmed, then ``runs`` rotating rounds."""
+    """Every side's server started for ``clients``, warmed, then ``runs`` rotating rounds; a side
+    whose requests fail is that one line, and the others go on."""
     work = [{**body, "ignore_eos": True} for body in bodies(requests, tokens)]
     shares: list[float] = []
+    failed: dict[str, str] = {}
     with ExitStack() as stack:
         urls = [stack.enter_context(peer.start(clients)) for peer in peers]
         for peer, url in zip(peers, urls, strict=True):
             warm_up(url, {**work[0], **peer.extra})
 
-        def side(peer: Peer, url: str) -> Callable[[], Side]:
+        def side(peer: Peer, url: str) -> Callable[[], Side | None]:
             mine = [{**body, **peer.extra} for body in work]
 
-            def run() -> Side:
+            def run() -> Side | None:
+                if peer.name in failed:
+                    return None
                 before = forward_seconds(url) if peer.name == OURS else 0.0
-                measured = through_server(url, clients, mine)
+                try:
+                    measured = through_server(url, clients, mine)
+                except RuntimeFailure as exc:
+                    failed[peer.name] = str(exc)
+                    return None
                 if measured.tokens < 0.95 * len(mine) * tokens:  # a peer's chunk count may miss a held byte
-                    raise RuntimeFailure(f"{peer.name} answered {measured.tokens} of {len(mine) * tokens} tokens")
+                    failed[peer.name] = f"answered {measured.tokens} of {len(mine) * tokens} tokens"
+                    return None
                 if peer.name == OURS:
                     shares.append((forward_seconds(url) - before) / measured.wall_s)
                 return measured
@@ -239,7 +249,10 @@ def one_count(peers: list[Peer], clients: int, requests: int, runs: int, tokens:
             return run
 
         figures = rounds(runs, [side(peer, url) for peer, url in zip(peers, urls, strict=True)])
-    return PeerLoad(clients, requests, {peer.name: runs for peer, runs in zip(peers, figures, strict=True)}, shares)
+    kept = {
+        peer.name: [s for s in runs if s] for peer, runs in zip(peers, figures, strict=True) if peer.name not in failed
+    }
+    return PeerLoad(clients, requests, kept, shares if OURS in kept else [], failed)
 
 
 def available_peers(
@@ -293,6 +306,7 @@ def table(result: ServePeers) -> str:
             median = statistics.median
             lines.append(f"  {load.clients:>7}  {name:<17} {median(s.tok_s for s in runs):>8.1f} "
                          f"{median(_ttft(runs, 'p50')):>8.2f}s {median(_ttft(runs, 'p95')):>8.2f}s")  # fmt: skip
+        lines += [f"  {load.clients:>7}  {name} failed: {why}" for name, why in load.failed.items()]
         if load.forward_share:
             lines.append(
                 f"  {load.clients:>7}  ours in forward passes {statistics.median(load.forward_share):.0%} of the time"

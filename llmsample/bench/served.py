@@ -112,6 +112,9 @@ def _usage(data: bytes) -> dict[str, Any]:
     """The stream's usage chunk; for a finished stream without one (llama-cpp-python's server
     ignores ``stream_options``), its chunks before the finishing one, one a token."""
     lines = data.split(b"\n")
+    failed = next((line for line in lines if line.startswith(b'data: {"error"')), None)
+    if failed is not None:  # a row that failed mid-stream: its usage counts none of its tokens
+        raise RuntimeFailure(f"the benchmark's server failed a request: {json.loads(failed[6:])['error']['message']}")
     for line in reversed(lines):
         if line.startswith(b"data: {") and b'"usage": {' in line:
             return json.loads(line[6:])["usage"]

@@ -55,11 +55,33 @@ def test_a_side_left_out_is_one_line_and_no_ratio() -> None:
     assert "  llama-server left out: no cmake found to build llama-server" in text.splitlines()
 
 
+def test_a_side_whose_requests_fail_is_its_line_and_the_others_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import nullcontext
+
+    def through(url: str, clients: int, work: list[dict[str, object]]) -> Side:
+        if url == "ours":
+            raise RuntimeFailure("the benchmark's server failed a request: decoding failed: no room")
+        return Side(32 * len(work), 1.0, 32.0 * len(work), 32.0 * len(work), {"p50": 0.1, "p95": 0.2})
+
+    monkeypatch.setattr(serve_peers, "through_server", through)
+    monkeypatch.setattr(serve_peers, "warm_up", lambda url, body: None)
+    monkeypatch.setattr(serve_peers, "forward_seconds", lambda url: 0.0)
+    peers = [Peer(OURS, lambda clients: nullcontext("ours")), Peer(LLAMA_SERVER, lambda clients: nullcontext("peer"))]
+    load = serve_peers.one_count(peers, 2, 4, 3, 32)
+    assert load.failed == {OURS: "the benchmark's server failed a request: decoding failed: no room"}
+    assert list(load.sides) == [LLAMA_SERVER] and len(load.sides[LLAMA_SERVER]) == 3 and load.ratios() == {}
+    text = table(ServePeers("model.gguf", 2, 32, 3, [load], {}))
+    assert "llmsample serve failed: the benchmark's server failed a request: decoding failed: no room" in text
+
+
 def test_a_stream_without_usage_counts_its_token_chunks() -> None:
     """llama-cpp-python's server ignores ``stream_options``: its chunks until the finishing one."""
     chunk = b'data: {"choices": [{"text": "%s", "finish_reason": %s}]}'
     data = b"\n\n".join([chunk % (b"a", b"null"), chunk % (b"b", b"null"), chunk % (b"", b'"length"'), b"data: [DONE]"])
     assert _usage(b"HTTP/1.1 200 OK\r\n\r\n" + data) == {"completion_tokens": 2}
+    failed = b'data: {"error": {"message": "decoding failed: boom"}}\n\ndata: {"choices": [], "usage": {}}'
+    with pytest.raises(RuntimeFailure, match="failed a request: decoding failed: boom"):
+        _usage(b"HTTP/1.1 200 OK\r\n\r\n" + failed)
     with pytest.raises(RuntimeFailure, match="without a usage chunk"):
         _usage(b'HTTP/1.1 400 Bad\r\n\r\n{"error": {"message": "no"}}')
 
