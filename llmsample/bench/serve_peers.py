@@ -219,7 +219,10 @@ def forward_seconds(url: str) -> float:
 def one_count(peers: list[Peer], clients: int, requests: int, runs: int, tokens: int) -> PeerLoad:
     """Every side's server started for ``clients``, warmed, then ``runs`` rotating rounds; a side
     whose requests fail is that one line, and the others go on."""
-    work = [{**body, "ignore_eos": True} for body in bodies(requests, tokens)]
+    # Longest prompt first, the same order for every side: our server sizes llama.cpp's context
+    # for the first requests of a busy period (engine/decode.py), and a longer prompt that joins
+    # later finds no room ("llama.cpp's cache has no room for 4 more tokens"): a bug of its own.
+    work = sorted(({**body, "ignore_eos": True} for body in bodies(requests, tokens)), key=lambda b: -len(b["prompt"]))
     shares: list[float] = []
     failed: dict[str, str] = {}
     with ExitStack() as stack:
