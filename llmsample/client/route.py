@@ -72,21 +72,6 @@ def choose(options: dict[str, Any], refused: list[str] | None = None) -> Target 
     return Target(record.where, name=record.name, deterministic=record.deterministic, keep_alive_s=record.keep_alive_s)
 
 
-def choose_deterministic(options: dict[str, Any]) -> tuple[Target | None, bool]:
-    """The engine for a command whose ``--deterministic`` defaults to on (``compare-presets``),
-    and whether the run is deterministic: here, or on this user's deterministic engine of the
-    model (on); else on a plain engine or a ``--host`` server, whose rows share passes (off)."""
-    given = options.get("deterministic")
-    if given is not None:
-        return choose(options), given
-    if not options.get("local") and not hosted(options):
-        target = choose({**options, "deterministic": True})
-        if target is not None:
-            return target, True
-    target = choose({**options, "deterministic": False})
-    return target, target is None
-
-
 def hosted(options: dict[str, Any]) -> str | None:
     """The server given by ``--host`` or ``LLMSAMPLE_HOST``, checked before anything loads: a
     value that is no server's URL is one line naming where it came from (exit 2)."""

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 @html_option
 @no_color_option
 @quiet_option()
-@deterministic_option(None, "on; off on a plain warm engine or --host")
+@deterministic_option()
 @with_engine_options
 def compare_presets(**options: Any) -> None:
     """Run the same prompt through several presets (one model load) and compare them.
@@ -57,7 +57,7 @@ def compare_presets(**options: Any) -> None:
     A warm engine of the same model (llmsample start) decodes the samples instead of this process.
     """
     from llmsample.analysis.preset_comparison import compare_rows
-    from llmsample.client.route import choose_deterministic
+    from llmsample.client.route import choose
     from llmsample.render.jsonout import strict_json
     from llmsample.sampling import presets as preset_store
 
@@ -75,7 +75,7 @@ def compare_presets(**options: Any) -> None:
     constraint = constraint_from(options)  # a bad one fails before the model load
     configs = {name: cfg.with_overrides(constraint=constraint) for name, cfg in map(preset_store.load, names)}
     prompt = read_prompt(options["prompt"], options["raw"])
-    target, options["deterministic"] = choose_deterministic(options)  # on, unless rows share an engine's passes
+    target = choose(options)
     engine = engine_at(target, options)
     rows, model = sample_rows(engine, prompt, options), engine.model_name() or options["model"] or ""
     comparison = compare_rows(
@@ -105,14 +105,16 @@ def compare_presets(**options: Any) -> None:
 
 
 def sample_rows(engine: EngineClient, prompt: str, options: dict[str, Any]) -> Rows:
-    """A preset's samples as jobs sent together, so they share one batch (each row's own seed:
-    the same tokens on any engine)."""
+    """A preset's samples as jobs, each decoded alone as ``generate`` decodes one: a row's
+    numbers depend on the rows sharing its passes (llama.cpp's kernels sum in another order for
+    one token than for several, docs/determinism.md), so the same seed gives ``generate``'s
+    text here. With ``--deterministic`` every row is computed alone anyway: they share a batch."""
     from llmsample.jobs import Job
 
     def rows(cfg: Any, stats: list[Any], seeds: list[int | None]) -> Any:
         jobs = [Job(prompt, dataclasses.replace(cfg, seed=seed), row.preset, options["system"], options["raw"],
                     options["truncate"], model=options["model"]) for row, seed in zip(stats, seeds, strict=True)]  # fmt: skip
-        return _refusals_raised(engine.run_many(jobs, rows=len(jobs)))
+        return _refusals_raised(engine.run_many(jobs, rows=len(jobs) if options["deterministic"] else 1))
 
     return rows
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 
 import numpy as np
 import torch
@@ -224,21 +224,29 @@ class LlamaCppBatch:
 
     def _decode(self, entries: list[tuple[int, int, int, bool]]) -> Tensor:
         """Decode ``(token, position, sequence, wants logits)`` entries, ``BATCH`` at a time; the
-        logits of the entries that want them, in order, ``[wanted, vocab]``."""
+        logits of the entries that want them, in order, ``[wanted, vocab]``.
+
+        llama.cpp multiplies a pass of one token by one kernel and a pass of several by another
+        (llamafile's sgemm, from two columns on), and the two sum in different orders: a
+        position's numbers would depend on how its prompt was cut into passes. So a pass is one
+        token (a step of one row) or at least two, and the output matrix has one row or at least
+        two: a pass of several tokens that wants one row of logits computes the row before it
+        too (:func:`passes`). A prompt then gives the same numbers prefilled whole, in chunks, or
+        after a kept prefix (a chat's next turn: :class:`~llmsample.engine.session.Session`)."""
         start = time.perf_counter()
         vocab = self.model.n_vocab
         out = torch.empty(sum(e[3] for e in entries), vocab, dtype=torch.float32)
         at, row_bytes = 0, vocab * out.element_size()
-        for first in range(0, len(entries), BATCH):
-            chunk = entries[first : first + BATCH]
+        for chunk, skip in passes(entries):
             self._fill(chunk)
             code = self.lib.llama_decode(self.context, self.batch)
             if code != 0:
                 raise RuntimeFailure(decode_error(code, len(chunk)))
-            wanted = sum(e[3] for e in chunk)
+            wanted = sum(e[3] for e in chunk) - (skip is not None)
             if wanted:
                 # One copy from llama.cpp's output buffer into the tensor's storage.
-                source = self.lib.llama_get_logits(self.context)
+                source = ctypes.cast(self.lib.llama_get_logits(self.context), ctypes.c_void_p).value or 0
+                source += row_bytes if skip == 0 else 0
                 ctypes.memmove(out.data_ptr() + at * row_bytes, source, wanted * row_bytes)
                 at += wanted
         if self.on_forward is not None:
@@ -288,6 +296,26 @@ class HostSequence:
 
     def release(self) -> None:
         self.data = b""
+
+
+def passes(entries: list[tuple[int, int, int, bool]]) -> Iterator[tuple[list[tuple[int, int, int, bool]], int | None]]:
+    """The ``llama_decode`` calls for ``entries``: at most ``BATCH`` each, none of one token
+    unless there is one in all (the last two calls share what would leave one over), and a call
+    of several tokens that wants one output also wants its neighbour's, computed and dropped.
+    Yields each call's entries and the index, among its outputs, of the one dropped (None)."""
+    starts = list(range(0, len(entries), BATCH))
+    if len(starts) > 1 and len(entries) - starts[-1] == 1:
+        starts[-1] -= 1
+    for first, end in zip(starts, [*starts[1:], len(entries)], strict=True):
+        chunk = entries[first:end]
+        wanted = [i for i, entry in enumerate(chunk) if entry[3]]
+        if len(chunk) < 2 or len(wanted) != 1:
+            yield chunk, None
+            continue
+        extra = wanted[0] - 1 if wanted[0] > 0 else 1
+        chunk = list(chunk)
+        chunk[extra] = (*chunk[extra][:3], True)
+        yield chunk, 0 if extra < wanted[0] else 1
 
 
 def decode_error(code: int, tokens: int) -> str:

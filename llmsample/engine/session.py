@@ -26,6 +26,14 @@ def shared_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def fed_from(prompt: list[int], cached: list[int]) -> int:
+    """How much of ``prompt`` a turn takes from the cache: what they share, but two tokens at
+    least are fed (one gives the next token's logits; a pass of one token is summed by another
+    kernel than a prefill's on llama.cpp, so the prompt's last position would not be the number
+    ``generate`` gets prefilling it whole: :func:`llmsample.engine.llamacpp_batch.passes`)."""
+    return max(0, min(shared_prefix(prompt, cached), len(prompt) - 2))
+
+
 class Session:
     """One row's KV cache across runs; ``cached`` is what it holds. Close it when done."""
 
@@ -42,7 +50,7 @@ class Session:
         """Decode ``item`` (the whole conversation so far as its prompt) on the cached row; its
         summary's ``cache`` section says how many prompt tokens were reused and prefilled."""
         prompt = item.prompt_ids
-        reused = min(shared_prefix(prompt, self.cached), len(prompt) - 1)  # feed one token at least
+        reused = fed_from(prompt, self.cached)
         item.stats.note(cache=CacheReuse(reused=reused, prefilled=len(prompt) - reused))
         completed = False
         try:
@@ -81,7 +89,7 @@ class Session:
         if not self.cached:  # a fresh backend (a failed or interrupted turn reset it)
             self.cached = list(prompt)
             return [backend.admit([prompt])]
-        reused = min(shared_prefix(prompt, self.cached), len(prompt) - 1)
+        reused = fed_from(prompt, self.cached)
         backend.rollback(0, reused)
         logits = backend.verify([prompt[reused:]])[:, len(prompt) - reused - 1]
         self.cached = list(prompt)

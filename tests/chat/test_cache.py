@@ -63,16 +63,17 @@ def test_branch_and_undo_equal_fresh_runs(chat, chat_lm, capsys) -> None:
     branched = chat.conversation.turns[-1].reply
     assert branched.ids[:3] == [*first.ids[:2], alternative]
     assert branched.ids[3:] == scratch(chat_lm, first.prompt_ids + branched.ids[:3])
-    assert chat.last_summary.facts.cache.reused == len(first.prompt_ids) + 2  # rolled back to position 2
-    assert chat.last_summary.facts.cache.prefilled == 1
+    # rolled back to position 2 of the reply, and one more: a turn feeds two tokens at least (fed_from)
+    assert chat.last_summary.facts.cache.reused == len(first.prompt_ids) + 1
+    assert chat.last_summary.facts.cache.prefilled == 2
     run_command(chat, "/undo")
     assert len(chat.conversation.turns) == 1
     again = chat.say("w11")
     prompt = render_messages(chat_lm, chat.conversation.messages()[:-1])
     assert again.prompt_ids == prompt and again.ids == scratch(chat_lm, prompt)
-    run_command(chat, "/regen")  # greedy: a new seed, the same reply, all but the last token cached
+    run_command(chat, "/regen")  # greedy: a new seed, the same reply, all but the last two tokens cached
     assert chat.conversation.turns[-1].reply.ids == again.ids
-    assert chat.last_summary.facts.cache.prefilled == 1
+    assert chat.last_summary.facts.cache.prefilled == 2
 
 
 def test_a_conversation_past_the_context_drops_its_oldest_turns(chat, chat_lm, monkeypatch, capsys) -> None:

@@ -49,7 +49,7 @@ def test_a_conversation_in_colour_and_every_slash_command(chat_model_dir, tmp_pa
             ("/watch w7", "watching w7"),
             ("/explain 1", "entropy of the final distribution"),
             ("/explain 99", "/explain: give a token position of the last reply, 0..5"),
-            ("/branch 1 #1", "cached + 1 prefilled"),  # rolled back to position 1 of the reply
+            ("/branch 1 #1", "cached + 2 prefilled"),  # rolled back to position 1 of the reply (a turn feeds two tokens at least)
             ("/inspect", "p w7"),
             ("/branch 1 w7 w8", "'w7 w8' encodes to 2 tokens"),
             ("/regen", "prefilled"),

@@ -63,9 +63,8 @@ def through_generate(model: Path) -> dict[tuple[str, int], str]:
 
 
 def through_compare(model: Path) -> dict[tuple[str, int], str]:
-    """On by default here: no flag."""
     out = run(command("compare-presets", model, "-p", USER, "--samples", "10", "--seed", "0", "-n", TOKENS,
-                      "--format", "jsonl", "-q", "--local"))  # fmt: skip
+                      "--format", "jsonl", "-q", "--local", "--deterministic"))  # fmt: skip
     records = [json.loads(line) for line in out.splitlines()]
     assert all(r["divergence_index"] is None for r in records if r["preset"] == "deterministic")
     return {(r["preset"], r["seed"]): r["text"] for r in records}

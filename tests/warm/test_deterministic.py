@@ -2,7 +2,7 @@
 (``ps`` shows it, a plain engine of the same model runs beside it), it takes the commands run
 with ``--deterministic`` and only those, and every row it decodes is computed alone, so
 ``batch --deterministic`` prints the in-process run's bytes at any batch size (rows joining and
-leaving), and ``compare-presets`` keeps its deterministic default there, figures to the bit."""
+leaving), and so does ``compare-presets --deterministic``, figures to the bit."""
 
 from __future__ import annotations
 
@@ -67,9 +67,9 @@ def test_batch_prints_the_in_process_bytes_at_any_batch_size(engines: Engine, tm
     assert len({record["tokens"] for record in warm_records}) > 1  # rows of different lengths left and joined
 
 
-def test_compare_presets_keeps_its_default_on_such_an_engine(engines: Engine) -> None:
+def test_compare_presets_deterministic_on_such_an_engine_is_the_in_process_run(engines: Engine) -> None:
     args = ("compare-presets", *engines.load_args, "-p", "w3 w4", "--presets", "creative,balanced", "--samples", "3",
-            "--seed", "6", "-n", "10", "--format", "jsonl", "-q")  # fmt: skip
+            "--seed", "6", "-n", "10", "--format", "jsonl", "-q", "--deterministic")  # fmt: skip
     warm, local = engines.cli(*args), engines.cli(*args, "--local")
     assert warm.returncode == local.returncode == 0, warm.stderr + local.stderr
     records, local_records = (
