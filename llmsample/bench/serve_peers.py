@@ -37,7 +37,7 @@ from typing import Any
 
 from llmsample.bench.llama_server import Unavailable, ensure_llama_server, server_command, wait_ready
 from llmsample.bench.serve_load import Side, bodies, through_server
-from llmsample.bench.served import ModelArgs, running_server, stream
+from llmsample.bench.served import ModelArgs, running_server, stop, stream
 from llmsample.bench.timing import paired_ratio, rounds
 from llmsample.errors import RuntimeFailure
 
@@ -180,12 +180,7 @@ def running_peer(command: list[str], ready: str, name: str) -> Iterator[str]:
                 raise RuntimeFailure(f"{name} {exc}: {(lines or ['no output'])[-1].strip()}") from exc
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def warm_up(url: str, body: dict[str, Any]) -> None:

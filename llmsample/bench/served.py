@@ -63,12 +63,17 @@ def running_server(args: ModelArgs, *extra: str) -> Iterator[str]:
         try:
             yield _listening(proc, log)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """A server process ended and waited for: asked to stop, killed after a minute."""
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _listening(proc: subprocess.Popen[bytes], log: Path) -> str:

@@ -14,8 +14,7 @@ from llmsample.engine.backend import open_backend
 from llmsample.engine.llamacpp_batch import passes
 from llmsample.engine.session import fed_from
 from llmsample.models.gguf_to_hf import gguf_path
-from llmsample.models.loading import load_model
-from tests.engine.tiny_gguf import write_tiny_gguf
+from tests.engine.tiny_gguf import tiny_llama_cpp
 
 pytest.importorskip("llama_cpp")
 if gguf_path() is None:
@@ -58,11 +57,7 @@ def test_a_turn_feeds_two_tokens_at_least() -> None:
 
 @pytest.fixture(scope="module")
 def llama_lm(tmp_path_factory: pytest.TempPathFactory):
-    home = tmp_path_factory.mktemp("home")
-    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path(), home=home)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLMSAMPLE_HOME", str(home))
-        return load_model(str(path), "cpu", "auto", backend="llama.cpp")
+    return tiny_llama_cpp(tmp_path_factory, gguf_path())
 
 
 def last_logits(lm, prompt: list[int], kept: int | None = None) -> torch.Tensor:

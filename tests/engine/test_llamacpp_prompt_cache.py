@@ -14,7 +14,7 @@ from llmsample.engine.prompt_cache import CachingBackend, PromptCache
 from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.sampling.config import SamplingConfig
 from tests.engine.test_prompt_cache import BIG, GREEDY, SAMPLED, SYSTEM, CancelFirst, items, run
-from tests.engine.tiny_gguf import write_tiny_gguf
+from tests.engine.tiny_gguf import tiny_llama_cpp
 
 pytest.importorskip("llama_cpp")
 if gguf_path() is None:
@@ -29,13 +29,7 @@ def exact_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory: pytest.TempPathFactory):
-    from llmsample.models.loading import load_model
-
-    home = tmp_path_factory.mktemp("home")
-    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", gguf_path(), home=home)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("LLMSAMPLE_HOME", str(home))
-        return load_model(str(path), "cpu", "auto", backend="llama.cpp")
+    return tiny_llama_cpp(tmp_path_factory, gguf_path())
 
 
 def test_a_hit_gives_the_logits_of_a_cold_prefill(lm) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -72,6 +73,23 @@ def write_tiny_gguf(
     if home is not None:
         seed_derived(kept, path, home)
     return path
+
+
+def tiny_llama_cpp(tmp_path_factory: Any, tokenizer_source: Path) -> Any:
+    """The tiny GGUF loaded on llama.cpp (a ``LoadedModel``), its derived files in a home of its own."""
+    from llmsample.models.loading import load_model
+
+    home = tmp_path_factory.mktemp("home")
+    path = write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf", tokenizer_source, home=home)
+    previous = os.environ.get("LLMSAMPLE_HOME")
+    os.environ["LLMSAMPLE_HOME"] = str(home)
+    try:
+        return load_model(str(path), "cpu", "auto", backend="llama.cpp")
+    finally:
+        if previous is None:
+            del os.environ["LLMSAMPLE_HOME"]
+        else:
+            os.environ["LLMSAMPLE_HOME"] = previous
 
 
 def kept_tiny_gguf(tokenizer_source: Path, seed: int = 0, init: float = 0.1, context: int = 1024) -> Path:
