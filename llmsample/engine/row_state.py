@@ -146,10 +146,12 @@ class Row:
         if self.drafting is None:
             return []
         cfg, text, drafts, drafter = self.item.cfg, self.text, self.drafts, self.drafting.drafter
-        # A model draft's random draws follow its draft lengths: it drafts as it would alone, so
-        # its seed gives the same text in any batch. Greedy rows and fixed drafts (checked by the
-        # target's own draws) give the plain run's tokens whatever the lengths.
-        shared = rows if cfg.is_greedy or not drafter.drawn else 1
+        # Rejection sampling's random draws follow the draft lengths: such a row drafts as it would
+        # alone, so its seed gives the same text in any batch. Greedy rows and fixed drafts checked
+        # against the row's own draws (on the CPU: step.fixed_drafts) give the plain run's tokens
+        # whatever the lengths.
+        checked = not drafter.drawn and text.generator.device.type == "cpu"
+        shared = rows if cfg.is_greedy or checked else 1
         k = min(self.drafting.length.fit(shared), text.emitter.room() - 1)  # never past the length or context
         # A drafter whose cut depends on the pass's rows (the suffix pool, whose drafts depend on
         # the other requests already: a sampled row's seed gives its text with the same requests).

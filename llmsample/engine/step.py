@@ -22,6 +22,7 @@ from llmsample.engine.row_state import Row, RowFailed
 from llmsample.engine.speculative import accept_by_draws, accept_drafts
 from llmsample.errors import RuntimeFailure
 from llmsample.events import ConstraintOutcome, StepFigures, Summary, TokenEvent
+from llmsample.sampling import filters
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import batch_masks
 from llmsample.sampling.figures import WatchIndex, step_figures
@@ -165,7 +166,7 @@ def _draw_group(
         if k == 0:
             after = chain.rows(at).draw([row.text.generator])
             count = torch.zeros((), dtype=torch.long, device=after.device)
-        elif row.drafting is not None and not row.drafting.drafter.drawn:
+        elif fixed_drafts(row, logits):
             count, after = accept_by_draws(chain.rows(slice(at, at + k + 1)), row.drafts.tokens, row.text.generator)
         else:
             probs = chain.probs[at : at + k + 1]
@@ -178,6 +179,14 @@ def _draw_group(
         at += k + 1
     tokens = agree(torch.cat(parts))
     return chain, tokens, torch.cat(counts), starts
+
+
+def fixed_drafts(row: Row, logits: Tensor) -> bool:
+    """Whether the row's drafts are checked against its own draws (:func:`accept_by_draws`):
+    fixed drafts, on the CPU. On an accelerator the check's rewind of the generator would wait
+    for the device, so rejection sampling keeps the step's one transfer there, and a seed's
+    draws differ from the plain run's."""
+    return row.drafting is not None and not row.drafting.drafter.drawn and filters.host_syncs_are_free(logits)
 
 
 def _emit(

@@ -219,6 +219,8 @@ def test_top_p_sorted_and_widened_candidates_agree() -> None:
 class TableDrafter:
     """Proposes the fixed-logits model's greedy continuation (one-hot q): drafts that pass."""
 
+    drawn = False  # fixed drafts: checked against the target's own draws
+
     def __init__(self, table: torch.Tensor) -> None:
         self.next, self.vocab, self.calls = table.argmax(-1).tolist(), table.shape[0], 0  # read before counting
 
