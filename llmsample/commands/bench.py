@@ -1,6 +1,7 @@
 """``llmsample bench`` (``make bench``): our loop against transformers' generate, in one run; or
 one section of its own (``--batch-sizes``, ``--workloads``, ``--quant``, ``--startup``,
-``--suffix``, ``--serve``, ``--serve-peers``, ``--multi-turn``, ``--constraints``, ``--backend llama.cpp``)."""
+``--suffix``, ``--serve``, ``--serve-peers``, ``--multi-turn``, ``--constraints``, ``--vs-llamacpp``,
+``--contended``, ``--backend llama.cpp``)."""
 
 from __future__ import annotations
 
@@ -60,9 +61,11 @@ def _check_variants(ctx: click.Context, param: click.Parameter, value: str | Non
 
 
 SECTIONS = ("batch_sizes", "workloads", "quant", "startup", "suffix", "serve", "serve_peers", "multi_turn", "constraints",
-            "sweep")  # fmt: skip
+            "sweep", "vs_llamacpp", "contended")  # fmt: skip
 THROUGH_ENGINE = ("suffix", "serve", "multi_turn", "constraints", "sweep")
 """Sections that run whatever backend the engine runs (--backend llama.cpp included)."""
+AGAINST_LLAMA_CPP_PYTHON = ("serve_peers", "vs_llamacpp", "contended")
+"""Sections whose peer is llama-cpp-python on our side's GGUF: on llama.cpp, at the file's own weights."""
 OWN_OPTIONS = {"clients": ("serve", "serve_peers"), "requests": ("serve", "serve_peers"), "turns": ("multi_turn",)}
 
 
@@ -152,6 +155,18 @@ OWN_OPTIONS = {"clients": ("serve", "serve_peers"), "requests": ("serve", "serve
     help="Instead: llmsample sweep against llmsample batch on the same rows (the sweep's own lines; at most 64 "
     "tokens each): what measuring every sample costs.",
 )
+@click.option(
+    "--vs-llamacpp",
+    is_flag=True,
+    help="Instead: the default llmsample generate against llama-cpp-python's Llama on the same GGUF and threads, on "
+    "code edits, JSON records, open chat and answers quoting a document, greedy and sampled (to EOS or --tokens).",
+)
+@click.option(
+    "--contended",
+    is_flag=True,
+    help="Instead: the default generate and batch against llama-cpp-python, quiet and with a busy loop on one core: "
+    "how much each slows (at most 64 tokens a request).",
+)
 def bench(**options: Any) -> None:
     """Benchmark the token loop side by side with transformers' generate (medians, ratios)."""
     from llmsample.bench.results import results_table, write_results
@@ -161,7 +176,8 @@ def bench(**options: Any) -> None:
     check_sections(options)
     err = stderr_console()
     served = {"serve": bench_serve, "serve_peers": bench_serve_peers, "multi_turn": bench_multi_turn,
-              "constraints": bench_constraints, "sweep": bench_sweep}  # fmt: skip
+              "constraints": bench_constraints, "sweep": bench_sweep, "vs_llamacpp": bench_vs_llamacpp,
+              "contended": bench_contended}  # fmt: skip
     for name, section in served.items():
         if options[name]:
             section(options, err)
@@ -204,9 +220,12 @@ def check_sections(options: dict[str, Any]) -> None:
         if options.get(name) is not None and not any(options[section] for section in sections):
             flag = " or ".join(f"--{section.replace('_', '-')}" for section in sections)
             raise UserError(f"--{name} is an option of {flag}; leave it out or add {flag}")
-    if options["serve_peers"] and (options["backend"] not in ("auto", "llama.cpp") or options["dtype"] != "auto"):
+    peered = [f"--{name.replace('_', '-')}" for name in AGAINST_LLAMA_CPP_PYTHON if options[name]]
+    if peered and (options["backend"] not in ("auto", "llama.cpp") or options["dtype"] != "auto"):
         named = f"--dtype {options['dtype']}" if options["dtype"] != "auto" else f"--backend {options['backend']}"
-        raise UserError(f"--serve-peers serves the GGUF's own weights on llama.cpp, as its peers do; leave out {named}")
+        raise UserError(f"{peered[0]} runs the GGUF's own weights on llama.cpp, as its peers do; leave out {named}")
+    if (options["vs_llamacpp"] or options["contended"]) and options["compile_model"]:
+        raise UserError(f"{chosen[0]} runs llama.cpp, which --compile does not apply to; leave out --compile")
     if (options["serve"] or options["multi_turn"] or options["serve_peers"]) and options["compile_model"]:
         raise UserError(f"{chosen[0]} times llmsample serve, which refuses --compile; leave out --compile")
     if (options["serve"] or options["multi_turn"] or options["serve_peers"]) and not all(
@@ -218,7 +237,7 @@ def check_sections(options: dict[str, Any]) -> None:
     if options["quant"] and (options["dtype"] != "auto" or options["compile_model"]):
         flag = "--compile" if options["compile_model"] else f"--dtype {options['dtype']}"
         raise UserError(f"--quant sets each variant's dtype itself and runs eager; leave out {flag}")
-    through_engine = [f"--{name.replace('_', '-')}" for name in (*THROUGH_ENGINE, "serve_peers")]
+    through_engine = [f"--{name.replace('_', '-')}" for name in (*THROUGH_ENGINE, *AGAINST_LLAMA_CPP_PYTHON)]
     if options["backend"] == "llama.cpp" and chosen and chosen[0] in through_engine and options["dtype"] == "auto":
         return  # a workload through the engine, on either backend
     if options["backend"] == "llama.cpp" and (chosen or options["compile_model"] or options["dtype"] != "auto"):
@@ -286,6 +305,20 @@ def bench_sweep(options: dict[str, Any], err: Any) -> None:
 
     result = run_sweep_cost(_model_args(options), options["runs"], min(options["tokens"], 64), _log(err))
     _write("bench-sweep", result.to_dict(), table(result), options, err)
+
+
+def bench_vs_llamacpp(options: dict[str, Any], err: Any) -> None:
+    """``--vs-llamacpp``: the default run against llama-cpp-python on four workloads."""
+    from llmsample.bench.vs_llamacpp import bench_vs_llamacpp as run
+
+    run(options, err)
+
+
+def bench_contended(options: dict[str, Any], err: Any) -> None:
+    """``--contended``: both sides quiet and beside a busy core."""
+    from llmsample.bench.contention import bench_contended as run
+
+    run(options, err)
 
 
 def bench_multi_turn(options: dict[str, Any], err: Any) -> None:

@@ -46,7 +46,8 @@ def test_bench_suffix_writes_every_workload(tiny_model_dir, tmp_path, monkeypatc
 
 def options(**chosen: object) -> dict[str, object]:
     none = {"batch_sizes": None, "workloads": False, "quant": None, "startup": False, "suffix": False, "serve": False,
-            "serve_peers": False, "multi_turn": False, "constraints": False, "sweep": False}  # fmt: skip
+            "serve_peers": False, "multi_turn": False, "constraints": False, "sweep": False, "vs_llamacpp": False,
+            "contended": False}  # fmt: skip
     return {**none, "backend": "llama.cpp", "dtype": "auto", "compile_model": False, **chosen}
 
 
@@ -56,3 +57,16 @@ def test_suffix_runs_on_llama_cpp_and_other_sections_do_not() -> None:
         check_sections(options(workloads=True))
     with pytest.raises(UserError, match="separate benchmarks"):
         check_sections(options(suffix=True, startup=True))
+
+
+def test_the_sections_against_llama_cpp_python_run_the_gguf_on_llama_cpp() -> None:
+    for section in ("vs_llamacpp", "contended"):
+        check_sections(options(**{section: True}))
+        check_sections(options(**{section: True, "backend": "auto"}))
+        flag = f"--{section.replace('_', '-')}"
+        with pytest.raises(UserError, match=f"{flag} runs the GGUF's own weights on llama.cpp.*--backend transformers"):
+            check_sections(options(**{section: True, "backend": "transformers"}))
+        with pytest.raises(UserError, match="leave out --compile"):
+            check_sections(options(**{section: True, "compile_model": True}))
+    with pytest.raises(UserError, match="separate benchmarks"):
+        check_sections(options(vs_llamacpp=True, contended=True))
