@@ -13,12 +13,26 @@ NGRAM = (2, 4)
 """Prompt lookup's shortest and longest n-gram unless given (``--ngram-min``, ``--ngram-max``)."""
 
 
+AUTO = "auto"
+"""A job's ``drafter`` by default (``--draft auto``): whatever its engine drafts with by default
+(its own suffix pool, on the backends that draft by default), and nothing where it drafts none."""
+
+
 def engine_drafter(draft: str | None) -> str | None:
-    """``--draft``'s value as a job's ``drafter``: prompt lookup is the row's own (``ngram``,
-    None here), a suffix pool or a draft model (any other value) the engine's."""
-    if draft is None or draft == "ngram":
+    """``--draft``'s value as a job's ``drafter``: ``auto`` when not given; prompt lookup is the
+    row's own (``ngram``, None here, as ``none``); a suffix pool or a draft model (any other
+    value) the engine's."""
+    if draft is None or draft == AUTO:
+        return AUTO
+    if draft in ("none", "ngram"):
         return None
     return "suffix" if draft == "suffix" else "model"
+
+
+def drafter_asked(draft: str | None) -> bool:
+    """Whether ``--draft`` asks for drafting that a mode without it must refuse (``auto``, the
+    default, drafts where it can and is silent where it cannot)."""
+    return draft not in (None, AUTO, "none")
 
 
 @dataclass(frozen=True)
@@ -40,8 +54,8 @@ class Job:
 
     ``watch``: tokens whose numbers every record carries (each row its own). What needs more
     than a row of the batch (:class:`Capabilities`): ``reference`` (every token scored under the
-    engine's float32 reference model) and ``drafter`` (the engine's own drafter: ``suffix``, its
-    pool across requests, or ``model``, its draft model)."""
+    engine's float32 reference model) and ``drafter`` (the engine's own drafter: ``auto``, the
+    default, ``suffix``, its pool across requests, or ``model``, its draft model)."""
 
     prompt: str
     cfg: SamplingConfig
@@ -83,7 +97,7 @@ class Capabilities:
 
     def names(self) -> list[str]:
         """As an engine's status lists them."""
-        return ["drafter"] * (self.drafter is not None) + ["reference"] * self.reference
+        return ["drafter"] * (self.drafter not in (None, AUTO)) + ["reference"] * self.reference
 
     def lacking(self, asked: Capabilities, draft_flag: str | None = None) -> str | None:
         """The flag of the first thing ``asked`` that this engine lacks (``--draft`` shown as
@@ -91,7 +105,7 @@ class Capabilities:
         draft model); None: the engine runs it."""
         if asked.reference and not self.reference:
             return "--reference"
-        if asked.drafter is not None and asked.drafter != self.drafter:
+        if asked.drafter not in (None, AUTO) and asked.drafter != self.drafter:
             return f"--draft {draft_flag or ('MODEL' if asked.drafter == 'model' else asked.drafter)}"
         return None
 

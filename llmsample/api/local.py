@@ -20,7 +20,7 @@ from llmsample.engine.prompt import has_chat_template
 from llmsample.engine.row_state import RowFailed
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
-from llmsample.jobs import Explanation, Job
+from llmsample.jobs import AUTO, Explanation, Job
 from llmsample.models.loading import LoadedModel
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ Record = TokenEvent | Summary
 class LocalEngine:
     """``load`` makes the model (once, lazily); ``drafter`` makes the engine's drafter for a
     job's ``drafter`` (given the model: a maker of one drafter per row), ``reference`` its
-    float32 reference model; either None: this engine has no such capability."""
+    float32 reference model; either None: this engine has no such capability. ``auto``: the
+    drafter of a job that asks for ``auto`` (the default), which may be None for the model."""
 
     where = IN_PROCESS
 
@@ -41,6 +42,7 @@ class LocalEngine:
         load: Callable[[], LoadedModel],
         *,
         drafter: Callable[[LoadedModel], Callable[[], Any]] | None = None,
+        auto: Callable[[LoadedModel], Callable[[], Any] | None] | None = None,
         reference: Callable[[LoadedModel], LoadedModel] | None = None,
         prompt_cache_mb: int = 0,
         deterministic: bool = False,
@@ -51,6 +53,7 @@ class LocalEngine:
         self._lm: LoadedModel | None = None
         self._load_s: float | None = None  # the load's seconds, until a run's summary reports them
         self._drafter: Callable[[], Any] | None = None
+        self._make_auto, self._auto = auto, {}  # the auto drafter, made once (it may be None)
         self._reference: LoadedModel | None = None
         self._session: Any = None  # a chat's one row, its cache kept between turns
 
@@ -147,8 +150,13 @@ class LocalEngine:
         return DecodeOptions(max(job.top_n for job in jobs), reference=reference, deterministic=self._deterministic)
 
     def _drafter_for(self, lm: LoadedModel, job: Job) -> Callable[[], Any] | None:
-        if job.drafter is None:
+        """The engine's drafter for ``job`` (made once); ``auto``'s may be none."""
+        if job.drafter is None or (job.drafter == AUTO and self._make_auto is None):
             return None
+        if job.drafter == AUTO:
+            if not self._auto:
+                self._auto[AUTO] = self._make_auto(lm)
+            return self._auto[AUTO]
         if self._make_drafter is None:
             raise UserError(f"--draft {job.drafter} needs a drafter, which this engine was not given")
         if self._drafter is None:

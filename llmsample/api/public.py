@@ -18,7 +18,7 @@ from llmsample.client.engine_client import EngineClient
 from llmsample.client.wire import Failed
 from llmsample.errors import RuntimeFailure, UserError
 from llmsample.events import Summary, TokenEvent
-from llmsample.jobs import NGRAM, Explanation, Job
+from llmsample.jobs import AUTO, NGRAM, Explanation, Job
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,12 @@ class Engine:
 
             return load_model(model, device, dtype, backend=backend)
 
-        self.client: EngineClient = LocalEngine(load)
+        def drafter(lm: Any) -> Any:  # draft="auto": the suffix pool, across this engine's jobs
+            from llmsample.engine.suffix_pool import auto_drafter
+
+            return auto_drafter(lm)
+
+        self.client: EngineClient = LocalEngine(load, auto=drafter)
         self.model = model
 
     @classmethod
@@ -136,7 +141,8 @@ class Engine:
 
     def generate(self, prompt: str, **settings: Any) -> Result:
         """Sample an answer to ``prompt``. ``settings``: ``preset`` (a name), ``seed``, ``system``,
-        ``raw`` (no chat template), ``top_n`` (alternatives per token), ``draft="ngram"``,
+        ``raw`` (no chat template), ``top_n`` (alternatives per token), ``draft`` (``"auto"``, the
+        default: drafts the engine expects kept, as the CLI's; ``"ngram"``; ``"none"``),
         ``watch`` (tokens followed at every step), ``ignore_eos``, and any sampling setting by
         its preset key (``temperature=0.7``, ``top_k=40``, ``max_tokens=64``...)."""
         stream = self.stream(prompt, **settings)
@@ -170,6 +176,7 @@ class Engine:
         """Why the next token: the chain's candidates stage by stage (a ``ChainReport``), or
         ``continuation`` scored token by token under the preset (a list of ``ScoredToken``)."""
         watch = tuple(settings.pop("watch", ()))
+        settings["draft"] = "none"  # nothing is decoded
         job = self.job(prompt, top_n=settings.pop("top_n", 10), **settings)
         return self.client.explain(Explanation(job, continuation, watch))
 
@@ -182,7 +189,7 @@ class Engine:
         system: str | None = None,
         raw: bool = False,
         top_n: int = 5,
-        draft: str | None = None,
+        draft: str = "auto",
         watch: Sequence[str] = (),
         ignore_eos: bool = False,
         **sampling: Any,
@@ -193,8 +200,8 @@ class Engine:
         from llmsample.sampling import presets
         from llmsample.sampling.config import ConfigError, SamplingConfig, fresh_seed
 
-        if draft not in (None, "ngram"):
-            raise ValueError(f"draft={draft!r}: the Python API drafts with 'ngram' (prompt lookup) or not at all")
+        if draft not in ("auto", "ngram", "none"):
+            raise ValueError(f"draft={draft!r}: the Python API drafts with 'auto', 'ngram' (prompt lookup) or 'none'")
         unknown = sorted(set(sampling) - {f.name for f in dataclasses.fields(SamplingConfig)} - {"constraint"})
         if unknown:
             raise ValueError(f"{unknown[0]!r} is not a setting; the settings are a preset's keys (llmsample presets)")
@@ -206,8 +213,8 @@ class Engine:
         if cfg.seed is None:
             cfg = dataclasses.replace(cfg, seed=fresh_seed())
         return Job(prompt, cfg, name, system, raw, "error", top_n, model=self.model,
-                   ngram=NGRAM if draft else None, cache_prompt=False, ignore_eos=ignore_eos,
-                   watch=tuple(watch))  # fmt: skip
+                   ngram=NGRAM if draft == "ngram" else None, cache_prompt=False, ignore_eos=ignore_eos,
+                   watch=tuple(watch), drafter=AUTO if draft == "auto" else None)  # fmt: skip
 
     def close(self) -> None:
         self.client.close()

@@ -63,9 +63,10 @@ def spec_of(options: dict[str, Any]) -> dict[str, Any]:
 
 def draft_of(options: dict[str, Any]) -> str | None:
     """``--draft`` as an engine's capability: a draft model (a local one by its real path) or
-    ``suffix``; None for none, or ``ngram`` (a row's own drafter, which any engine runs)."""
+    ``suffix``; None for none, ``ngram`` (a row's own drafter, which any engine runs) or
+    ``auto`` (what the engine drafts with by default)."""
     draft = options.get("draft")
-    if draft in (None, "ngram"):
+    if draft in (None, "ngram", "auto", "none"):
         return None
     return os.path.realpath(draft) if os.path.exists(draft) else draft
 

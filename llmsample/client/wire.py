@@ -58,8 +58,8 @@ def job_from_json(data: Any) -> Job:
     for key in ("ignore_eos", "reference"):
         if not isinstance(data.get(key, False), bool):
             raise ValueError(f"{key}: expected true or false, got {data[key]!r}")
-    if data.get("drafter") not in (None, "suffix", "model"):
-        raise ValueError(f"drafter: expected suffix, model or null, got {data['drafter']!r}")
+    if data.get("drafter") not in (None, "auto", "suffix", "model"):
+        raise ValueError(f"drafter: expected auto, suffix, model or null, got {data['drafter']!r}")
     watch = data.get("watch", [])
     if not (isinstance(watch, list) and all(isinstance(token, str) for token in watch)):
         raise ValueError(f"watch: expected a list of strings, got {watch!r}")

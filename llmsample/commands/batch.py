@@ -84,9 +84,9 @@ def batch(**options: Any) -> None:
     from llmsample.batch.distributed import launched_ranks
     from llmsample.batch.output import claim_output
     from llmsample.batch.settings import BatchSettings
-    from llmsample.jobs import engine_drafter
+    from llmsample.jobs import drafter_asked, engine_drafter
 
-    if options["compile_model"] and options["draft"]:
+    if options["compile_model"] and drafter_asked(options["draft"]):
         raise UserError(
             "--draft with --compile: speculation verifies ragged drafts and rolls rows back one by one, "
             "which the static cache's fixed waves cannot; leave one of them out"
@@ -110,7 +110,7 @@ def batch(**options: Any) -> None:
         batch_size=options["batch_size"],
         draft_tokens=options["draft_tokens"],
         ngram=(options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
-        drafter=engine_drafter(options["draft"]),
+        drafter=None if options["compile_model"] else engine_drafter(options["draft"]),
         reference=bool(options["reference"]),
     )
     ranks = launched_ranks()

@@ -117,10 +117,10 @@ def build_job(options: dict[str, Any], preset: str, cfg: SamplingConfig, prompt:
     ngram = None
     if draft == "ngram":
         ngram = (options["ngram_min"], options["ngram_max"])
-    if draft in ("ngram", "suffix") and options["ngram_min"] > options["ngram_max"]:
+    if draft in (None, "auto", "ngram", "suffix") and options["ngram_min"] > options["ngram_max"]:
         raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
     return Job(prompt, cfg, preset, options["system"], options["raw"], options["truncate"], options["top_n"],
-               model=options["model"], ngram=ngram, draft_tokens=options.get("draft_tokens") if draft else None,
+               model=options["model"], ngram=ngram, draft_tokens=options.get("draft_tokens") if draft != "none" else None,
                cache_prompt=False, ignore_eos=options["ignore_eos"], watch=tuple(options.get("watch") or ()),
                reference=bool(options.get("reference")), drafter=engine_drafter(draft))  # fmt: skip
 
@@ -155,12 +155,14 @@ def join_tensor_parallel(options: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
+    from llmsample.jobs import drafter_asked
+
     if int(os.environ.get("WORLD_SIZE", 1)) < 2:
         raise UserError(
             "--tp splits the model over the processes of a torchrun launch: "
             "torchrun --nproc-per-node N -m llmsample generate --tp ..."
         )
-    for flag, given in (("--draft", options.get("draft")), ("--compile", options["compile_model"])):
+    for flag, given in (("--draft", drafter_asked(options.get("draft"))), ("--compile", options["compile_model"])):
         if given:
             raise UserError(f"--tp does not combine with {flag} yet; leave one of them out")
     cuda = torch.cuda.is_available() and options["device"] in ("auto", "cuda")

@@ -193,32 +193,34 @@ def load_reference(options: dict[str, Any], lm: LoadedModel) -> LoadedModel:
     return load_model(options["model"], device, "float32", placement=placement)
 
 
-def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Drafter]:
-    """``--draft ngram`` (prompt lookup), ``--draft suffix`` (a pool across requests) or a model sharing the target's tokenizer, loaded once:
-    a maker of one drafter per row (a draft model's drafter keeps that row's draft cache)."""
+def build_drafter(options: dict[str, Any], lm: LoadedModel) -> Callable[[], Drafter] | None:
+    """``--draft``: ``auto`` (the default: the suffix pool where the backend drafts by default,
+    else None), ``ngram`` (prompt lookup), ``suffix`` (a pool across requests) or a model sharing
+    the target's tokenizer, loaded once: a maker of one drafter per row (a draft model's drafter
+    keeps that row's draft cache); None for ``none``."""
     from llmsample.engine.speculative import ModelDrafter, NgramDrafter, check_same_tokenizer
+    from llmsample.engine.suffix_pool import auto_drafter, suffix_drafter
+    from llmsample.jobs import NGRAM
     from llmsample.models.loading import load_model
 
-    vocab = lm.model.config.vocab_size
-    if options["draft"] in ("ngram", "suffix"):
-        if options["ngram_min"] > options["ngram_max"]:
-            raise UserError(f"--ngram-min {options['ngram_min']} is above --ngram-max {options['ngram_max']}")
-
-        def ngram() -> NgramDrafter:  # a row's own: it indexes that row's tokens
-            return NgramDrafter(vocab, lm.sample_device, options["ngram_min"], options["ngram_max"])
-
-        if options["draft"] == "suffix":  # one pool for the run (a server's: every request's)
-            from llmsample.engine.suffix_pool import SuffixDrafter, SuffixPool
-
-            pool = SuffixPool(options["ngram_min"], max(options["ngram_max"], 6))
-            return lambda: SuffixDrafter(pool, ngram())
-        return ngram
+    draft, vocab = options.get("draft") or "auto", lm.model.config.vocab_size
+    if draft == "none":
+        return None
+    if draft in ("auto", "ngram", "suffix"):
+        low, high = options.get("ngram_min", NGRAM[0]), options.get("ngram_max", NGRAM[1])
+        if low > high:
+            raise UserError(f"--ngram-min {low} is above --ngram-max {high}")
+        if draft == "auto":
+            return auto_drafter(lm, (low, high))
+        if draft == "suffix":  # one pool for the run (a server's: every request's)
+            return suffix_drafter(lm, (low, high))
+        return lambda: NgramDrafter(vocab, lm.sample_device, low, high)  # a row's own: it indexes that row's tokens
     from llmsample.models.plan import draft_load
 
-    device, dtype, backend = draft_load(options["draft"], lm.backend, lm.sample_device, lm.dtype)
-    draft = load_model(options["draft"], device, dtype, backend=backend)
-    check_same_tokenizer(draft, lm)
-    return lambda: ModelDrafter(draft, vocab, lm.sample_device)
+    device, dtype, backend = draft_load(draft, lm.backend, lm.sample_device, lm.dtype)
+    model = load_model(draft, device, dtype, backend=backend)
+    check_same_tokenizer(model, lm)
+    return lambda: ModelDrafter(model, vocab, lm.sample_device)
 
 
 def local_engine(options: dict[str, Any], lm: LoadedModel | None = None) -> LocalEngine:
@@ -226,9 +228,14 @@ def local_engine(options: dict[str, Any], lm: LoadedModel | None = None) -> Loca
     progress when first asked), and, as a job asks, the drafter (``--draft``) and the reference
     (``--reference``); ``batch``'s prompt cache (``--prompt-cache-mb``)."""
     from llmsample.api.local import LocalEngine
+    from llmsample.engine.suffix_pool import auto_drafter
+    from llmsample.jobs import NGRAM, drafter_asked
 
-    drafter = (lambda lm: build_drafter(options, lm)) if options.get("draft") not in (None, "ngram") else None
+    asked = drafter_asked(options.get("draft")) and options.get("draft") != "ngram"  # prompt lookup: the row's own
+    drafter = (lambda lm: build_drafter(options, lm)) if asked else None
+    ngram = (options.get("ngram_min", NGRAM[0]), options.get("ngram_max", NGRAM[1]))
     reference = (lambda lm: load_reference(options, lm)) if options.get("reference") else None
     load = (lambda: lm) if lm is not None else (lambda: load_model_with_progress(options))
-    return LocalEngine(load, drafter=drafter, reference=reference, prompt_cache_mb=options.get("prompt_cache_mb") or 0,
-                       deterministic=bool(options.get("deterministic")))
+    return LocalEngine(load, drafter=drafter, auto=lambda lm: auto_drafter(lm, ngram), reference=reference,
+                       prompt_cache_mb=options.get("prompt_cache_mb") or 0,
+                       deterministic=bool(options.get("deterministic")))  # fmt: skip

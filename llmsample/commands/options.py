@@ -129,9 +129,11 @@ reference_option = click.option(
 draft_options = option_group(
     click.option(
         "--draft",
-        metavar="ID|DIR|ngram|suffix",
-        help="Speculative decoding with this draft model, 'ngram' (prompt lookup) or 'suffix' (what earlier and "
-        "running requests wrote, and prompt lookup).",
+        metavar="auto|none|ngram|suffix|ID|DIR",
+        help="Speculative decoding: 'auto' drafts from what earlier and running requests wrote and from the "
+        "prompt, only where the target has been keeping such drafts (llama.cpp and --backend torch); 'none'; "
+        "'ngram' (prompt lookup); 'suffix' (auto's drafts on every backend); or a draft model. "
+        "[default: auto]",
     ),
     click.option("--draft-tokens", type=click.IntRange(1, 64), help="Fixed draft length K [default: adaptive]."),
     click.option(

@@ -113,13 +113,10 @@ def serve(**options: Any) -> None:
     lm = load_model_with_progress(options)
     if lm.tensor_parallel:
         raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
+    from llmsample.commands.model_options import build_drafter
     from llmsample.jobs import Capabilities, engine_drafter
 
-    drafter = None
-    if options["draft"]:
-        from llmsample.commands.model_options import build_drafter
-
-        drafter = build_drafter(options, lm)
+    drafter = build_drafter(options, lm)  # --draft auto, the default: every request drafts by it
     reference = None
     if options["reference"]:
         from llmsample.commands.model_options import load_reference

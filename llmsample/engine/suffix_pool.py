@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, OrderedDict
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from llmsample.engine.speculative import NgramDrafter
+from llmsample.jobs import NGRAM
+from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Matcher
 from llmsample.sampling.history import TokenHistory
@@ -251,3 +254,35 @@ class SuffixDrafter:
         """The target kept ``accepted`` of the row's last ``drafted`` (its proposal, as the row
         cut it): the pool's acceptance."""
         self.pool.scored(self.chances[:drafted], accepted)
+
+
+DRAFTING_BACKENDS = ("llama.cpp", "torch")
+"""Where ``--draft auto`` drafts: the backends whose cost of a drafted position :data:`MIN_PROB`
+was measured on. transformers' own forward (a reference path, never the default) decodes one
+token a pass unless a drafter is asked for."""
+
+
+@dataclass(frozen=True)
+class PoolDrafters:
+    """``--draft suffix``: a maker of one drafter per row over one pool, the run's (a server's:
+    every request's); each row also looks up its own tokens (``ngram``: shortest, longest n)."""
+
+    pool: SuffixPool
+    vocab_size: int
+    device: torch.device
+    ngram: tuple[int, int]
+
+    def __call__(self) -> SuffixDrafter:
+        return SuffixDrafter(self.pool, NgramDrafter(self.vocab_size, self.device, *self.ngram))
+
+
+def suffix_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters:
+    """``--draft suffix`` for ``lm``: a fresh pool."""
+    return PoolDrafters(SuffixPool(ngram[0], max(ngram[1], 6)), lm.model.config.vocab_size, lm.sample_device, ngram)
+
+
+def auto_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters | None:
+    """``--draft auto``, the default: the suffix pool and prompt lookup, which draft only what the
+    pool expects the target to keep (:meth:`SuffixPool.confident`, from measured acceptance), so
+    where drafts are rejected they stop; None on a backend that does not draft by default."""
+    return suffix_drafter(lm, ngram) if lm.backend in DRAFTING_BACKENDS else None

@@ -134,7 +134,9 @@ def summary_parts(summary: Summary, first_token_s: float | None = None) -> list[
     if summary.tokens_per_s is not None:
         parts.append(f"{summary.tokens_per_s:.1f} tok/s")
     facts = summary.facts
-    if (spec := facts.speculation) is not None:
+    if (spec := facts.speculation) is not None and not spec.drafted:
+        parts.append("drafted nothing")  # --draft auto found nothing it expected kept
+    elif spec is not None:
         parts.append(f"accepted {spec.accepted}/{spec.drafted} drafted ({spec.acceptance_rate:.0%})")
         parts.append(f"{spec.tokens_per_pass:.2f} tokens/target pass")
     if (reference := facts.reference) is not None and reference.tokens:

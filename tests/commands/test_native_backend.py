@@ -48,16 +48,22 @@ def tokens(records: list[dict[str, Any]]) -> list[int]:
     return [r["token_id"] for r in records if r["type"] == "token"]
 
 
-@pytest.mark.parametrize("draft", [None, "ngram", "model"])
+@pytest.mark.parametrize("draft", [None, "none", "ngram", "model"])
 def test_greedy_tokens_are_transformers(llama: Path, draft: str | None) -> None:
-    """``generate``, and ``speculate`` with prompt lookup or a draft model (the target itself,
+    """``generate`` (drafting by default on torch, ``--draft auto``, and not on transformers;
+    ``--draft none``), and ``speculate`` with prompt lookup or a draft model (the target itself,
     on torch too: its greedy drafts pass)."""
-    command, extra = ("generate", []) if draft is None else ("speculate", ["--draft", str(llama) if draft == "model" else draft])
+    if draft in (None, "none"):
+        command, extra = "generate", [] if draft is None else ["--draft", "none"]
+    else:
+        command, extra = "speculate", ["--draft", str(llama) if draft == "model" else draft]
     base = [command, "-m", str(llama), "-p", PROMPT, "-n", "24", "-t", "0", "--ignore-eos", "--raw", "-q", *extra]
     theirs, ours = run(*base, "--backend", "transformers"), run(*base, "--backend", "torch")
     assert tokens(ours) == tokens(theirs) and len(tokens(ours)) == 24
     assert ours[-1]["backend"] == "torch" and theirs[-1]["backend"] == "transformers"
-    if draft is not None:
+    if draft in (None, "none"):  # the summary says what auto drafted, where it drafts
+        assert ("drafted" in ours[-1], "drafted" in theirs[-1]) == (draft is None, False)
+    else:
         assert ours[-1]["accepted"] == theirs[-1]["accepted"]
     if draft == "model":
         assert ours[-1]["accepted"] > 0

@@ -11,9 +11,11 @@ import torch
 
 import llmsample.engine.suffix_pool
 from llmsample.engine.continuous_batch import decode_batch
+from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.engine.speculative import NgramDrafter
-from llmsample.engine.suffix_pool import PRIOR, SuffixDrafter, SuffixPool
+from llmsample.engine.suffix_pool import PRIOR, SuffixDrafter, SuffixPool, auto_drafter
 from llmsample.events import RunStats, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
@@ -21,6 +23,7 @@ from tests.conftest import make_tiny_model
 from tests.engine.test_decode import SETTINGS, VOCAB, check_pairs, expected_joint, later_pairs
 
 CPU = torch.device("cpu")
+PROMPT_TEXT = "w4 w8 w15 w16 w23 w4 w8 w15"
 
 
 def test_the_pool_proposes_what_followed_the_latest_occurrence_longest_n_first() -> None:
@@ -187,3 +190,41 @@ def test_rows_drafting_from_the_pool_follow_the_target_distribution(target, min_
         for x2, x3 in pairs[name]:
             observed[x2 * VOCAB + x3] += 1
         check_pairs(observed, expected, samples, name)
+
+
+def primed(pool: SuffixPool) -> SuffixPool:
+    """A pool sure of a next token after every pair of tokens (each pair seen twice, followed by
+    one token): it drafts at every step of any row, and a sampled row keeps few of its drafts."""
+    for _ in range(2):
+        for a in range(32):
+            for b in range(32):
+                pool.extend(pool.open(), [a, b, (a + b) % 32], 3)
+    return pool
+
+
+def test_auto_drafts_on_llama_cpp_and_the_torch_forward_only(tiny_lm) -> None:
+    assert auto_drafter(tiny_lm) is None  # transformers' own forward: no drafting unless asked
+    for backend in ("llama.cpp", "torch"):
+        made = auto_drafter(dataclasses.replace(tiny_lm, backend=backend), (2, 4))
+        assert made is not None and isinstance(made(), SuffixDrafter)
+        assert (made.pool.ngram_min, made.pool.ngram_max, made.pool.min_prob) == (2, 6, llmsample.engine.suffix_pool.MIN_PROB)
+
+
+def test_auto_stops_drafting_where_the_target_rejects_its_drafts(tiny_lm) -> None:
+    """The same confident pool, gated by the target's measured acceptance (``--draft auto``'s
+    pool) and not gated (a floor of 0): ungated, the row drafts at nearly every step and keeps
+    few; gated, a rejection or two and it stops, probing again only as that evidence fades. Both
+    give the plain run's text (fixed drafts checked against the row's own draws)."""
+    cfg = SamplingConfig(temperature=1.0, max_tokens=200, seed=3)
+    ids = encode_prompt(tiny_lm, PROMPT_TEXT, raw=True)
+    plain, _ = run_to_end(generate(tiny_lm, ids, cfg, RunStats("t", "t", 3), ignore_eos=True))
+    auto = auto_drafter(dataclasses.replace(tiny_lm, backend="llama.cpp"))
+    assert auto is not None
+    ungated = SuffixDrafter(primed(SuffixPool(2, 6, min_prob=0.0)), NgramDrafter(32, CPU, 2, 4))
+    spec = {}
+    for name, drafter in (("auto", dataclasses.replace(auto, pool=primed(auto.pool))()), ("ungated", ungated)):
+        tokens, summary = run_to_end(generate(tiny_lm, ids, cfg, RunStats("t", "t", 3), drafter=drafter, ignore_eos=True))
+        assert [t.token_id for t in tokens] == [t.token_id for t in plain], name
+        spec[name] = summary.facts.speculation
+    assert spec["ungated"].drafted >= 100 and spec["ungated"].accepted < spec["ungated"].drafted / 3
+    assert spec["auto"].drafted <= 10, spec
