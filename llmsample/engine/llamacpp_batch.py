@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from llmsample.engine.thread_choice import ThreadChoice
 from llmsample.errors import RuntimeFailure
 from llmsample.models.llamacpp_model import MAX_SEQUENCES, LlamaCppModel
 
@@ -73,6 +74,7 @@ class LlamaCppBatch:
         self.saved_cells = 0  # cells the kept prefixes hold (counted as if they shared none)
         total = cells + self.save_cells
         self.context = model.new_context(rows + spare, -(-total // 256) * 256, BATCH)
+        self.threads, self.threads_set = ThreadChoice(model.threads), model.threads  # measured per pass
         self.memory = self.lib.llama_get_memory(self.context)
         self.batch = self.lib.llama_batch_init(BATCH, 0, 1)
         # The batch's arrays as numpy views, made once: ``as_array`` costs ~25 µs a call, and a
@@ -239,7 +241,13 @@ class LlamaCppBatch:
         at, row_bytes = 0, vocab * out.element_size()
         for chunk, skip in passes(entries):
             self._fill(chunk)
+            threads = self.threads.next()
+            if threads != self.threads_set:
+                self.lib.llama_set_n_threads(self.context, threads, threads)
+                self.threads_set = threads
+            began = time.perf_counter()
             code = self.lib.llama_decode(self.context, self.batch)
+            self.threads.timed(threads, len(chunk), time.perf_counter() - began)
             if code != 0:
                 raise RuntimeFailure(decode_error(code, len(chunk)))
             wanted = sum(e[3] for e in chunk) - (skip is not None)
