@@ -23,7 +23,7 @@ from llmsample.events import (
     TokenEvent,
     Watched,
 )
-from llmsample.jobs import Explanation, Job
+from llmsample.jobs import AUTO, Explanation, Job
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import Constraint
 
@@ -85,7 +85,7 @@ def explanation_from_json(data: Any) -> Explanation:
     reply = data.get("reply")
     if reply is not None and not (isinstance(reply, list) and all(type(t) is int and t >= 0 for t in reply)):
         raise ValueError(f"reply: expected a list of token ids, got {reply!r}")
-    if job.ngram is not None or job.drafter is not None or (job.messages is not None and reply is None):
+    if job.ngram is not None or job.drafter not in (None, AUTO) or (job.messages is not None and reply is None):
         raise ValueError("job: explain takes a prompt (messages with a reply), not drafts")
     continuation, watch = data.get("continuation"), data.get("watch") or []
     if continuation is not None and not isinstance(continuation, str):

@@ -114,9 +114,11 @@ def serve(**options: Any) -> None:
     if lm.tensor_parallel:
         raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
     from llmsample.commands.model_options import build_drafter
-    from llmsample.jobs import Capabilities, engine_drafter
+    from llmsample.jobs import Capabilities, drafter_asked, engine_drafter
 
-    drafter = build_drafter(options, lm)  # --draft auto, the default: every request drafts by it
+    auto = build_drafter({**options, "draft": "auto"}, lm)  # a job asking auto (the commands' default)
+    # every request drafts by --draft: auto (the default) with the same pool; none: no drafting
+    drafter = build_drafter(options, lm) if drafter_asked(options["draft"]) else None if options["draft"] == "none" else auto
     reference = None
     if options["reference"]:
         from llmsample.commands.model_options import load_reference
@@ -130,7 +132,7 @@ def serve(**options: Any) -> None:
 
         engine.log = ServeLog(options["system"])
     state = ServeState(lm, engine, settings, options["api_key"] or None, presets=frozenset(preset_store.discover()),
-                       drafter=drafter, read_timeout=options["read_timeout"],
+                       drafter=drafter, auto=auto, read_timeout=options["read_timeout"],
                        strict_api=options["strict_api"],
                        capabilities=Capabilities(engine_drafter(options["draft"]), reference is not None))  # fmt: skip
     idle = Idle(state)

@@ -41,7 +41,7 @@ from llmsample.engine.job_row import job_row
 from llmsample.engine.prompt import has_chat_template
 from llmsample.engine.row_state import BatchItem
 from llmsample.errors import RuntimeFailure, UserError
-from llmsample.jobs import Capabilities, Job
+from llmsample.jobs import AUTO, Capabilities, Job
 from llmsample.serve.api_errors import ApiError
 from llmsample.serve.app import _endpoint
 from llmsample.serve.engine import Closing
@@ -167,7 +167,8 @@ def job_items(state: ServeState, job: Job) -> tuple[list[BatchItem], int]:
         raise ApiError(400, f"{flag} does not run on this engine; start (or serve) it with {flag}, leave it out, or pass --local",
                        None, "not_served")  # fmt: skip
     try:
-        item, dropped = job_row(state.lm, job, state.engine.new_key(), state.drafter if job.drafter else None)
+        drafter = state.auto if job.drafter == AUTO else state.drafter if job.drafter else None
+        item, dropped = job_row(state.lm, job, state.engine.new_key(), drafter)
     except UserError as exc:
         raise ApiError(400, str(exc)) from None
     return [item], dropped

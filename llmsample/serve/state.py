@@ -28,7 +28,8 @@ class ServeState:
     max_body: int = MAX_BODY_BYTES
     read_timeout: float = READ_TIMEOUT_S  # seconds a client has to send a request's body
     presets: frozenset[str] = frozenset()
-    drafter: Callable[[], Any] | None = None  # --draft: makes each row's drafter
+    drafter: Callable[[], Any] | None = None  # --draft: makes each request's row's drafter
+    auto: Callable[[], Any] | None = None  # --draft auto's (a job asking for auto: its own pool, whatever --draft)
     capabilities: Capabilities = field(default_factory=Capabilities)  # what a job may ask beyond a row (its drafter's kind, a reference)
     strict_api: bool = False  # --strict-api: a key the server would ignore is a 400
 

@@ -158,7 +158,7 @@ def test_a_peer_that_exits_before_it_is_ready_is_its_last_words() -> None:
 
 def test_serve_peers_takes_its_own_options_and_refuses_another_backend() -> None:
     none = {"batch_sizes": None, "workloads": False, "quant": None, "startup": False, "suffix": False, "serve": False,
-            "multi_turn": False, "constraints": False, "sweep": False, "compile_model": False, "dtype": "auto"}  # fmt: skip
+            "multi_turn": False, "constraints": False, "sweep": False, "vs_llamacpp": False, "contended": False, "compile_model": False, "dtype": "auto"}  # fmt: skip
     check_sections({**none, "serve_peers": True, "backend": "auto", "clients": 4, "requests": 8})
     check_sections({**none, "serve_peers": True, "backend": "llama.cpp"})
     with pytest.raises(UserError, match="leave out --backend transformers"):
