@@ -42,14 +42,18 @@ class BatchOutcome:
 
 
 class OrderedWriter:
-    """Records go out in input order: each is written once every earlier position is out."""
+    """Records go out in input order: each is written once every earlier position is out; or,
+    not ``ordered``, each as its request ends (a file put back in order when the run ends)."""
 
-    def __init__(self, write: Callable[[Record], None], positions: Iterable[int]) -> None:
-        self.write = write
+    def __init__(self, write: Callable[[Record], None], positions: Iterable[int], ordered: bool = True) -> None:
+        self.write, self.ordered = write, ordered
         self.waiting = sorted(positions)  # positions still to come, in order
         self.ready: dict[int, Record] = {}
 
     def put(self, position: int, record: Record) -> None:
+        if not self.ordered:
+            self.write(record)
+            return
         self.ready[position] = record
         while self.waiting and self.waiting[0] in self.ready:
             self.write(self.ready.pop(self.waiting.pop(0)))
@@ -88,15 +92,17 @@ def run_batch(
     progress: BatchProgress | None = None,
     *,
     log: bool = False,
+    ordered: bool = True,
 ) -> BatchOutcome:
     """Decode every request not in ``done`` on ``engine`` (here or warm, one program); bad lines
     and failed requests become error records. ``progress`` hears of every token as it comes.
-    ``log``: each decoded request goes to the run log. Raises what interrupts it after writing
-    every record that finished."""
+    ``log``: each decoded request goes to the run log. ``ordered``: records are written in input
+    order (else as each request ends). Raises what interrupts it after writing every record
+    that finished."""
     progress = progress or _Unwatched()
     outcome = BatchOutcome()
     todo = [(i, item) for i, item in enumerate(parsed) if not (isinstance(item, Request) and item.custom_id in done)]
-    writer = OrderedWriter(write, [i for i, _ in todo])
+    writer = OrderedWriter(write, [i for i, _ in todo], ordered)
     top_n = max([settings.top_n, *(item.top_logprobs for _, item in todo if isinstance(item, Request))])
     jobs, asked = _admit(engine, todo, settings, top_n, writer, outcome)
     progress.planned(len(jobs), sum(this.cfg.max_tokens for this in asked.values()))

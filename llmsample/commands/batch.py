@@ -155,8 +155,9 @@ def _read_input(options: dict[str, Any]) -> list[Any]:
 def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim: Any, engine: Any) -> Any:
     """One process: what earlier runs left (the output, parts of a run over several processes)
     merged in input order, the rest decoded (here, or on a warm engine) and appended, and
-    the file put back in input order when this run filled gaps. A pipe or device (``-o
-    /dev/stdout``) is only written."""
+    the file put back in input order when the run ends (its records are appended as their
+    requests end, so the first answers are there while the rest decode). A pipe or device
+    (``-o /dev/stdout``), like stdout, is written in input order."""
     from llmsample.batch.output import consolidate
 
     done: frozenset[str] = frozenset()
@@ -165,8 +166,8 @@ def _run_alone(parsed: list[Any], settings: Any, options: dict[str, Any], claim:
         settled = consolidate(claim.path, parsed, options["fmt"], keep_errors=False)
         done = settled.done
     output = claim.path if claim is not None else None
-    outcome = _run(engine, parsed, done, settings, options, output)
-    if settled is not None and not settled.in_order_after(parsed):
+    outcome = _run(engine, parsed, done, settings, options, output, ordered=settled is None)
+    if settled is not None:  # each record went out as its request ended: the file in input order
         consolidate(claim.path, parsed, options["fmt"], keep_errors=True)
     return outcome
 
@@ -227,7 +228,8 @@ def _run_distributed(parsed: list[Any], settings: Any, options: dict[str, Any], 
     failed = torch.zeros(1, device=lm.device if cuda else "cpu")
     merge_failed = None
     try:
-        failed += _run(local_engine(options, lm), my_share(parsed, ranks), done, settings, options, part_path(output, ranks)).failed
+        part = part_path(output, ranks)  # merged in input order at the end
+        failed += _run(local_engine(options, lm), my_share(parsed, ranks), done, settings, options, part, ordered=False).failed
     finally:
         dist.barrier()
         if ranks.main:
@@ -265,11 +267,18 @@ def input_lines(path: str, what: str = "requests") -> list[bytes]:
 
 
 def _run(
-    engine: Any, parsed: list[Any], done: frozenset[str], settings: Any, options: dict[str, Any], output: Path | None
+    engine: Any,
+    parsed: list[Any],
+    done: frozenset[str],
+    settings: Any,
+    options: dict[str, Any],
+    output: Path | None,
+    ordered: bool = True,
 ) -> Any:
     """Decode on ``engine`` into ``output`` (None: stdout) with a progress bar on stderr (a
     terminal only); exit 130/143 when interrupted, with every finished record written (the
-    engine gone: those, then one line, exit 1). Returns the outcome (how many requests failed)."""
+    engine gone: those, then one line, exit 1). ``ordered``: in input order (else as each
+    request ends). Returns the outcome (how many requests failed)."""
     from llmsample.batch.run import run_batch
     from llmsample.client.engine_client import IN_PROCESS
     from llmsample.render.progress import TokenProgress
@@ -278,7 +287,7 @@ def _run(
     console = stderr_console()
     disabled = options["quiet"] or not console.is_terminal
     with record_writer(output) as write, TokenProgress(console, "requests", disabled) as progress:
-        outcome = run_batch(engine, parsed, done, settings, write, progress, log=keeps_log(options))
+        outcome = run_batch(engine, parsed, done, settings, write, progress, log=keeps_log(options), ordered=ordered)
     if not options["quiet"]:
         where = "" if engine.where == IN_PROCESS else f", on the engine at {engine.where}"
         console.print(f"[dim]{outcome.succeeded} done, {outcome.failed} failed, {outcome.tokens} tokens{where}[/]")

@@ -53,3 +53,31 @@ def test_the_bar_counts_tokens_and_rows_in_flight() -> None:
         assert task.fields["rows"] == "0/3 done, 2 in flight" and task.fields["rate"].endswith("tok/s")
         progress.finished(1, 1, 100)  # ended after 1 of its 100: the budget loses the other 99
         assert task.total == 201 and task.fields["rows"] == "1/3 done, 1 in flight"
+
+
+def test_an_output_file_gets_each_answer_as_it_ends_and_input_order_at_the_end(
+    tiny_model_dir: Any, tmp_path: Any, monkeypatch: Any
+) -> None:
+    """``-o FILE``: the first line is the first request that ended (here the second: the first
+    asks three times the tokens), so its answer is there while the rest decode; when the run
+    ends the file is in input order. stdout keeps input order throughout."""
+    import json
+
+    from click.testing import CliRunner
+
+    from llmsample.batch import resume
+    from llmsample.cli import main
+
+    source, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text('{"custom_id": "long", "prompt": "w3 w4", "max_tokens": 9}\n'
+                      '{"custom_id": "short", "prompt": "w5", "max_tokens": 3}\n')  # fmt: skip
+    written: list[str] = []
+    append = resume.Appender.write
+    monkeypatch.setattr(resume.Appender, "write", lambda self, record: (written.append(record["custom_id"]), append(self, record))[1])
+    args = ["batch", str(source), "-m", str(tiny_model_dir), "--ignore-eos", "--batch-size", "2", "-q", "--no-log"]
+    result = CliRunner().invoke(main, [*args, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert written == ["short", "long"]
+    assert [json.loads(line)["custom_id"] for line in out.read_text().splitlines()] == ["long", "short"]
+    piped = CliRunner().invoke(main, args)
+    assert [json.loads(line)["custom_id"] for line in piped.stdout.splitlines()] == ["long", "short"]
