@@ -9,19 +9,24 @@ one more), and the count whose passes were faster, at the same width, is kept. A
 do not depend on its threads (llama.cpp splits the outputs, not the sums: the default model's
 logits were equal to the bit at 1 and 2 threads, mixed within a run), so this moves speed only.
 
-A probe that loses waits twice as long for the next, up to :data:`LONGEST` passes, so on a quiet
-machine the probes cost a few tenths of a percent; passes slowing down by :data:`SLOWED` at the
-count kept start one at once (another job started)."""
+A probe starts when the share of the cores that other processes use crosses :data:`BUSY` (read
+from ``/proc/stat`` less this process's own time, every :data:`SAMPLE_S`: another job started
+or ended), and now and then besides, at most every :data:`LONGEST` passes (a probe that loses
+waits twice as long for the next), so on a quiet machine the probes cost a few hundredths of a
+percent."""
 
 from __future__ import annotations
 
+import os
 import statistics
+import time
 from collections import deque
+from collections.abc import Callable
 
-FIRST = 64
-"""Passes before the first probe."""
+FIRST = 256
+"""Passes before the first probe that no change of load started."""
 
-LONGEST = 1024
+LONGEST = 4096
 """The most passes between two probes."""
 
 PROBE = 3
@@ -33,12 +38,37 @@ MARGIN = 0.85
 SLOWED = 1.5
 """Passes at the kept count this many times slower than the fastest seen at their width: probe now."""
 
+BUSY = 0.25
+"""Cores' worth of time other processes use, above which the machine counts as busy."""
+
+SAMPLE_S = 0.25
+"""Seconds between two readings of what other processes use."""
+
+
+def others_cpu_s() -> float | None:
+    """CPU seconds every other process has used since boot (None where ``/proc/stat`` is not)."""
+    try:
+        with open("/proc/stat", "rb") as stat:
+            fields = [int(value) for value in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    mine = os.times()
+    return busy / os.sysconf("SC_CLK_TCK") - mine.user - mine.system
+
 
 class ThreadChoice:
     """The threads for the next pass of a context that may use up to ``most``: :meth:`next`
-    before a pass, :meth:`timed` after it."""
+    before a pass, :meth:`timed` after it. ``others``: the CPU seconds other processes have
+    used (:func:`others_cpu_s`), ``clock`` the seconds (tests give their own)."""
 
-    def __init__(self, most: int) -> None:
+    def __init__(
+        self,
+        most: int,
+        others: Callable[[], float | None] = others_cpu_s,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.others, self.clock = others, clock
         self.most, self.current = most, most
         self.wait = self.countdown = FIRST
         self.probe: int | None = None  # the count a probe runs, while it runs
@@ -46,12 +76,14 @@ class ThreadChoice:
         self.fewer = True  # the next probe tries one thread fewer (else one more)
         self.times: dict[tuple[int, int], deque[float]] = {}  # (threads, width): the last passes' seconds
         self.fastest: dict[int, float] = {}  # width: the fastest median at the kept count
+        self.busy = False  # other processes use BUSY cores or more
+        self.read = (clock(), others()) if most > 1 else (0.0, None)
 
     def next(self) -> int:
         """Threads for the next pass."""
         if self.probe is None and self.most > 1:
             self.countdown -= 1
-            if self.countdown <= 0:
+            if self.countdown <= 0 or self._load_changed():
                 self._start()
         return self.current if self.probe is None else self.probe
 
@@ -82,6 +114,21 @@ class ThreadChoice:
         else:
             self.wait = min(2 * self.wait, LONGEST)
         self.probe, self.countdown = None, self.wait
+
+    def _load_changed(self) -> bool:
+        """Whether other processes' share of the cores crossed :data:`BUSY` since the last reading."""
+        now, before = self.clock(), self.read
+        if before[1] is None or now - before[0] < SAMPLE_S:
+            return False
+        used = self.others()
+        if used is None:
+            return False
+        self.read = (now, used)
+        busy = (used - before[1]) / (now - before[0]) >= BUSY
+        changed, self.busy = busy != self.busy, busy
+        if changed:  # fewer threads when others came, more when they went
+            self.wait, self.fewer = FIRST, busy
+        return changed
 
     def _start(self) -> None:
         """A probe of one thread fewer or one more than the kept count, alternating where both exist."""
