@@ -11,7 +11,8 @@ logits were equal to the bit at 1 and 2 threads, mixed within a run), so this mo
 
 A probe starts when the share of the cores that other processes use crosses :data:`BUSY` (read
 from ``/proc/stat`` less this process's own time, every :data:`SAMPLE_S`: another job started
-or ended), and now and then besides, at most every :data:`LONGEST` passes (a probe that loses
+or ended), once :data:`PROBE` passes at the kept count measured it under the new load, and now
+and then besides, at most every :data:`LONGEST` passes (a probe that loses
 waits twice as long for the next), so on a quiet machine the probes cost a few hundredths of a
 percent."""
 
@@ -83,7 +84,11 @@ class ThreadChoice:
         """Threads for the next pass."""
         if self.probe is None and self.most > 1:
             self.countdown -= 1
-            if self.countdown <= 0 or self._load_changed():
+            if self._load_changed():  # measure the kept count under the new load first
+                self.countdown = PROBE + 1
+                for key in [key for key in self.times if key[0] == self.current]:
+                    del self.times[key]
+            if self.countdown <= 0:
                 self._start()
         return self.current if self.probe is None else self.probe
 
