@@ -11,8 +11,8 @@ llama-cpp-python's, the median of the rounds' (at least 1: ours degrades no more
 - **batch**: ``llmsample batch``'s own path (:func:`~llmsample.batch.run.run_batch` on the
   in-process engine, the command's default settings) on :data:`BATCH` chat prompts against
   llama-cpp-python on them one after another (it has no batch of its own), aggregate tokens/s.
-  The batch's last run also says when its first row ended and when its first record was
-  written: records go out in input order, so a row that ends before an earlier one waits."""
+  Its records go out as ``-o FILE`` gets them, each as its request ends; the batch's last run
+  says when its first row ended and when its first record was written."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def our_batch(
         start, made = time.perf_counter(), []
         progress = _FirstRow()
         outcome = run_batch(local_engine(options, lm), list(read_requests(lines)), frozenset(), settings,
-                            lambda record: made.append(time.perf_counter()), progress)  # fmt: skip
+                            lambda record: made.append(time.perf_counter()), progress, ordered=False)  # fmt: skip
         elapsed = time.perf_counter() - start
         first_row = min(progress.at or made[0], made[0])  # a record in order is written before its row's progress
         times.first_row_s, times.first_record_s = first_row - start, made[0] - start
