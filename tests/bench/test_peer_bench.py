@@ -10,6 +10,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -53,20 +54,27 @@ def on_llama_cpp(gguf: Path) -> list[str]:
     return ["-m", str(gguf), "--backend", "llama.cpp"]
 
 
+def section_document(section: str, tiny: Path, tmp_path: Path) -> tuple[dict[str, Any], str]:
+    """``llmsample bench --SECTION`` on the tiny GGUF, one round of 8 tokens: its JSON document
+    and what it printed."""
+    from llmsample.cli import main
+
+    out = tmp_path / "results"
+    args = ["bench", f"--{section}", *on_llama_cpp(tiny), "--runs", "1", "--tokens", "8", "--out", str(out)]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (path,) = out.glob(f"bench-{section}-cpu-*.json")
+    return json.loads(path.read_text()), result.output
+
+
 def test_bench_vs_llamacpp_writes_every_workload_in_both_modes(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import llmsample.bench.vs_llamacpp as section
-    from llmsample.cli import main
 
     shortened = {name: (lambda make=make: make()[:1]) for name, make in section.WORKLOADS.items()}
     monkeypatch.setattr(section, "WORKLOADS", shortened)
-    out = tmp_path / "results"
-    args = ["bench", "--vs-llamacpp", *on_llama_cpp(tiny), "--runs", "1", "--tokens", "8", "--out", str(out)]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    (path,) = out.glob("bench-vs-llamacpp-cpu-*.json")
-    document = json.loads(path.read_text())
+    document, output = section_document("vs-llamacpp", tiny, tmp_path)
     assert document["runs"] == 1 and document["tokens"] == 8 and document["default_args"] == on_llama_cpp(tiny)
     rows = document["rows"]
     assert [list(row) for row in rows] == [ROW_KEYS] * 8
@@ -80,7 +88,7 @@ def test_bench_vs_llamacpp_writes_every_workload_in_both_modes(
         assert 1 <= row["ours_tokens"] <= 8 and 1 <= row["llama_cpp_python_tokens"] <= 8
     for row in rows[::2]:  # greedy: the same answer on both sides, so the same length
         assert row["ours_tokens"] == row["llama_cpp_python_tokens"]
-    assert "code edits" in result.output and f"{rows[0]['ratio']:.2f}" in result.output
+    assert "code edits" in output and f"{rows[0]['ratio']:.2f}" in output
 
 
 def test_the_default_side_runs_the_generate_commands_own_job(tiny: Path) -> None:
@@ -111,7 +119,6 @@ def test_bench_contended_writes_both_pairs_quiet_and_busy(
     tiny: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import llmsample.bench.contention as section
-    from llmsample.cli import main
 
     started: list[str] = []
 
@@ -124,12 +131,7 @@ def test_bench_contended_writes_both_pairs_quiet_and_busy(
 
     monkeypatch.setattr(section, "CpuHog", CountingHog)
     monkeypatch.setattr(section, "BATCH", 3)
-    out = tmp_path / "results"
-    args = ["bench", "--contended", *on_llama_cpp(tiny), "--runs", "1", "--tokens", "8", "--out", str(out)]
-    result = CliRunner().invoke(main, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    (path,) = out.glob("bench-contended-cpu-*.json")
-    document = json.loads(path.read_text())
+    document, output = section_document("contended", tiny, tmp_path)
     assert [row["name"] for row in document["rows"]] == ["generate", "batch of 3"]
     for row in document["rows"]:
         assert min(row[key] for key in ("ours_quiet", "ours_contended", "theirs_quiet", "theirs_contended")) > 0
@@ -138,7 +140,7 @@ def test_bench_contended_writes_both_pairs_quiet_and_busy(
     for phase in ("quiet", "contended"):
         times = document["batch_times"][phase]
         assert 0 < times["first_row_s"] <= times["first_record_s"]
-    assert "batch of 3" in result.output
+    assert "batch of 3" in output
 
 
 @pytest.mark.slow
