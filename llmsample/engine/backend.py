@@ -115,6 +115,7 @@ def open_backend(
     steps: bool = True,
     cache_bytes: int = 0,
     deterministic: bool = False,
+    longest: int = 0,
 ) -> Backend:
     """The backend a run decodes through. A model split over processes (``--tp``) needs rows that
     advance in lockstep over one prompt; a compiled one (``--compile``) runs one prompt's rows in
@@ -128,12 +129,13 @@ def open_backend(
     budget, for a backend whose kept prefixes need room of its own (llama.cpp's context).
     ``deterministic`` (a run's mode, ``--deterministic``): every row runs on a one-row backend of
     its own, one position per pass (:mod:`llmsample.engine.deterministic`), without a prompt
-    cache."""
+    cache. ``longest``: the positions one row may take, where rows of unknown length join later
+    (a server's: a cache made once holds at least that)."""
     if deterministic:
         from llmsample.engine.deterministic import DeterministicBackend
 
-        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps, 0))
-    return _open(lm, rows, positions, one_prompt, on_forward, steps, cache_bytes)
+        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps, 0, longest))
+    return _open(lm, rows, positions, one_prompt, on_forward, steps, cache_bytes, longest)
 
 
 def _open(
@@ -144,6 +146,7 @@ def _open(
     on_forward: Callable[[float], None] | None,
     steps: bool,
     cache_bytes: int,
+    longest: int = 0,
 ) -> Backend:
     from llmsample.engine.lockstep import LockstepBatch
     from llmsample.engine.padded import PaddedBatch
@@ -153,7 +156,7 @@ def _open(
     if lm.backend == "llama.cpp":
         from llmsample.engine.llamacpp_batch import LlamaCppBatch
 
-        return LlamaCppBatch(lm.model, rows, positions, on_forward, cache_bytes)
+        return LlamaCppBatch(lm.model, rows, positions, on_forward, cache_bytes, longest)
     if lm.tensor_parallel:
         if not one_prompt:
             raise UserError(

@@ -45,6 +45,13 @@ class DecodeOptions:
     deterministic: bool = False  # --deterministic: every row alone, one position per pass, no prompt cache
 
 
+JOINING = 2048
+"""Positions a row that joins a running server may take, for the size of a cache made once
+(llama.cpp's holds twice this a row, within the context: what ``default_batch_size`` assumed
+of each row's memory). Sized for the first requests alone, a longer prompt arriving later found
+no room, and the step it joined failed every row in it."""
+
+
 def decode(
     lm: LoadedModel,
     items: Iterable[BatchItem] | Feed,
@@ -63,14 +70,19 @@ def decode(
     if not first:
         return
     # A static cache is sized once for the run: for every request when they are all known (a
-    # later wave of a backend that cannot join reuses it), else for the first ones.
+    # later wave of a backend that cannot join reuses it), else for the first ones, and while
+    # requests arrive (a server) for rows of up to JOINING positions too, and one row of the
+    # whole context: one cache serves them all (llama.cpp's).
     known = items if isinstance(items, Sequence) else first
     positions = max(len(i.prompt_ids) + i.cfg.max_tokens for i in known) + DraftLength.max_k + 1
+    longest = 0 if isinstance(items, Sequence) else lm.context_length or 0
+    if longest:
+        positions = max(positions, min(longest, JOINING))
     with contextlib.ExitStack() as stack:
         cache = options.prompt_cache if options.reference is None else None
         budget = cache.budget if cache is not None else 0
         backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward, cache_bytes=budget,
-                               deterministic=options.deterministic)
+                               deterministic=options.deterministic, longest=longest)
         backend = with_prompt_cache(backend, cache)  # closing it forgets what lives in it
         stack.enter_context(contextlib.closing(backend))
         backends = [backend]

@@ -57,9 +57,11 @@ class LlamaCppBatch:
         positions: int,
         on_forward: Callable[[float], None] | None = None,
         cache_bytes: int = 0,
+        longest: int = 0,
     ) -> None:
         """Room for ``rows`` live rows; the cache holds twice ``rows x positions`` cells (rows that
-        join later may bring longer prompts), within the model's context per row. ``cache_bytes``:
+        join later may bring longer prompts), within the model's context per row, and at least
+        ``longest`` (one row of the longest a server admits). ``cache_bytes``:
         the prompt cache's budget; its kept prefixes get cells of their own, that many bytes' worth
         but no more than the rows have (llama.cpp's attention spans every cell in use, kept or
         live), and ``SPARE`` sequence ids."""
@@ -67,7 +69,7 @@ class LlamaCppBatch:
         self.sample_device = torch.device("cpu")
         self.on_forward = on_forward
         per_row = getattr(model.config, "max_position_embeddings", None) or positions
-        cells = max(min(2 * positions, per_row) * rows, positions, 256)
+        cells = max(min(2 * positions, per_row) * rows, positions, min(longest, per_row), 256)
         self.cell_bytes = model.cell_bytes()
         spare = min(SPARE, MAX_SEQUENCES - rows) if cache_bytes else 0
         self.save_cells = min(cache_bytes // self.cell_bytes, cells) if spare > 0 else 0

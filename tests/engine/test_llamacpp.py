@@ -276,6 +276,21 @@ def test_a_joined_row_that_ends_with_the_last_running_one_leaves_nothing_to_the_
     assert_as_alone(llama_lm, items, got)
 
 
+def test_a_longer_prompt_arriving_later_finds_room(llama_lm) -> None:
+    """Requests that arrive while others decode (a server's feed, here a generator): the cache,
+    made once for the first request (a few positions), has room for a much longer prompt that
+    comes next (it used to fail its step: "llama.cpp's cache has no room")."""
+    from llmsample.engine.decode import DecodeOptions, decode
+
+    short = ids(llama_lm, PROMPTS[0])
+    long = (short * (1000 // len(short) + 1))[:1000]  # nearly the whole context (1024)
+    cfg = SamplingConfig(temperature=0.0, max_tokens=4)
+    arriving = (BatchItem(i, prompt, cfg, RunStats("t", "t", None)) for i, prompt in enumerate([short, long]))
+    records = list(decode(llama_lm, arriving, 1, DecodeOptions(ignore_eos=True)))
+    summaries = [record for _, record in records if isinstance(record, Summary)]
+    assert [summary.tokens for summary in summaries] == [4, 4], records[-1]
+
+
 def test_greedy_speculation_with_ngram_equals_plain(llama_lm) -> None:
     cfg = SamplingConfig(temperature=0, max_tokens=30)
     prompt = encode_prompt(llama_lm, "Paris Paris Paris Paris", raw=True)
