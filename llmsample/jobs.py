@@ -14,8 +14,8 @@ NGRAM = (2, 4)
 
 
 AUTO = "auto"
-"""A job's ``drafter`` by default (``--draft auto``): whatever its engine drafts with by default
-(its own suffix pool, on the backends that draft by default), and nothing where it drafts none."""
+"""A job's ``drafter`` by default (``--draft auto``): its engine's own suffix pool, whatever else
+the engine drafts with, on the backends that draft by default (elsewhere none)."""
 
 
 def engine_drafter(draft: str | None) -> str | None:

@@ -117,8 +117,11 @@ def serve(**options: Any) -> None:
     from llmsample.jobs import Capabilities, drafter_asked, engine_drafter
 
     auto = build_drafter({**options, "draft": "auto"}, lm)  # a job asking auto (the commands' default)
-    # every request drafts by --draft: auto (the default) with the same pool; none: no drafting
-    drafter = build_drafter(options, lm) if drafter_asked(options["draft"]) else None if options["draft"] == "none" else auto
+    drafter = auto  # every request's, by --draft: auto (the default, the same pool), none, or another
+    if options["draft"] == "none":
+        drafter = None
+    elif drafter_asked(options["draft"]):
+        drafter = build_drafter(options, lm)
     reference = None
     if options["reference"]:
         from llmsample.commands.model_options import load_reference
