@@ -257,9 +257,9 @@ class SuffixDrafter:
 
 
 DRAFTING_BACKENDS = ("llama.cpp", "torch")
-"""Where ``--draft auto`` drafts: the backends whose cost of a drafted position :data:`MIN_PROB`
-was measured on. transformers' own forward (a reference path, never the default) decodes one
-token a pass unless a drafter is asked for."""
+"""Where ``--draft auto`` drafts: llama.cpp (the default, where :data:`MIN_PROB`'s cost of a
+drafted position was measured) and the torch forward. transformers' own forward (a reference
+path, never the default) decodes one token a pass unless a drafter is asked for."""
 
 
 @dataclass(frozen=True)
