@@ -126,17 +126,11 @@ def our_batch(
 
     from llmsample.batch.requests import read_requests
     from llmsample.batch.run import run_batch
-    from llmsample.batch.settings import BatchSettings
-    from llmsample.commands.batch import batch
+    from llmsample.commands.batch import batch, batch_settings
     from llmsample.commands.model_options import local_engine
-    from llmsample.jobs import engine_drafter
 
-    options = command_options(batch, [*args, "-"])
-    settings = BatchSettings(  # what the command builds from its default options
-        overrides={"max_tokens": tokens}, top_n=options["top_n"], ignore_eos=True, tokens=options["tokens"],
-        draft_tokens=options["draft_tokens"], drafter=engine_drafter(options["draft"]),
-        ngram=(options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
-    )  # fmt: skip
+    options = command_options(batch, [*args, "-n", str(tokens), "--ignore-eos", "-"])
+    settings = batch_settings(options)  # what the command builds from these options
     asks = enumerate(zip(prompts, lengths(tokens), strict=True))
     lines = [json.dumps({"prompt": prompt, "seed": i, "max_tokens": n}) for i, (prompt, n) in asks]
 

@@ -6,7 +6,7 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -31,6 +31,9 @@ from llmsample.commands.sampling_options import (
     sampling_overrides,
 )
 from llmsample.errors import Interrupted, RuntimeFailure, UserError
+
+if TYPE_CHECKING:
+    from llmsample.batch.settings import BatchSettings
 
 
 @click.command(cls=GroupedCommand)
@@ -83,36 +86,14 @@ def batch(**options: Any) -> None:
     """
     from llmsample.batch.distributed import launched_ranks
     from llmsample.batch.output import claim_output
-    from llmsample.batch.settings import BatchSettings
-    from llmsample.jobs import drafter_asked, engine_drafter
+    from llmsample.jobs import drafter_asked
 
     if options["compile_model"] and drafter_asked(options["draft"]):
         raise UserError(
             "--draft with --compile: speculation verifies ragged drafts and rolls rows back one by one, "
             "which the static cache's fixed waves cannot; leave one of them out"
         )
-    # bad flags, an unknown preset and a bad constraint fail before anything runs
-    constraint = resolve_sampling(options)[1].constraint
-    overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
-    if constraint is not None:
-        overrides["constraint"] = constraint
-    settings = BatchSettings(
-        preset=options["preset"],
-        preset_file=options["preset_file"],
-        overrides=overrides,
-        system=options["system"],
-        raw=options["raw"],
-        truncate=options["truncate"],
-        top_n=options["top_n"],
-        ignore_eos=options["ignore_eos"],
-        tokens=options["tokens"],
-        fmt=options["fmt"],
-        batch_size=options["batch_size"],
-        draft_tokens=options["draft_tokens"],
-        ngram=(options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
-        drafter=None if options["compile_model"] else engine_drafter(options["draft"]),
-        reference=bool(options["reference"]),
-    )
+    settings = batch_settings(options)
     ranks = launched_ranks()
     if ranks.world > 1:
         _run_distributed(_read_input(options), settings, options, ranks)
@@ -142,6 +123,36 @@ def refused_flags(options: dict[str, Any]) -> list[str]:
         ("--batch-size", options["batch_size"] is not None),
         ("--prompt-cache-mb", given),
     ) if refused]  # fmt: skip
+
+
+def batch_settings(options: dict[str, Any]) -> BatchSettings:
+    """The run's settings from the command's options (a benchmark of the command's path builds
+    them here too); bad flags, an unknown preset and a bad constraint fail here, before anything
+    runs."""
+    from llmsample.batch.settings import BatchSettings
+    from llmsample.jobs import engine_drafter
+
+    constraint = resolve_sampling(options)[1].constraint
+    overrides = {key: value for key, value in sampling_overrides(options).items() if value is not None}
+    if constraint is not None:
+        overrides["constraint"] = constraint
+    return BatchSettings(
+        preset=options["preset"],
+        preset_file=options["preset_file"],
+        overrides=overrides,
+        system=options["system"],
+        raw=options["raw"],
+        truncate=options["truncate"],
+        top_n=options["top_n"],
+        ignore_eos=options["ignore_eos"],
+        tokens=options["tokens"],
+        fmt=options["fmt"],
+        batch_size=options["batch_size"],
+        draft_tokens=options["draft_tokens"],
+        ngram=(options["ngram_min"], options["ngram_max"]) if options["draft"] == "ngram" else None,
+        drafter=None if options["compile_model"] else engine_drafter(options["draft"]),
+        reference=bool(options["reference"]),
+    )
 
 
 def _read_input(options: dict[str, Any]) -> list[Any]:
