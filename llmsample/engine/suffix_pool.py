@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from llmsample.engine.pass_cost import PassCost
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.jobs import NGRAM
 from llmsample.models.loading import LoadedModel
@@ -34,9 +35,16 @@ POOL_TOKENS = 1 << 20
 
 MIN_PROB = 0.6
 """A draft goes on while the chance that the target accepts all of it so far stays at least this
-(for one row; more rows raise it, :meth:`SuffixPool.floor`). A drafted position is not free on a
-CPU: on the default model (llama.cpp F16, 2 cores) one costs ~8 ms beside a one-row pass of
-~15 ms, so it pays only when accepted more than about half the time (docs/history/2026-12.md, 2026-12-04)."""
+(for one row; more rows raise it, :meth:`SuffixPool.floor`), until the pool knows what passes
+cost (:data:`REACH`). A drafted position is not free on a CPU: on the default model (llama.cpp
+F16, 2 cores) the first costs ~8 ms beside a one-row pass of ~11 ms, so it pays only when
+accepted more than about half the time (docs/history/2026-12.md, 2026-12-04)."""
+
+REACH = 0.2
+"""Once the pool knows what passes cost (:class:`PassCost`), a draft goes on while the chance that
+all of it is kept stays at least this, and its length is the one with the most tokens a second
+(:meth:`PassCost.best_length`): on the default model a drafted position past the first costs a
+fifth of a one-position pass, so a token kept less often than that pays nowhere."""
 
 BINS = (0.5, 0.8, 0.95)
 """Edges of the pool's own estimate of a drafted token (its share of what followed its context):
@@ -84,10 +92,13 @@ class SuffixPool:
         max_tokens: int = POOL_TOKENS,
         min_prob: float = MIN_PROB,
         rows_cost: bool = True,
+        cost: PassCost | None = None,
     ) -> None:
-        """``rows_cost``: the floor rises with the rows sharing a pass (:meth:`floor`)."""
+        """``rows_cost``: the floor rises with the rows sharing a pass (:meth:`floor`); ``cost``:
+        what passes cost, measured by the loop, once it knows: then a draft's length is the one
+        that pays most (:meth:`confident`)."""
         self.ngram_min, self.ngram_max, self.max_tokens = ngram_min, ngram_max, max_tokens
-        self.min_prob, self.rows_cost = min_prob, rows_cost
+        self.min_prob, self.rows_cost, self.cost = min_prob, rows_cost, cost
         self.tested = [0.0] * (len(BINS) + 1)  # drafted positions the target verified, by bin
         self.kept = [0.0] * (len(BINS) + 1)  # and those it accepted
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()
@@ -163,12 +174,17 @@ class SuffixPool:
         return max(self.min_prob, rows / (rows + 1)) if self.rows_cost and rows > 1 else self.min_prob
 
     def confident(self, seq: list[int], continuation: list[int], rows: int = 1) -> tuple[list[int], list[float]]:
-        """The first tokens of ``continuation`` (after ``seq``) whose joint chance (each token's
-        :meth:`calibrated` estimate) is at least :meth:`floor` for ``rows`` rows, and the pool's
-        estimate of each: its share of what followed the token's longest context seen twice or
-        more in the pool."""
-        counts, low, floor = self.counts, max(self.ngram_min - 1, 1), self.floor(rows)
-        context, joint, chances = list(seq[-self.ngram_max :]), 1.0, []
+        """The first tokens of ``continuation`` (after ``seq``) worth drafting for a pass of ``rows``
+        rows, and the pool's estimate of each: its share of what followed the token's longest
+        context seen twice or more in the pool. Each token's :meth:`calibrated` estimate multiplies
+        into the chance that the target keeps all of the draft so far; the draft goes on while that
+        stays at least :meth:`floor`, or, once the pool knows what passes cost, at least
+        :data:`REACH`, its length then the one that makes the most tokens a second of the pass
+        (:meth:`PassCost.best_length`)."""
+        counts, low = self.counts, max(self.ngram_min - 1, 1)
+        gauged = self.cost is not None and self.cost.known
+        floor = min(self.min_prob, REACH) if gauged else self.floor(rows)
+        context, joint, chances, joints = list(seq[-self.ngram_max :]), 1.0, [], []
         for token in continuation:
             lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
             seen = next((key for n in lengths if counts[key := tuple(context[len(context) - n :])] >= 2), None)
@@ -177,7 +193,11 @@ class SuffixPool:
             if joint < floor:
                 break
             chances.append(chance)
+            joints.append(joint)
             context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
+        if gauged and self.cost is not None:
+            length = self.cost.best_length(joints, rows)
+            chances = chances if length is None else chances[:length]
         return continuation[: len(chances)], chances
 
     def _count(self, held: list[int], start: int, sign: int) -> None:
@@ -221,6 +241,11 @@ class SuffixDrafter:
         self.sid = pool.open()
         self.rows = 1  # the rows of the pass it drafts for next (:meth:`sharing`)
         self.chances: list[float] = []  # the pool's estimate of each token of its last proposal
+
+    @property
+    def pass_cost(self) -> PassCost | None:
+        """Where the loop tells what its passes cost (the pool's, shared by its rows)."""
+        return self.pool.cost
 
     def sharing(self, rows: int) -> None:
         """The next proposal is for a pass of ``rows`` rows (the row says, before proposing)."""
@@ -278,7 +303,8 @@ class PoolDrafters:
 
 def suffix_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters:
     """``--draft suffix`` for ``lm``: a fresh pool."""
-    return PoolDrafters(SuffixPool(ngram[0], max(ngram[1], 6)), lm.model.config.vocab_size, lm.sample_device, ngram)
+    pool = SuffixPool(ngram[0], max(ngram[1], 6), cost=PassCost())
+    return PoolDrafters(pool, lm.model.config.vocab_size, lm.sample_device, ngram)
 
 
 def auto_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters | None:
