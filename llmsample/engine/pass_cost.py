@@ -14,18 +14,26 @@ FADE = 0.2
 """The weight a new measurement of a width takes in its average: the average follows the
 machine's load within a few passes of that width."""
 
+SETTLED = 8
+"""Passes of a width after which its average weighs fully in the line through the wide widths."""
+
 
 class PassCost:
     """Seconds a pass of each width took (an average that follows the latest passes), for one
-    model: every row drafting for it shares one."""
+    model: every row drafting for it shares one. A one-position pass is its own measurement; a
+    wider one is read off the line through the wider widths measured (weighted by how often
+    each was, up to :data:`SETTLED`), so that a width measured once or twice, at a moment the
+    machine was busy, cannot make a wider pass look cheaper than a narrower one."""
 
     def __init__(self) -> None:
         self.seconds: dict[int, float] = {}
+        self.passes: dict[int, int] = {}
 
     def measured(self, width: int, seconds: float) -> None:
         """A pass of ``width`` positions took ``seconds``."""
         old = self.seconds.get(width)
         self.seconds[width] = seconds if old is None else old + FADE * (seconds - old)
+        self.passes[width] = self.passes.get(width, 0) + 1
 
     @property
     def known(self) -> bool:
@@ -33,22 +41,22 @@ class PassCost:
         return len(self.seconds) >= 2
 
     def estimate(self, width: int) -> float | None:
-        """Seconds for a pass of ``width``: measured, else on the line through the nearest
-        measured widths on each side, or past the measured ones along the line through the two
-        at that end. None until two widths are measured (nothing says yet how the cost grows)."""
-        if width in self.seconds:
-            return self.seconds[width]
+        """Seconds for a pass of ``width`` positions: a one-position pass's average, else the
+        line through the wider passes (through the one-position pass and the one wider width
+        while only one is measured; its slope at least 0). None until two widths are measured."""
         if not self.known:
             return None
-        known = sorted(self.seconds)
-        below = [w for w in known if w < width]
-        above = [w for w in known if w > width]
-        if below and above:
-            a, b = below[-1], above[0]
-        else:  # past the widest (or below the narrowest): the line through the two at that end
-            a, b = known[-2:] if below else known[:2]
-        slope = (self.seconds[b] - self.seconds[a]) / (b - a)
-        return max(self.seconds[a] + slope * (width - a), 0.0)
+        if width == 1 and 1 in self.seconds:
+            return self.seconds[1]
+        wide = [w for w in self.seconds if w > 1]
+        points = wide if len(wide) >= 2 else sorted(self.seconds)[:2]
+        weights = [min(self.passes[w], SETTLED) for w in points]
+        total = sum(weights)
+        mean_w = sum(k * w for k, w in zip(weights, points, strict=True)) / total
+        mean_s = sum(k * self.seconds[w] for k, w in zip(weights, points, strict=True)) / total
+        spread = sum(k * (w - mean_w) ** 2 for k, w in zip(weights, points, strict=True))
+        slope = sum(k * (w - mean_w) * (self.seconds[w] - mean_s) for k, w in zip(weights, points, strict=True)) / spread
+        return max(mean_s + max(slope, 0.0) * (width - mean_w), 0.0)
 
     def best_length(self, joints: list[float], rows: int) -> int | None:
         """How many of a draft's tokens a row of a pass of ``rows`` rows sends, ``joints[i]``

@@ -24,19 +24,23 @@ def measured(seconds: dict[int, float]) -> PassCost:
     return cost
 
 
-def test_a_width_is_measured_or_drawn_on_the_line_through_its_neighbours() -> None:
+def test_a_wide_pass_is_read_off_the_line_through_the_wide_passes_measured() -> None:
     cost = PassCost()
     assert cost.estimate(1) is None and not cost.known
     cost.measured(1, 11.0)
-    assert cost.estimate(1) == 11.0 and cost.estimate(2) is None  # one width says nothing of growth
+    assert cost.estimate(2) is None and not cost.known  # one width says nothing of growth
     cost.measured(3, 21.0)
+    assert cost.estimate(2) == pytest.approx(16.0)  # one wide width: the line through it and 1
     cost.measured(8, 31.0)
-    assert cost.estimate(2) == pytest.approx(16.0)  # between 1 and 3
-    assert cost.estimate(5) == pytest.approx(25.0)  # between 3 and 8
-    assert cost.estimate(10) == pytest.approx(35.0)  # past 8, along 3..8's slope of 2
+    assert cost.estimate(1) == 11.0  # a one-position pass is its own
+    assert [cost.estimate(w) for w in (2, 5, 10)] == pytest.approx([19.0, 25.0, 35.0])  # 3..8: 15 + 2w
     cost.measured(8, 41.0)
-    assert cost.estimate(8) == pytest.approx(31.0 + FADE * 10.0)  # the average follows
+    assert cost.seconds[8] == pytest.approx(31.0 + FADE * 10.0)  # the average follows
+    cost.measured(5, 40.0)  # once, at a busy moment
+    # Weights 1, 1, 2 at widths 3, 5, 8 (21, 40, 33): mean width 6, mean 31.75, slope 29 / 18.
+    assert cost.estimate(5) == pytest.approx(31.75 - 29 / 18)
     assert measured({4: 36.0, 6: 40.0}).estimate(1) == pytest.approx(30.0)  # below the narrowest
+    assert measured({2: 20.0, 4: 10.0}).estimate(8) == pytest.approx(15.0)  # never cheaper wider
 
 
 def test_the_length_is_the_one_with_the_most_tokens_a_second() -> None:
