@@ -37,8 +37,8 @@ MIN_PROB = 0.6
 """A draft goes on while the chance that the target accepts all of it so far stays at least this
 (for one row; more rows raise it, :meth:`SuffixPool.floor`), until the pool knows what passes
 cost (:data:`REACH`). A drafted position is not free on a CPU: on the default model (llama.cpp
-F16, 2 cores) the first costs ~8 ms beside a one-row pass of ~11 ms, so it pays only when
-accepted more than about half the time (docs/history/2026-12.md, 2026-12-04)."""
+F16, 2 cores) the first costs ~8 ms beside a one-row pass of ~11 ms, so a lone drafted token
+pays only when it is kept about three times in four (docs/history/2026-12.md, 2026-12-06)."""
 
 REACH = 0.2
 """Once the pool knows what passes cost (:class:`PassCost`), a draft goes on while the chance that
@@ -182,8 +182,8 @@ class SuffixPool:
         :data:`REACH`, its length then the one that makes the most tokens a second of the pass
         (:meth:`PassCost.best_length`)."""
         counts, low = self.counts, max(self.ngram_min - 1, 1)
-        gauged = self.cost is not None and self.cost.known
-        floor = min(self.min_prob, REACH) if gauged else self.floor(rows)
+        cost = self.cost if self.cost is not None and self.cost.known else None
+        floor = self.floor(rows) if cost is None else min(self.min_prob, REACH)
         context, joint, chances, joints = list(seq[-self.ngram_max :]), 1.0, [], []
         for token in continuation:
             lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
@@ -195,9 +195,8 @@ class SuffixPool:
             chances.append(chance)
             joints.append(joint)
             context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
-        if gauged and self.cost is not None:
-            length = self.cost.best_length(joints, rows)
-            chances = chances if length is None else chances[:length]
+        length = None if cost is None else cost.best_length(joints, rows)
+        chances = chances if length is None else chances[:length]
         return continuation[: len(chances)], chances
 
     def _count(self, held: list[int], start: int, sign: int) -> None:
