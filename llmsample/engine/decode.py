@@ -11,7 +11,6 @@ drafters: every record, stop rule and failure rule lives in one place."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import KW_ONLY, dataclass
 
@@ -233,9 +232,7 @@ def _forward(
             row.cached = len(row.text.seq) - 1
     drafts = [row.propose(len(rows)) for row in rows] if backend.ragged else [[] for _ in rows]
     if not any(drafts) and not prompts:
-        start = time.perf_counter()
         outputs = [b.step(newest) for b in backends]
-        _timed(rows, len(rows), time.perf_counter() - start)
         for row in rows:
             row.cached += 1
         return StepInput(outputs[0], list(range(len(rows))), outputs[1] if len(outputs) > 1 else None), None
@@ -249,21 +246,11 @@ def _forward(
         assert backend.joining is not None
         flat, prefilled = backend.joining.forward_joining(fed, prompts)
         return StepInput(flat, starts), prefilled
-    start = time.perf_counter()
     outputs = [b.verify(fed) for b in backends]
-    _timed(rows, at, time.perf_counter() - start)
     width = outputs[0].shape[1]
     index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
     flat = [out.reshape(-1, out.shape[-1])[index.to(out.device)] for out in outputs]
     return StepInput(flat[0], starts, flat[1] if len(flat) > 1 else None), None
-
-
-def _timed(rows: list[Row], width: int, seconds: float) -> None:
-    """A pass of ``width`` positions took ``seconds``: told to the drafters that choose their
-    lengths by what passes cost (:class:`llmsample.engine.pass_cost.PassCost`, one per pool)."""
-    costs = {id(c): c for row in rows if row.drafting and (c := getattr(row.drafting.drafter, "pass_cost", None))}
-    for cost in costs.values():
-        cost.measured(width, seconds)
 
 
 def _watch_index(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from llmsample.engine.pass_cost import PassCost
+from llmsample.engine.pass_cost import best_length
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.jobs import NGRAM
 from llmsample.models.loading import LoadedModel
@@ -35,16 +35,16 @@ POOL_TOKENS = 1 << 20
 
 MIN_PROB = 0.6
 """A draft goes on while the chance that the target accepts all of it so far stays at least this
-(for one row; more rows raise it, :meth:`SuffixPool.floor`), until the pool knows what passes
-cost (:data:`REACH`). A drafted position is not free on a CPU: on the default model (llama.cpp
+(for one row; more rows raise it, :meth:`SuffixPool.floor`), in a pool that does not price its
+passes (``--draft auto``'s does: :data:`REACH`). A drafted position is not free on a CPU: on the default model (llama.cpp
 F16, 2 cores) the first costs ~8 ms beside a one-row pass of ~11 ms, so a lone drafted token
 pays only when it is kept about three times in four (docs/history/2026-12.md, 2026-12-06)."""
 
 REACH = 0.2
-"""Once the pool knows what passes cost (:class:`PassCost`), a draft goes on while the chance that
-all of it is kept stays at least this, and its length is the one with the most tokens a second
-(:meth:`PassCost.best_length`): on the default model a drafted position past the first costs a
-fifth of a one-position pass, so a token kept less often than that pays nowhere."""
+"""In a pool that prices its passes (:mod:`llmsample.engine.pass_cost`), a draft goes on while the
+chance that all of it is kept stays at least this, and its length is the one with the most tokens
+for its pass's cost (:func:`best_length`): on the default model a drafted position past the first
+costs a fifth of a one-position pass, so a token kept less often than that pays nowhere."""
 
 BINS = (0.5, 0.8, 0.95)
 """Edges of the pool's own estimate of a drafted token (its share of what followed its context):
@@ -92,13 +92,12 @@ class SuffixPool:
         max_tokens: int = POOL_TOKENS,
         min_prob: float = MIN_PROB,
         rows_cost: bool = True,
-        cost: PassCost | None = None,
+        priced: bool = False,
     ) -> None:
-        """``rows_cost``: the floor rises with the rows sharing a pass (:meth:`floor`); ``cost``:
-        what passes cost, measured by the loop, once it knows: then a draft's length is the one
-        that pays most (:meth:`confident`)."""
+        """``rows_cost``: the floor rises with the rows sharing a pass (:meth:`floor`); ``priced``:
+        a draft's length is the one that pays most for what passes cost (:meth:`confident`)."""
         self.ngram_min, self.ngram_max, self.max_tokens = ngram_min, ngram_max, max_tokens
-        self.min_prob, self.rows_cost, self.cost = min_prob, rows_cost, cost
+        self.min_prob, self.rows_cost, self.priced = min_prob, rows_cost, priced
         self.tested = [0.0] * (len(BINS) + 1)  # drafted positions the target verified, by bin
         self.kept = [0.0] * (len(BINS) + 1)  # and those it accepted
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()
@@ -178,12 +177,11 @@ class SuffixPool:
         rows, and the pool's estimate of each: its share of what followed the token's longest
         context seen twice or more in the pool. Each token's :meth:`calibrated` estimate multiplies
         into the chance that the target keeps all of the draft so far; the draft goes on while that
-        stays at least :meth:`floor`, or, once the pool knows what passes cost, at least
-        :data:`REACH`, its length then the one that makes the most tokens a second of the pass
-        (:meth:`PassCost.best_length`)."""
+        stays at least :meth:`floor`, or, in a pool that prices its passes, at least
+        :data:`REACH`, its length then the one that makes the most tokens for the pass's cost
+        (:func:`llmsample.engine.pass_cost.best_length`)."""
         counts, low = self.counts, max(self.ngram_min - 1, 1)
-        cost = self.cost if self.cost is not None and self.cost.known else None
-        floor = self.floor(rows) if cost is None else min(self.min_prob, REACH)
+        floor = min(self.min_prob, REACH) if self.priced else self.floor(rows)
         context, joint, chances, joints = list(seq[-self.ngram_max :]), 1.0, [], []
         for token in continuation:
             lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
@@ -195,8 +193,8 @@ class SuffixPool:
             chances.append(chance)
             joints.append(joint)
             context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
-        length = None if cost is None else cost.best_length(joints, rows)
-        chances = chances if length is None else chances[:length]
+        if self.priced:
+            chances = chances[: best_length(joints, rows)]
         return continuation[: len(chances)], chances
 
     def _count(self, held: list[int], start: int, sign: int) -> None:
@@ -240,11 +238,6 @@ class SuffixDrafter:
         self.sid = pool.open()
         self.rows = 1  # the rows of the pass it drafts for next (:meth:`sharing`)
         self.chances: list[float] = []  # the pool's estimate of each token of its last proposal
-
-    @property
-    def pass_cost(self) -> PassCost | None:
-        """Where the loop tells what its passes cost (the pool's, shared by its rows)."""
-        return self.pool.cost
 
     def sharing(self, rows: int) -> None:
         """The next proposal is for a pass of ``rows`` rows (the row says, before proposing)."""
@@ -300,14 +293,18 @@ class PoolDrafters:
         return SuffixDrafter(self.pool, NgramDrafter(self.vocab_size, self.device, *self.ngram))
 
 
-def suffix_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters:
-    """``--draft suffix`` for ``lm``: a fresh pool."""
-    pool = SuffixPool(ngram[0], max(ngram[1], 6), cost=PassCost())
+def suffix_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM, priced: bool = True) -> PoolDrafters:
+    """``--draft suffix`` for ``lm``: a fresh pool, its draft lengths priced by what passes cost
+    (``priced``: :mod:`llmsample.engine.pass_cost`)."""
+    pool = SuffixPool(ngram[0], max(ngram[1], 6), priced=priced)
     return PoolDrafters(pool, lm.model.config.vocab_size, lm.sample_device, ngram)
 
 
 def auto_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters | None:
     """``--draft auto``, the default: the suffix pool and prompt lookup, which draft only what the
     pool expects the target to keep (:meth:`SuffixPool.confident`, from measured acceptance), so
-    where drafts are rejected they stop; None on a backend that does not draft by default."""
-    return suffix_drafter(lm, ngram) if lm.backend in DRAFTING_BACKENDS else None
+    where drafts are rejected they stop; None on a backend that does not draft by default. Its
+    pool keeps the fixed floor (not priced): a draft changes a pass's rounding on llama.cpp, and a
+    chat's pool holds its undone turns, so the longer priced drafts parted a chat turn after
+    ``/undo`` from ``generate``'s text for the same seed (1 of 20, ``tests/commands/test_one_seed.py``)."""
+    return suffix_drafter(lm, ngram, priced=False) if lm.backend in DRAFTING_BACKENDS else None
