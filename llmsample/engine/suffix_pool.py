@@ -36,9 +36,10 @@ POOL_TOKENS = 1 << 20
 MIN_PROB = 0.6
 """A draft goes on while the chance that the target accepts all of it so far stays at least this
 (for one row; more rows raise it, :meth:`SuffixPool.floor`), in a pool that does not price its
-passes (``--draft auto``'s does: :data:`REACH`). A drafted position is not free on a CPU: on the default model (llama.cpp
-F16, 2 cores) the first costs ~8 ms beside a one-row pass of ~11 ms, so a lone drafted token
-pays only when it is kept about three times in four (docs/history/2026-12.md, 2026-12-06)."""
+passes (``--draft auto``'s; ``--draft suffix``'s prices them: :data:`REACH`). A drafted position
+is not free on a CPU: on the default model (llama.cpp F16, 2 cores) the first costs ~8 ms beside
+a one-row pass of ~11 ms, so a lone drafted token pays only when it is kept about three times in
+four (docs/history/2026-12.md, 2026-12-06)."""
 
 REACH = 0.2
 """In a pool that prices its passes (:mod:`llmsample.engine.pass_cost`), a draft goes on while the
