@@ -30,8 +30,7 @@ from llmsample.bench.prompts import batch_prompts, rewrite_prompts
 from llmsample.bench.timing import paired_ratio, rounds
 from llmsample.engine.continuous_batch import BatchItem, decode_batch
 from llmsample.engine.prompt import encode_prompt
-from llmsample.engine.speculative import NgramDrafter
-from llmsample.engine.suffix_pool import SuffixDrafter, SuffixPool
+from llmsample.engine.suffix_pool import suffix_drafter
 from llmsample.events import RunStats, Summary, TokenEvent
 from llmsample.models.loading import LoadedModel
 from llmsample.sampling.config import SamplingConfig
@@ -109,14 +108,11 @@ class Side:
 
 
 def _items(lm: LoadedModel, prompts: list[list[int]], cfg: Callable[[int], SamplingConfig], suffix: bool):
-    """A maker of the requests, with a fresh pool shared by their drafters (``suffix``) or none."""
+    """A maker of the requests, with a fresh pool shared by their drafters (``suffix``: as
+    ``--draft suffix`` makes them) or none."""
 
     def make() -> list[BatchItem]:
-        pool = SuffixPool(2, 6)
-
-        def drafter() -> SuffixDrafter:
-            return SuffixDrafter(pool, NgramDrafter(lm.model.config.vocab_size, lm.sample_device))
-
+        drafter = suffix_drafter(lm)
         return [
             BatchItem(i, ids, cfg(i), RunStats(lm.name, "bench", cfg(i).seed), drafter if suffix else None)
             for i, ids in enumerate(prompts)
