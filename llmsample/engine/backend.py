@@ -41,6 +41,7 @@ class Backend(Protocol):
     sample_device: torch.device
     can_join: bool  # rows may be admitted while others are decoding (else: once none is)
     ragged: bool  # rows may verify different numbers of tokens and roll back on their own
+    splits_ragged: bool  # such a pass costs a pass per count (so drafts pay only for a row alone)
     compile_s: float  # what building a compiled step cost this run (0: none, or reused)
     prefixes: Prefixes | None
     joining: Joining | None

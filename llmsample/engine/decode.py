@@ -230,7 +230,8 @@ def _forward(
             for b in backends:
                 b.rollback(i, len(row.text.seq) - 1)
             row.cached = len(row.text.seq) - 1
-    drafts = [row.propose(len(rows)) for row in rows] if backend.ragged else [[] for _ in rows]
+    alone = not backend.splits_ragged or len(rows) == 1  # else only rows whose text follows their lengths draft
+    drafts = [row.propose(len(rows), alone) for row in rows] if backend.ragged else [[] for _ in rows]
     if not any(drafts) and not prompts:
         outputs = [b.step(newest) for b in backends]
         for row in rows:

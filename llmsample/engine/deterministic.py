@@ -29,6 +29,7 @@ class DeterministicBackend:
     a one-token ``step``). ``lengths[row]``: the positions row ``row``'s cache holds."""
 
     can_join = True  # a joining row gets a backend of its own: nobody else's cache changes
+    splits_ragged = False  # every row passes alone
     prefixes = joining = layers = None  # the seam's optional parts (llmsample.engine.backend): none here
     reused = None  # no prompt cache
 

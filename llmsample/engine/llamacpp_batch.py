@@ -13,6 +13,7 @@ and a joining row's prefill runs before the chain has read the last step's logit
 from __future__ import annotations
 
 import ctypes
+import itertools
 import time
 from collections.abc import Callable, Collection, Iterator
 
@@ -24,10 +25,22 @@ from llmsample.engine.thread_choice import ThreadChoice
 from llmsample.errors import RuntimeFailure
 from llmsample.models.llamacpp_model import MAX_SEQUENCES, LlamaCppModel
 
+Entry = tuple[int, int, int, bool]
+"""A ``llama_batch`` entry: token, position, sequence id, whether its logits are wanted."""
 BATCH = 512  # tokens per llama_decode call (a longer prefill is fed in several)
 SPARE = 32
 """Sequence ids beside the rows' for the prompt cache's kept prefixes (one each): the most
 prefixes one backend keeps at once (the cache lets its oldest go for a new one)."""
+STATE_HEAD = 8
+"""Bytes before the stream count in a sequence's state: llama.cpp's magic number, the sequence id."""
+STREAMS_ROWS, STREAMS_COST = 8, 2
+"""A cache of one stream per row is made for at least ``STREAMS_ROWS`` rows, where it takes at
+most ``STREAMS_COST`` times the unified cache's cells (each stream holds the longest row; the
+unified cache holds twice the rows' positions): its rows attend over their own cells alone, and
+not over the others' and the kept prefixes'. Steps of 80-token rows, the default model on 2
+cores (``experiments/stream_steps.py``): 16 rows 62 ms against 92 unified, 8 rows 34 against 37
+(with 8 kept prefixes 35-40 against 44-56), 4 rows 27 against 27-30. Fewer rows keep drafting
+in a pass of their own (:attr:`LlamaCppBatch.ragged`)."""
 
 
 class LlamaCppBatch:
@@ -61,21 +74,28 @@ class LlamaCppBatch:
     ) -> None:
         """Room for ``rows`` live rows; the cache holds twice ``rows x positions`` cells (rows that
         join later may bring longer prompts), within the model's context per row, and at least
-        ``longest`` (one row of the longest a server admits). ``cache_bytes``:
-        the prompt cache's budget; its kept prefixes get cells of their own, that many bytes' worth
-        but no more than the rows have (llama.cpp's attention spans every cell in use, kept or
-        live), and ``SPARE`` sequence ids."""
+        ``longest`` (one row of the longest a server admits). Several rows get a stream each,
+        of room for the longest one (:data:`STREAMS_COST`), and the prompt cache keeps their
+        prefixes in host memory. Else ``cache_bytes``, the prompt cache's budget, buys its kept
+        prefixes cells of their own, no more than the rows have (every row's attention spans
+        every cell in use, kept or live), and ``SPARE`` sequence ids."""
         self.model, self.lib = model, model.lib
         self.sample_device = torch.device("cpu")
         self.on_forward = on_forward
         per_row = getattr(model.config, "max_position_embeddings", None) or positions
         cells = max(min(2 * positions, per_row) * rows, positions, min(longest, per_row), 256)
+        room = -(-max(min(2 * positions, per_row), min(longest, per_row), 256) // 256) * 256
         self.cell_bytes = model.cell_bytes()
-        spare = min(SPARE, MAX_SEQUENCES - rows) if cache_bytes else 0
+        self.streams = rows >= STREAMS_ROWS and rows * room <= STREAMS_COST * cells and model.plain_cache()
+        self.n_stream = rows if self.streams else 1
+        spare = min(SPARE, MAX_SEQUENCES - rows) if cache_bytes and not self.streams else 0
         self.save_cells = min(cache_bytes // self.cell_bytes, cells) if spare > 0 else 0
         self.saved_cells = 0  # cells the kept prefixes hold (counted as if they shared none)
-        total = cells + self.save_cells
-        self.context = model.new_context(rows + spare, -(-total // 256) * 256, BATCH)
+        if self.streams:
+            self.context = model.new_context(rows, rows * room, BATCH, unified=False)
+        else:
+            total = cells + self.save_cells
+            self.context = model.new_context(rows + spare, -(-total // 256) * 256, BATCH)
         self.threads, self.threads_set = ThreadChoice(model.threads), model.threads  # measured per pass
         self.memory = self.lib.llama_get_memory(self.context)
         self.batch = self.lib.llama_batch_init(BATCH, 0, 1)
@@ -93,6 +113,12 @@ class LlamaCppBatch:
     def rows(self) -> int:
         return len(self.seqs)
 
+    @property
+    def splits_ragged(self) -> bool:
+        """With a stream per row, llama.cpp cuts a pass whose rows feed different token counts
+        into one per count and per gap in the sequence ids, each paying a pass's fixed cost."""
+        return self.streams
+
     def admit(self, prompts: list[list[int]]) -> Tensor:
         """Each prompt under a new sequence id, in one batch; logits at each prompt's last token."""
         return self.forward_joining([[] for _ in self.seqs], prompts)[1]
@@ -109,25 +135,35 @@ class LlamaCppBatch:
         return logits.expand(copies, -1)
 
     def can_save(self, length: int) -> bool:
-        """Whether a prefix of ``length`` positions can be kept now: a spare id, and cells."""
-        return bool(self.spare) and self.saved_cells + length <= self.save_cells
+        """Whether a prefix of ``length`` positions can be kept now: a spare id and cells, or
+        host memory (streams: the prompt cache's budget bounds it)."""
+        return self.streams or (bool(self.spare) and self.saved_cells + length <= self.save_cells)
 
-    def save(self, row: int, length: int) -> SavedSequence:
+    def save(self, row: int, length: int) -> SavedSequence | HostSequence:
         """Row ``row``'s first ``length`` positions kept under a spare id (sharing the row's cells
-        while it lives); call :meth:`can_save` first."""
+        while it lives), or with streams, in host memory (a stream is copied only whole);
+        call :meth:`can_save` first."""
+        if self.streams:
+            return self._host_copy(self.seqs[row], length)
         seq = self.spare.pop()
         self.lib.llama_memory_seq_cp(self.memory, self.seqs[row], seq, 0, length)
         self.saved_cells += length
         return SavedSequence(self, seq, length)
 
     def detach(self, saved: SavedSequence) -> HostSequence:
-        """``saved``'s cells copied out of this context (``llama_state_seq_get_data``), for a
-        backend opened after this one closes; ``saved`` itself is released."""
-        size = self.lib.llama_state_seq_get_size(self.context, saved.seq)
-        buffer = (ctypes.c_uint8 * size)()
-        written = self.lib.llama_state_seq_get_data(self.context, buffer, size, saved.seq)
+        """``saved``'s cells copied out of this context, for a backend opened after this one
+        closes; ``saved`` itself is released."""
+        host = self._host_copy(saved.seq, saved.length)
         saved.release()
-        return HostSequence(bytes(buffer)[:written], saved.length)
+        return host
+
+    def _host_copy(self, seq: int, length: int) -> HostSequence:
+        """Sequence ``seq``'s cells in host memory (``llama_state_seq_get_data``), of which the
+        first ``length`` positions are admitted again."""
+        size = self.lib.llama_state_seq_get_size(self.context, seq)
+        buffer = (ctypes.c_uint8 * size)()
+        written = self.lib.llama_state_seq_get_data(self.context, buffer, size, seq)
+        return HostSequence(bytes(buffer)[:written], length, self.n_stream)
 
     def admit_saved(self, saved: SavedSequence | HostSequence, length: int, rest: list[int]) -> Tensor:
         """A new last row: ``saved``'s first ``length`` positions (``seq_cp``, or from host
@@ -137,9 +173,10 @@ class LlamaCppBatch:
             raise ValueError("1 row does not fit: room for 0 more")
         seq = self.free.pop()
         if isinstance(saved, HostSequence):
-            data = (ctypes.c_uint8 * len(saved.data)).from_buffer_copy(saved.data)
-            if not self.lib.llama_state_seq_set_data(self.context, data, len(saved.data), seq):
-                self.free.append(seq)
+            state = saved.state(self.n_stream)
+            data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+            if not self.lib.llama_state_seq_set_data(self.context, data, len(state), seq):
+                self._give_back([seq])
                 raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
             self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
         else:
@@ -148,7 +185,7 @@ class LlamaCppBatch:
             logits = self._decode([(t, length + i, seq, i == len(rest) - 1) for i, t in enumerate(rest)])
         except BaseException:
             self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-            self.free.append(seq)
+            self._give_back([seq])
             raise
         self.seqs.append(seq)
         self.lengths.append(length + len(rest))
@@ -194,7 +231,7 @@ class LlamaCppBatch:
         except BaseException:
             for seq in seqs:  # the prompts never joined: their ids (and any cells decoded) go back
                 self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-            self.free += reversed(seqs)
+            self._give_back(seqs)
             raise
         self.lengths = [n + len(row) for n, row in zip(self.lengths, fed, strict=True)] + [len(p) for p in prompts]
         self.seqs += seqs
@@ -209,12 +246,18 @@ class LlamaCppBatch:
     def keep(self, rows: list[int]) -> None:
         """The rows that left give their cells and sequence ids back."""
         kept = set(rows)
-        for r, seq in enumerate(self.seqs):
-            if r not in kept:
-                self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-                self.free.append(seq)
+        left = [seq for r, seq in enumerate(self.seqs) if r not in kept]
+        for seq in left:
+            self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
+        self._give_back(left)
         self.seqs = [self.seqs[r] for r in rows]
         self.lengths = [self.lengths[r] for r in rows]
+
+    def _give_back(self, seqs: list[int]) -> None:
+        """Sequence ids free again; the lowest is taken first, so that the rows' streams stay
+        consecutive (llama.cpp decodes a run of consecutive streams in one pass, and cuts a
+        pass at every gap)."""
+        self.free = sorted([*self.free, *seqs], reverse=True)
 
     def agree(self, tokens: Tensor) -> Tensor:
         return tokens
@@ -226,7 +269,7 @@ class LlamaCppBatch:
             self.lib.llama_batch_free(self.batch)
             self.lib.llama_free(context)
 
-    def _decode(self, entries: list[tuple[int, int, int, bool]]) -> Tensor:
+    def _decode(self, entries: list[Entry]) -> Tensor:
         """Decode ``(token, position, sequence, wants logits)`` entries, ``BATCH`` at a time; the
         logits of the entries that want them, in order, ``[wanted, vocab]``.
 
@@ -240,7 +283,8 @@ class LlamaCppBatch:
         start = time.perf_counter()
         vocab = self.model.n_vocab
         out = torch.empty(sum(e[3] for e in entries), vocab, dtype=torch.float32)
-        at, row_bytes = 0, vocab * out.element_size()
+        entries, rows_out = self._in_stream_order(entries)
+        at = 0
         for chunk, skip in passes(entries):
             self._fill(chunk)
             threads = self.threads.next()
@@ -254,16 +298,38 @@ class LlamaCppBatch:
                 raise RuntimeFailure(decode_error(code, len(chunk)))
             wanted = sum(e[3] for e in chunk) - (skip is not None)
             if wanted:
-                # One copy from llama.cpp's output buffer into the tensor's storage.
-                source = ctypes.cast(self.lib.llama_get_logits(self.context), ctypes.c_void_p).value or 0
-                source += row_bytes if skip == 0 else 0
-                ctypes.memmove(out.data_ptr() + at * row_bytes, source, wanted * row_bytes)
+                self._copy_logits(out, skip == 0, rows_out[at : at + wanted])
                 at += wanted
         if self.on_forward is not None:
             self.on_forward(time.perf_counter() - start)
         return out
 
-    def _fill(self, chunk: list[tuple[int, int, int, bool]]) -> None:
+    def _in_stream_order(self, entries: list[Entry]) -> tuple[list[Entry], list[int]]:
+        """``entries`` as llama.cpp decodes them in the fewest passes, and where each wanted
+        logit row goes in the caller's order. With a stream per sequence, llama.cpp's pass takes
+        consecutive sequence ids, found from the batch's first entry on: so the entries go by
+        sequence id (each one's in order). Else as given."""
+        wanted = list(range(sum(e[3] for e in entries)))
+        if not self.streams or all(a[2] <= b[2] for a, b in itertools.pairwise(entries)):
+            return entries, wanted
+        order = sorted(range(len(entries)), key=lambda i: entries[i][2])
+        out_row = list(itertools.accumulate(e[3] for e in entries))
+        return [entries[i] for i in order], [out_row[i] - 1 for i in order if entries[i][3]]
+
+    def _copy_logits(self, out: Tensor, skip_first: bool, rows: list[int]) -> None:
+        """The last pass's wanted logit rows from llama.cpp's output buffer into ``out``'s
+        ``rows`` (one copy where they are consecutive); ``skip_first``: its first output row
+        was only computed (:func:`passes`)."""
+        row_bytes = out.shape[-1] * out.element_size()
+        source = ctypes.cast(self.lib.llama_get_logits(self.context), ctypes.c_void_p).value or 0
+        source += row_bytes if skip_first else 0
+        if rows == list(range(rows[0], rows[0] + len(rows))):
+            ctypes.memmove(out.data_ptr() + rows[0] * row_bytes, source, len(rows) * row_bytes)
+            return
+        for i, row in enumerate(rows):
+            ctypes.memmove(out.data_ptr() + row * row_bytes, source + i * row_bytes, row_bytes)
+
+    def _fill(self, chunk: list[Entry]) -> None:
         batch = self.batch
         n = len(chunk)
         batch.n_tokens = n
@@ -301,14 +367,34 @@ class HostSequence:
 
     owner = None
 
-    def __init__(self, data: bytes, length: int) -> None:
-        self.data, self.length, self.nbytes = data, length, len(data)
+    def __init__(self, data: bytes, length: int, streams: int) -> None:
+        """``streams``: the stream count of the context that wrote ``data``."""
+        self.data, self.length, self.nbytes, self.streams = data, length, len(data), streams
+
+    def state(self, streams: int) -> bytes:
+        """The state for a context of ``streams`` streams. llama.cpp writes a sequence's state as
+        a magic number and the sequence id, the stream count, then each stream's cell count (4
+        bytes each) and, after the one count that is not 0, that stream's cells; it restores the
+        cells into the receiving sequence's own stream, whichever they came from, but refuses
+        another stream count. So the count is rewritten and the empty streams' zeros moved after
+        the cells (a plain KV cache's state:
+        :meth:`~llmsample.models.llamacpp_model.LlamaCppModel.plain_cache`)."""
+        if streams == self.streams:
+            return self.data
+        head = STATE_HEAD
+        counts = np.frombuffer(self.data, dtype=np.uint32, count=self.streams, offset=head + 4)
+        full = np.flatnonzero(counts)
+        if full.size == 0:
+            return self.data[:head] + np.uint32(streams).tobytes() + bytes(4 * streams)
+        before, after = int(full[0]), self.streams - 1 - int(full[0])
+        cells = self.data[head + 4 + 4 * before : len(self.data) - 4 * after]
+        return self.data[:head] + np.uint32(streams).tobytes() + cells + bytes(4 * (streams - 1))
 
     def release(self) -> None:
         self.data = b""
 
 
-def passes(entries: list[tuple[int, int, int, bool]]) -> Iterator[tuple[list[tuple[int, int, int, bool]], int | None]]:
+def passes(entries: list[Entry]) -> Iterator[tuple[list[Entry], int | None]]:
     """The ``llama_decode`` calls for ``entries``: at most ``BATCH`` each, none of one token
     unless there is one in all (the last two calls share what would leave one over), and a call
     of several tokens that wants one output also wants its neighbour's, computed and dropped.

@@ -18,6 +18,7 @@ class LockstepBatch:
     """A :class:`ModelRunner` behind the backend seam (:mod:`llmsample.engine.backend`)."""
 
     can_join = False
+    splits_ragged = False
     prefixes = joining = layers = None  # the seam's optional parts (llmsample.engine.backend): none here
     reused = None  # no prompt cache
 

@@ -32,6 +32,7 @@ class PaddedBatch:
 
     can_join = True
     compile_s = 0.0
+    splits_ragged = False
     joining = None  # a joining row is prefilled in a pass of its own
     reused = None  # no prompt cache of its own (a CachingBackend's)
 

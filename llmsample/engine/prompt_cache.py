@@ -182,6 +182,10 @@ class CachingBackend:
         return self.backend.ragged
 
     @property
+    def splits_ragged(self) -> bool:
+        return self.backend.splits_ragged
+
+    @property
     def compile_s(self) -> float:
         return self.backend.compile_s
 

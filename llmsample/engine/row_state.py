@@ -140,8 +140,9 @@ class Row:
             own.pop("temperature", None)
         return dataclasses.replace(cfg, seed=None, max_tokens=1, description="", constraint=constraint, **own)
 
-    def propose(self, rows: int) -> list[int]:
-        """Drafts for the next pass of ``rows`` rows (none for a plain row), kept for
+    def propose(self, rows: int, allowed: bool = True) -> list[int]:
+        """Drafts for the next pass of ``rows`` rows (none for a plain row, nor, where ``allowed``
+        is False, for a row whose text does not follow its draft lengths), kept for
         verification; their ids."""
         if self.drafting is None:
             return []
@@ -152,7 +153,8 @@ class Row:
         # whatever the lengths.
         checked = not drafter.drawn and text.generator.device.type == "cpu"
         shared = rows if cfg.is_greedy or checked else 1
-        k = min(self.drafting.length.fit(shared), text.emitter.room() - 1)  # never past the length or context
+        # A row whose text does not follow its lengths skips drafting where the backend asks.
+        k = min(self.drafting.length.fit(shared), text.emitter.room() - 1) if allowed or not checked else 0
         # A drafter whose cut depends on the pass's rows (the suffix pool, whose drafts depend on
         # the other requests already: a sampled row's seed gives its text with the same requests).
         sharing = getattr(drafter, "sharing", None)

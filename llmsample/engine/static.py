@@ -30,7 +30,7 @@ class StaticBatch:
     (:mod:`llmsample.engine.backend`), leased for the run and given back on :meth:`close`."""
 
     can_join = False
-    ragged = False
+    ragged = splits_ragged = False
     prefixes = joining = layers = None  # the seam's optional parts (llmsample.engine.backend): none here
     reused = None  # no prompt cache
 

@@ -72,9 +72,11 @@ class LlamaCppModel:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         return 2 * config.num_hidden_layers * heads * head_dim * (4 if CACHE_TYPE == 0 else 2)
 
-    def new_context(self, sequences: int, positions: int, batch: int) -> Any:
-        """A context for ``sequences`` rows sharing one cache of ``positions`` cells (unified, so a
-        row's copy shares cells and rows of any length fit), taking ``batch`` tokens per decode."""
+    def new_context(self, sequences: int, positions: int, batch: int, unified: bool = True) -> Any:
+        """A context for ``sequences`` rows, taking ``batch`` tokens per decode. ``unified``: they
+        share one cache of ``positions`` cells (a row's copy shares cells, rows of any length fit,
+        and every row's attention spans every cell in use); else each sequence is a stream of
+        its own, ``positions / sequences`` cells, that only its own queries attend over."""
         if sequences > MAX_SEQUENCES:
             raise UserError(f"llama.cpp decodes at most {MAX_SEQUENCES} rows at once; use a smaller --batch-size")
         lib = self.lib
@@ -82,7 +84,7 @@ class LlamaCppModel:
         params.n_ctx = positions
         params.n_batch = params.n_ubatch = batch
         params.n_seq_max = sequences
-        params.kv_unified = True
+        params.kv_unified = unified
         params.type_k = params.type_v = CACHE_TYPE
         params.flash_attn_type = lib.LLAMA_FLASH_ATTN_TYPE_DISABLED  # as llama-cpp-python's Llama; on a CPU
         # its flash attention rounds queries to float16
@@ -94,6 +96,14 @@ class LlamaCppModel:
                 f"llama.cpp cannot make a context of {positions} positions; try a smaller --batch-size"
             )
         return context
+
+    def plain_cache(self) -> bool:
+        """Whether the model's memory is a plain KV cache (no sliding window, no recurrent
+        state): one that splits into a stream per sequence, whose sequence states
+        :class:`~llmsample.engine.llamacpp_batch.HostSequence` moves between stream counts."""
+        lib, handle = self.lib, self.handle
+        return not (lib.llama_model_is_recurrent(handle) or lib.llama_model_is_hybrid(handle)
+                    or lib.llama_model_n_swa(handle) > 0)  # fmt: skip
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         """llama.cpp's own tokenization of ``text`` (no BOS added; special tokens parsed): the test

