@@ -1,8 +1,9 @@
 """``llmsample bench --serve-peers``: our server against its peers on the same GGUF and threads,
 under 1, 4 and 16 concurrent streaming clients:
 
-- ``llmsample serve`` on llama.cpp, ``--batch-size`` = clients, every token's full record
-  streamed (``"llmsample": {"tokens": "full"}``: the 20 alternatives, each stage's figures);
+- ``llmsample serve`` on llama.cpp, ``--batch-size`` = clients, ``--max-model-len``
+  :data:`PER_SLOT` (llama-server's positions per slot), every token's full record streamed
+  (``"llmsample": {"tokens": "full"}``: the 20 alternatives, each stage's figures);
 - llama.cpp's ``llama-server`` (:mod:`llmsample.bench.llama_server`), ``-np`` = clients slots
   of :data:`PER_SLOT` positions, flash attention off as our backend has it (its ``-fa auto``
   turns it on for a CPU), continuous batching and its prompt cache as it ships;
@@ -109,8 +110,10 @@ def _ttft(sides: list[Side], key: str) -> list[float]:
 
 
 def ours(args: ModelArgs, *flags: str) -> Peer:
-    """Our server on llama.cpp with ``flags``, every token's full record streamed."""
-    return Peer(OURS, lambda clients: running_server(args, "--batch-size", str(clients), *flags),
+    """Our server on llama.cpp with ``flags``, a request's positions llama-server's per slot,
+    every token's full record streamed."""
+    sized = ("--max-model-len", str(PER_SLOT))
+    return Peer(OURS, lambda clients: running_server(args, "--batch-size", str(clients), *sized, *flags),
                 {"llmsample": {"tokens": "full"}})  # fmt: skip
 
 

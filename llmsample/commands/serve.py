@@ -40,6 +40,13 @@ from llmsample.errors import UserError
 )
 @click.option("--batch-size", type=click.IntRange(1, 1024), help="Rows decoded together [default: by memory].")
 @click.option(
+    "--max-model-len",
+    type=click.IntRange(2),
+    metavar="TOKENS",
+    help="The longest prompt and answer a request may take [default: the model's context]. Shorter, each row "
+    "keeps a smaller cache, and on llama.cpp wide batches step faster.",
+)
+@click.option(
     "--max-queue",
     type=click.IntRange(0, 100000),
     default=256,
@@ -111,6 +118,7 @@ def serve(**options: Any) -> None:
     settings = BatchSettings(preset=options["preset"], preset_file=options["preset_file"], overrides=overrides,
                              system=options["system"], draft_tokens=options["draft_tokens"])  # fmt: skip
     lm = load_model_with_progress(options)
+    limit_context(lm, options["max_model_len"])
     if lm.tensor_parallel:
         raise UserError("--tp serves rows of one prompt in lockstep; run one server per GPU instead")
     from llmsample.commands.model_options import build_drafter
@@ -153,6 +161,17 @@ def serve(**options: Any) -> None:
             engine.log.close()
         if options["engine"]:
             registry.remove_record(directory, registry.engine_id(registry.spec_of(options)), os.getpid())
+
+
+def limit_context(lm: Any, tokens: int | None) -> None:
+    """``--max-model-len``: every request's positions at most ``tokens`` (what the server checks
+    requests against, reports as ``max_model_len`` and sizes each row's cache for)."""
+    if tokens is None:
+        return
+    if lm.context_length and tokens > lm.context_length:
+        raise UserError(f"--max-model-len {tokens} is beyond the model's context of {lm.context_length}; "
+                        f"give at most {lm.context_length}")  # fmt: skip
+    lm.context_limit = tokens
 
 
 def tcp_ready(options: dict[str, Any], sock: Any, name: str, batch_size: int) -> Callable[[], None]:

@@ -40,7 +40,9 @@ unified cache holds twice the rows' positions): its rows attend over their own c
 not over the others' and the kept prefixes'. Steps of 80-token rows, the default model on 2
 cores (``experiments/stream_steps.py``): 16 rows 62 ms against 92 unified, 8 rows 34 against 37
 (with 8 kept prefixes 35-40 against 44-56), 4 rows 27 against 27-30. Fewer rows keep drafting
-in a pass of their own (:attr:`LlamaCppBatch.ragged`)."""
+in a pass of their own (:attr:`LlamaCppBatch.splits_ragged`). A stream of more cells steps
+slower, though a row uses as many: 16 rows in streams of 512 cells 53-67 ms, of 1024 or more
+68-98 (a row's values lie a stream's length apart: a server's ``--max-model-len``)."""
 
 
 class LlamaCppBatch:
@@ -74,9 +76,9 @@ class LlamaCppBatch:
     ) -> None:
         """Room for ``rows`` live rows; the cache holds twice ``rows x positions`` cells (rows that
         join later may bring longer prompts), within the model's context per row, and at least
-        ``longest`` (one row of the longest a server admits). Several rows get a stream each,
-        of room for the longest one (:data:`STREAMS_COST`), and the prompt cache keeps their
-        prefixes in host memory. Else ``cache_bytes``, the prompt cache's budget, buys its kept
+        ``longest`` (one row of the longest a server admits). Several rows get a stream each
+        (:data:`STREAMS_COST`), room for ``longest`` positions, or where rows are known, twice
+        ``positions``; the prompt cache keeps their prefixes in host memory. Else ``cache_bytes``, the prompt cache's budget, buys its kept
         prefixes cells of their own, no more than the rows have (every row's attention spans
         every cell in use, kept or live), and ``SPARE`` sequence ids."""
         self.model, self.lib = model, model.lib
@@ -84,9 +86,10 @@ class LlamaCppBatch:
         self.on_forward = on_forward
         per_row = getattr(model.config, "max_position_embeddings", None) or positions
         cells = max(min(2 * positions, per_row) * rows, positions, min(longest, per_row), 256)
-        room = -(-max(min(2 * positions, per_row), min(longest, per_row), 256) // 256) * 256
+        room = -(-max(min(longest or 2 * positions, per_row), 256) // 256) * 256  # a stream's cells
         self.cell_bytes = model.cell_bytes()
-        self.streams = rows >= STREAMS_ROWS and rows * room <= STREAMS_COST * cells and model.plain_cache()
+        fits = room == 256 or rows * room <= STREAMS_COST * cells  # 256: the least a stream takes
+        self.streams = rows >= STREAMS_ROWS and fits and model.plain_cache()
         self.n_stream = rows if self.streams else 1
         spare = min(SPARE, MAX_SEQUENCES - rows) if cache_bytes and not self.streams else 0
         self.save_cells = min(cache_bytes // self.cell_bytes, cells) if spare > 0 else 0

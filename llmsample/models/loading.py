@@ -55,6 +55,7 @@ class LoadedModel:
     backend: str = "transformers"  # "llama.cpp": ``model`` is a LlamaCppModel (a GGUF's handle); "torch": a NativeCausalLM
     model_file: str | None = None  # llama.cpp: the GGUF it runs
     why: str = ""  # why this backend runs it (models/plan.py; --verbose says it)
+    context_limit: int | None = None  # serve --max-model-len: a request's positions, below the model's
     token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)  # token_text's memo
     bytes_table: TokenBytes | None = field(default=None, repr=False, compare=False)  # token_bytes's, made once
 
@@ -93,7 +94,9 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int | None:
-        return getattr(self.model.config, "max_position_embeddings", None)
+        """The positions a row may take: the model's context, or ``context_limit`` below it."""
+        model = getattr(self.model.config, "max_position_embeddings", None)
+        return min(model, self.context_limit) if model and self.context_limit else model or self.context_limit
 
     @property
     def weights(self) -> str:

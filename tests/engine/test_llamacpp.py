@@ -182,6 +182,19 @@ def test_every_seam_operation_gives_the_logits_of_a_full_recomputation(llama_lm,
     backend.close()
 
 
+def test_a_stream_holds_what_one_row_may_take(llama_lm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream per row holds ``longest`` cells (a server's ``--max-model-len``), or where the
+    rows are known, twice their positions; never past the model's context (1024 here)."""
+    from llmsample.engine.llamacpp_batch import LlamaCppBatch
+
+    monkeypatch.setattr("llmsample.engine.llamacpp_batch.STREAMS_ROWS", 2)
+    lib = llama_lm.model.lib
+    for positions, longest, cells in [(40, 0, 256), (200, 0, 512), (300, 300, 512), (1024, 4096, 1024)]:
+        backend = LlamaCppBatch(llama_lm.model, 4, positions, longest=longest)
+        assert backend.streams and lib.llama_n_ctx_seq(backend.context) == cells, (positions, longest)
+        backend.close()
+
+
 PROMPTS = ["The capital of France is", "Tell me a story", "1, 2, 3,", "def f(x):", "Paris Paris Paris"]
 CONFIGS = [
     dict(temperature=0.0),

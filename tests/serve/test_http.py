@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.serve.conftest import NO_EOS, Server, start_server, wait_in_flight
+from tests.serve.conftest import NO_EOS, Server, serve_process, start_server, wait_in_flight
 
 KEY = "sekret-key"
 
@@ -141,3 +141,22 @@ def test_a_full_queue_is_503_with_retry_after_and_a_disconnect_frees_the_row(str
         wait_in_flight(strict, 0)
     assert httpx.get(strict.url + "/health").json()["cancelled"] == cancelled + 2  # not decoded to the end
     assert post(strict, "/v1/completions", json={"prompt": "w3", "max_tokens": 2}, headers=headers).status_code == 200
+
+
+def test_max_model_len_is_every_requests_context(chat_model_dir: Path, tmp_path: Path) -> None:
+    """``--max-model-len``: what ``/v1/models`` reports and requests are held to; beyond the
+    model's own context it is one line and exit 2, before anything listens."""
+    running = start_server(chat_model_dir, tmp_path / "stderr", "--max-model-len", "48")
+    try:
+        model = httpx.get(running.url + "/v1/models", timeout=30).json()["data"][0]
+        assert model["max_model_len"] == 48
+        error = error_of(post(running, "/v1/completions", json={"prompt": "w3", "max_tokens": 60}), 400)
+        assert error["param"] == "max_tokens" and "context of 48" in error["message"]
+        assert post(running, "/v1/completions", json={"prompt": "w3", "max_tokens": 40}).status_code == 200
+    finally:
+        running.stop()
+    with open(tmp_path / "refused", "wb") as err:
+        refused = serve_process(chat_model_dir, err, "--max-model-len", "5000")
+        assert refused.wait(timeout=120) == 2
+    lines = (tmp_path / "refused").read_text().strip().splitlines()
+    assert lines == ["Error: --max-model-len 5000 is beyond the model's context of 1024; give at most 1024"], lines
