@@ -23,7 +23,7 @@ def median_step(lm, rows: int, streams: bool, kept: int) -> float:
     """The median ms of a step of ``rows`` rows; ``kept`` prompt-cache prefixes of PROMPT
     positions live beside them (in the unified cache's cells; a stream layout keeps them in host
     memory)."""
-    layout.STREAMS_COST = 1 << 20 if streams else 0
+    layout.STREAMS_ROWS, layout.STREAMS_COST = (2, 1 << 20) if streams else (1 << 20, 0)
     backend = LlamaCppBatch(lm.model, rows, PROMPT + STEPS + 8, cache_bytes=(kept + 1) * PROMPT * lm.model.cell_bytes())
     try:
         for k in range(kept):
