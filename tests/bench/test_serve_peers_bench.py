@@ -214,3 +214,26 @@ def test_bench_serve_peers_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert 0 < load["ours_forward_share"][0] <= 1 and load["ratios"][f"tok/s ours / {LLAMA_SERVER}"] > 0
     assert "llama_cpp.server left out: llama_cpp.server needs fastapi" in result.output
     assert "tok/s ours / llama-server" in result.output
+
+
+def test_every_round_sends_every_side_the_same_requests_none_seen_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A suffix pool drafts an answer it has seen whole: no request repeats one sent before (the
+    warm-up's included), and each round's are the same on every side, longest prompt first."""
+    from contextlib import nullcontext
+
+    sent: dict[str, list[list[str]]] = {OURS: [], LLAMA_SERVER: []}
+
+    def through(url: str, clients: int, work: list[dict[str, object]]) -> Side:
+        sent[url].append([str(body["prompt"]) for body in work])
+        return Side(32 * len(work), 1.0, 32.0 * len(work), 32.0 * len(work), {"p50": 0.1, "p95": 0.2})
+
+    warmed: list[str] = []
+    monkeypatch.setattr(serve_peers, "through_server", through)
+    monkeypatch.setattr(serve_peers, "warm_up", lambda url, body: warmed.append(body["prompt"]))
+    monkeypatch.setattr(serve_peers, "forward_seconds", lambda url: 0.0)
+    peers = [Peer(OURS, lambda clients: nullcontext(OURS)), Peer(LLAMA_SERVER, lambda clients: nullcontext(LLAMA_SERVER))]
+    serve_peers.one_count(peers, 2, 8, 3, 32)
+    assert sent[OURS] == sent[LLAMA_SERVER] and len(sent[OURS]) == 3
+    everything = [prompt for round_ in sent[OURS] for prompt in round_] + warmed[:1]
+    assert len(set(everything)) == len(everything) == 3 * 8 + 1
+    assert all(list(map(len, r)) == sorted(map(len, r), reverse=True) for r in sent[OURS])
