@@ -1,5 +1,6 @@
 """The llama.cpp backend behind the engine's seam (:mod:`llmsample.engine.backend`): each row is
-a llama.cpp sequence of one unified KV cache, and every call is one ``llama_batch`` of
+a llama.cpp sequence of one unified KV cache, or from :data:`STREAMS_ROWS` rows of a stream of
+its own (kept prefixes then in host memory), and every call is one ``llama_batch`` of
 ``(token, position, sequence, wants logits)`` entries: ``admit`` a prompt per new sequence id
 with logits at its last token, ``step`` a token per row, ``verify`` each row's ragged tokens
 with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copies`` is
