@@ -119,7 +119,8 @@ def test_only_backends_run_the_model_runner() -> None:
 
 BACKEND_MODULES = (
     "llmsample.engine.backend", "llmsample.engine.lockstep", "llmsample.engine.runner", "llmsample.engine.static",
-    "llmsample.engine.padded", "llmsample.engine.llamacpp_batch", "llmsample.engine.hf_growing_cache",
+    "llmsample.engine.padded", "llmsample.engine.llamacpp_batch", "llmsample.engine.llamacpp_kept",
+    "llmsample.engine.hf_growing_cache",
     "llmsample.models.llamacpp_model", "llmsample.models.llamacpp_lib", "llmsample.models.native_llama",
     "llmsample.models.native_checkpoint", "llmsample.models.llamacpp_load",
 )  # fmt: skip

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from llmsample.engine.llamacpp_kept import HostSequence
 from llmsample.engine.thread_choice import ThreadChoice
 from llmsample.errors import RuntimeFailure
 from llmsample.models.llamacpp_model import MAX_SEQUENCES, LlamaCppModel
@@ -32,8 +33,6 @@ BATCH = 512  # tokens per llama_decode call (a longer prefill is fed in several)
 SPARE = 32
 """Sequence ids beside the rows' for the prompt cache's kept prefixes (one each): the most
 prefixes one backend keeps at once (the cache lets its oldest go for a new one)."""
-STATE_HEAD = 8
-"""Bytes before the stream count in a sequence's state: llama.cpp's magic number, the sequence id."""
 STREAMS_ROWS, STREAMS_COST = 8, 2
 """A cache of one stream per row is made for at least ``STREAMS_ROWS`` rows, where it takes at
 most ``STREAMS_COST`` times the unified cache's cells (each stream holds the longest row; the
@@ -362,40 +361,6 @@ class SavedSequence:
         owner.lib.llama_memory_seq_rm(owner.memory, seq, -1, -1)
         owner.spare.append(seq)
         owner.saved_cells -= self.length
-
-
-class HostSequence:
-    """A kept prefix that outlived its backend: the cells of its ``length`` positions as
-    llama.cpp's sequence state, in host memory; any later backend of the same model admits
-    from it (:meth:`LlamaCppBatch.admit_saved`). It lives in no context (``owner`` None)."""
-
-    owner = None
-
-    def __init__(self, data: bytes, length: int, streams: int) -> None:
-        """``streams``: the stream count of the context that wrote ``data``."""
-        self.data, self.length, self.nbytes, self.streams = data, length, len(data), streams
-
-    def state(self, streams: int) -> bytes:
-        """The state for a context of ``streams`` streams. llama.cpp writes a sequence's state as
-        a magic number and the sequence id, the stream count, then each stream's cell count (4
-        bytes each) and, after the one count that is not 0, that stream's cells; it restores the
-        cells into the receiving sequence's own stream, whichever they came from, but refuses
-        another stream count. So the count is rewritten and the empty streams' zeros moved after
-        the cells (a plain KV cache's state:
-        :meth:`~llmsample.models.llamacpp_model.LlamaCppModel.plain_cache`)."""
-        if streams == self.streams:
-            return self.data
-        head = STATE_HEAD
-        counts = np.frombuffer(self.data, dtype=np.uint32, count=self.streams, offset=head + 4)
-        full = np.flatnonzero(counts)
-        if full.size == 0:
-            return self.data[:head] + np.uint32(streams).tobytes() + bytes(4 * streams)
-        before, after = int(full[0]), self.streams - 1 - int(full[0])
-        cells = self.data[head + 4 + 4 * before : len(self.data) - 4 * after]
-        return self.data[:head] + np.uint32(streams).tobytes() + cells + bytes(4 * (streams - 1))
-
-    def release(self) -> None:
-        self.data = b""
 
 
 def passes(entries: list[Entry]) -> Iterator[tuple[list[Entry], int | None]]:

@@ -100,7 +100,7 @@ class LlamaCppModel:
     def plain_cache(self) -> bool:
         """Whether the model's memory is a plain KV cache (no sliding window, no recurrent
         state): one that splits into a stream per sequence, whose sequence states
-        :class:`~llmsample.engine.llamacpp_batch.HostSequence` moves between stream counts."""
+        :class:`~llmsample.engine.llamacpp_kept.HostSequence` moves between stream counts."""
         lib, handle = self.lib, self.handle
         return not (lib.llama_model_is_recurrent(handle) or lib.llama_model_is_hybrid(handle)
                     or lib.llama_model_n_swa(handle) > 0)  # fmt: skip

@@ -151,7 +151,7 @@ def test_a_kept_state_moves_between_stream_counts_by_hand() -> None:
     """llama.cpp's sequence state: magic and sequence id (8 bytes), the stream count, each
     stream's cell count and, after the one that is not 0, its cells. Rewritten for another count,
     the cells come first and the empty streams' zeros after them."""
-    from llmsample.engine.llamacpp_batch import HostSequence
+    from llmsample.engine.llamacpp_kept import HostSequence
 
     def u32(*values: int) -> bytes:
         return b"".join(v.to_bytes(4, "little") for v in values)
