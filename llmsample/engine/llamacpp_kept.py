@@ -11,9 +11,10 @@ STATE_HEAD = 8
 
 
 class HostSequence:
-    """A kept prefix that outlived its backend: the cells of its ``length`` positions as
-    llama.cpp's sequence state, in host memory; any later backend of the same model admits
-    from it (:meth:`LlamaCppBatch.admit_saved`). It lives in no context (``owner`` None)."""
+    """A kept prefix in host memory (a stream backend's, or one that outlived its backend): the
+    cells of its ``length`` positions as llama.cpp's sequence state; any backend of the same
+    model admits from it (:meth:`LlamaCppBatch.admit_saved`). It lives in no context (``owner``
+    None)."""
 
     owner = None
 
