@@ -78,9 +78,10 @@ class LlamaCppBatch:
         join later may bring longer prompts), within the model's context per row, and at least
         ``longest`` (one row of the longest a server admits). Several rows get a stream each
         (:data:`STREAMS_COST`), room for ``longest`` positions, or where rows are known, twice
-        ``positions``; the prompt cache keeps their prefixes in host memory. Else ``cache_bytes``, the prompt cache's budget, buys its kept
-        prefixes cells of their own, no more than the rows have (every row's attention spans
-        every cell in use, kept or live), and ``SPARE`` sequence ids."""
+        ``positions``; the prompt cache keeps their prefixes in host memory. Else
+        ``cache_bytes``, the prompt cache's budget, buys its kept prefixes cells of their own,
+        no more than the rows have (every row's attention spans every cell in use, kept or
+        live), and ``SPARE`` sequence ids."""
         self.model, self.lib = model, model.lib
         self.sample_device = torch.device("cpu")
         self.on_forward = on_forward
