@@ -229,9 +229,9 @@ def one_count(peers: list[Peer], clients: int, requests: int, runs: int, tokens:
 
             def run() -> Side | None:
                 done[0] += 1
-                mine = [{**body, **peer.extra} for body in round_work(requests, tokens, done[0])]
                 if peer.name in failed:
                     return None
+                mine = [{**body, **peer.extra} for body in round_work(requests, tokens, done[0])]
                 before = forward_seconds(url) if peer.name == OURS else 0.0
                 try:
                     measured = through_server(url, clients, mine)

@@ -302,33 +302,33 @@ class LlamaCppBatch:
                 raise RuntimeFailure(decode_error(code, len(chunk)))
             wanted = sum(e[3] for e in chunk) - (skip is not None)
             if wanted:
-                self._copy_logits(out, skip == 0, rows_out[at : at + wanted])
+                rows = range(at, at + wanted) if rows_out is None else rows_out[at : at + wanted]
+                self._copy_logits(out, skip == 0, rows)
                 at += wanted
         if self.on_forward is not None:
             self.on_forward(time.perf_counter() - start)
         return out
 
-    def _in_stream_order(self, entries: list[Entry]) -> tuple[list[Entry], list[int]]:
+    def _in_stream_order(self, entries: list[Entry]) -> tuple[list[Entry], list[int] | None]:
         """``entries`` as llama.cpp decodes them in the fewest passes, and where each wanted
-        logit row goes in the caller's order. With a stream per sequence, llama.cpp's pass takes
-        consecutive sequence ids, found from the batch's first entry on: so the entries go by
-        sequence id (each one's in order). Else as given."""
-        wanted = list(range(sum(e[3] for e in entries)))
+        logit row goes in the caller's order (None: in order). With a stream per sequence,
+        llama.cpp's pass takes consecutive sequence ids, found from the batch's first entry on:
+        so the entries go by sequence id (each one's in order). Else as given."""
         if not self.streams or all(a[2] <= b[2] for a, b in itertools.pairwise(entries)):
-            return entries, wanted
+            return entries, None
         order = sorted(range(len(entries)), key=lambda i: entries[i][2])
         out_row = list(itertools.accumulate(e[3] for e in entries))
         return [entries[i] for i in order], [out_row[i] - 1 for i in order if entries[i][3]]
 
-    def _copy_logits(self, out: Tensor, skip_first: bool, rows: list[int]) -> None:
+    def _copy_logits(self, out: Tensor, skip_first: bool, rows: range | list[int]) -> None:
         """The last pass's wanted logit rows from llama.cpp's output buffer into ``out``'s
-        ``rows`` (one copy where they are consecutive); ``skip_first``: its first output row
-        was only computed (:func:`passes`)."""
+        ``rows`` (one copy for a range); ``skip_first``: its first output row was only computed
+        (:func:`passes`)."""
         row_bytes = out.shape[-1] * out.element_size()
         source = ctypes.cast(self.lib.llama_get_logits(self.context), ctypes.c_void_p).value or 0
         source += row_bytes if skip_first else 0
-        if rows == list(range(rows[0], rows[0] + len(rows))):
-            ctypes.memmove(out.data_ptr() + rows[0] * row_bytes, source, len(rows) * row_bytes)
+        if isinstance(rows, range):
+            ctypes.memmove(out.data_ptr() + rows.start * row_bytes, source, len(rows) * row_bytes)
             return
         for i, row in enumerate(rows):
             ctypes.memmove(out.data_ptr() + row * row_bytes, source + i * row_bytes, row_bytes)
