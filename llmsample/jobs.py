@@ -55,7 +55,11 @@ class Job:
     ``watch``: tokens whose numbers every record carries (each row its own). What needs more
     than a row of the batch (:class:`Capabilities`): ``reference`` (every token scored under the
     engine's float32 reference model) and ``drafter`` (the engine's own drafter: ``auto``, the
-    default, ``suffix``, its pool across requests, or ``model``, its draft model)."""
+    default, ``suffix``, its pool across requests, or ``model``, its draft model). ``own_pool``:
+    with ``auto``, the job's rows draft from a fresh pool of their own, as a ``generate`` process's,
+    not the engine's (a chat exchange): on llama.cpp a draft's length
+    changes a pass's rounding, so a seed gives ``generate``'s text only from ``generate``'s pool,
+    and an undone exchange leaves nothing behind."""
 
     prompt: str
     cfg: SamplingConfig
@@ -76,6 +80,7 @@ class Job:
     drafter: str | None = None
     prompt_ids: tuple[int, ...] | None = None
     prefix: tuple[int, ...] = ()
+    own_pool: bool = False
 
     def to_json(self) -> dict[str, Any]:
         config = {f.name: getattr(self.cfg, f.name) for f in fields(self.cfg)}

@@ -258,7 +258,8 @@ class Chat:
         return answered.prompt_ids or [], _pairs(answered.records)
 
     def _job(self, cfg: SamplingConfig, messages: list[dict[str, Any]], prefix: tuple[int, ...], top_n: int | None = None) -> Any:
-        """A turn's job: the conversation, the room kept for the reply (and its forced start)."""
+        """A turn's job: the conversation, the room kept for the reply (and its forced start); its
+        drafts from a pool of its own, so an undone exchange leaves none behind (``Job.own_pool``)."""
         from llmsample.jobs import Job
 
         settings, drafts = self.settings, self.settings.ngram or self.settings.drafter
@@ -266,7 +267,7 @@ class Chat:
         return Job("", cfg, self.preset, top_n=settings.top_n if top_n is None else top_n, messages=messages,
                    model=self.name, ngram=settings.ngram, drafter=settings.drafter,
                    draft_tokens=settings.draft_tokens if drafts else None, fit_room=room,
-                   ignore_eos=settings.ignore_eos, watch=self.watch, prefix=prefix)  # fmt: skip
+                   ignore_eos=settings.ignore_eos, watch=self.watch, prefix=prefix, own_pool=True)  # fmt: skip
 
     def _going_on(self) -> str:
         """How to pick the conversation up again, once an engine answers."""

@@ -55,7 +55,7 @@ def job_from_json(data: Any) -> Job:
         raise ValueError(f"fit_room: expected a whole number from 0, with messages, got {room!r}")
     if not isinstance(data.get("cache_prompt", True), bool):
         raise ValueError(f"cache_prompt: expected true or false, got {data['cache_prompt']!r}")
-    for key in ("ignore_eos", "reference"):
+    for key in ("ignore_eos", "reference", "own_pool"):
         if not isinstance(data.get(key, False), bool):
             raise ValueError(f"{key}: expected true or false, got {data[key]!r}")
     if data.get("drafter") not in (None, "auto", "suffix", "model"):

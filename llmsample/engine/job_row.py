@@ -13,14 +13,15 @@ from llmsample.engine.prompt import fit_exchanges, message_id_list, prompt_id_li
 from llmsample.engine.row_state import BatchItem
 from llmsample.errors import UserError
 from llmsample.events import RunStats
-from llmsample.jobs import Job
+from llmsample.jobs import AUTO, Job
 from llmsample.models.loading import LoadedModel
 
 
 def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | None = None) -> tuple[BatchItem, int]:
     """The job's row, and how many of a conversation's oldest exchanges were dropped to fit
     (``fit_room``). ``drafter``: the engine's own drafter for ``job.drafter`` (a suffix pool,
-    a draft model), which the caller holds; ``job.ngram`` makes a prompt-lookup drafter here.
+    a draft model), which the caller holds, or for ``auto`` with ``own_pool`` the same over an
+    empty pool; ``job.ngram`` makes a prompt-lookup drafter here.
     A prompt that cannot be run (too long, no chat template) or a watched text that is no
     token raises ``UserError``."""
     dropped = 0
@@ -43,6 +44,8 @@ def job_row(lm: LoadedModel, job: Job, key: Any, drafter: Callable[[], Any] | No
         stats.note(device_map=tuple(lm.placed_on))
     if job.ngram is not None:
         drafter = ngram_drafter(lm, *job.ngram)
+    elif job.own_pool and job.drafter == AUTO and drafter is not None:
+        drafter = drafter.fresh()  # the engine's auto drafters over an empty pool of the job's own
     watch = ()
     if job.watch:
         from llmsample.sampling.vocabulary import Vocabulary, named_tokens

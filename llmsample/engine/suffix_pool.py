@@ -15,13 +15,14 @@ gives the same text with the same requests at the same batch size, not in any ba
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from llmsample.engine.pass_cost import best_length
+from llmsample.engine.pass_cost import PassShape, best_length, machine_shape
 from llmsample.engine.speculative import NgramDrafter
 from llmsample.jobs import NGRAM
 from llmsample.models.loading import LoadedModel
@@ -33,19 +34,13 @@ POOL_TOKENS = 1 << 20
 """Tokens the pool holds by default (its index: a few entries per token; ~100 MB in Python at most)."""
 
 
-MIN_PROB = 0.6
-"""A draft goes on while the chance that the target accepts all of it so far stays at least this
-(for one row; more rows raise it, :meth:`SuffixPool.floor`), in a pool that does not price its
-passes (``--draft auto``'s; ``--draft suffix``'s prices them: :data:`REACH`). A drafted position
-is not free on a CPU: on the default model (llama.cpp F16, 2 cores) the first costs ~8 ms beside
-a one-row pass of ~11 ms, so a lone drafted token pays only when it is kept about three times in
-four (docs/history/2026-12.md, 2026-12-06)."""
-
 REACH = 0.2
-"""In a pool that prices its passes (:mod:`llmsample.engine.pass_cost`), a draft goes on while the
-chance that all of it is kept stays at least this, and its length is the one with the most tokens
+"""A draft goes on while the chance that all of it is kept stays at least this, and in a pool that
+prices its passes (:mod:`llmsample.engine.pass_cost`) its length is the one with the most tokens
 for its pass's cost (:func:`best_length`): on the default model a drafted position past the first
-costs a fifth of a one-position pass, so a token kept less often than that pays nowhere."""
+costs a fifth or less of a one-position pass, so a token kept less often than that pays nowhere.
+(The fixed floor before it, 0.6 and more as rows joined, drafted 0.86-1.0x as fast on the
+vs-llamacpp workloads, docs/history/2026-12.md, 2026-12-07.)"""
 
 BINS = (0.5, 0.8, 0.95)
 """Edges of the pool's own estimate of a drafted token (its share of what followed its context):
@@ -81,7 +76,7 @@ class SuffixPool:
 
     A proposal follows SuffixDecoding (arXiv 2411.04975): what followed the latest occurrence of
     the longest match, cut at ``MAX_SPEC_FACTOR`` times the match's length and where the chance
-    that all of it is accepted falls below :meth:`floor` (:meth:`confident`). That chance is the
+    that all of it is accepted falls below ``min_prob`` (:meth:`confident`). That chance is the
     product of each token's frequency after its context, as the target has kept such tokens
     (:meth:`calibrated`): the pool measures how often the target accepts its rows' drafts (the
     pool's and their own lookup's, :meth:`scored`) by how sure it was of each token."""
@@ -91,14 +86,14 @@ class SuffixPool:
         ngram_min: int = 2,
         ngram_max: int = 6,
         max_tokens: int = POOL_TOKENS,
-        min_prob: float = MIN_PROB,
-        rows_cost: bool = True,
-        priced: bool = False,
+        min_prob: float = REACH,
+        shape: PassShape | None = None,
     ) -> None:
-        """``rows_cost``: the floor rises with the rows sharing a pass (:meth:`floor`); ``priced``:
-        a draft's length is the one that pays most for what passes cost (:meth:`confident`)."""
+        """``min_prob``: a draft stops where the chance that all of it is kept falls below this;
+        ``shape``: what passes cost by width, a draft's length then the one that pays most
+        (:meth:`confident`; None: as long as ``min_prob`` lets it go)."""
         self.ngram_min, self.ngram_max, self.max_tokens = ngram_min, ngram_max, max_tokens
-        self.min_prob, self.rows_cost, self.priced = min_prob, rows_cost, priced
+        self.min_prob, self.shape = min_prob, shape
         self.tested = [0.0] * (len(BINS) + 1)  # drafted positions the target verified, by bin
         self.kept = [0.0] * (len(BINS) + 1)  # and those it accepted
         self.sequences: OrderedDict[int, list[int]] = OrderedDict()
@@ -106,6 +101,10 @@ class SuffixPool:
         self.counts: Counter[tuple[int, ...]] = Counter()
         self.tokens = 0
         self._ids = 0
+
+    def empty(self) -> SuffixPool:
+        """A pool with these settings and nothing learned (a job's own: :attr:`llmsample.jobs.Job.own_pool`)."""
+        return SuffixPool(self.ngram_min, self.ngram_max, self.max_tokens, self.min_prob, self.shape)
 
     def open(self) -> int:
         """A new sequence (a row that starts); its id."""
@@ -164,38 +163,28 @@ class SuffixPool:
         b = bisect.bisect_right(BINS, chance)
         return (self.kept[b] + PRIOR * chance) / (self.tested[b] + PRIOR)
 
-    def floor(self, rows: int = 1) -> float:
-        """The chance a draft must keep in a pass of ``rows`` rows: ``min_prob`` for one, and with
-        ``rows_cost`` at least ``rows / (rows + 1)`` for more. An accepted token saves one row's
-        share of a pass, which shrinks as rows join, while a drafted position costs about the
-        same (on the default model, 2 cores: ~6.5 ms beside a 4-row pass of ~36 ms); and a row
-        that finishes ahead of the others is replaced by a prompt prefilled alone
-        (docs/history/2026-12.md, 2026-12-05)."""
-        return max(self.min_prob, rows / (rows + 1)) if self.rows_cost and rows > 1 else self.min_prob
-
     def confident(self, seq: list[int], continuation: list[int], rows: int = 1) -> tuple[list[int], list[float]]:
         """The first tokens of ``continuation`` (after ``seq``) worth drafting for a pass of ``rows``
         rows, and the pool's estimate of each: its share of what followed the token's longest
         context seen twice or more in the pool. Each token's :meth:`calibrated` estimate multiplies
         into the chance that the target keeps all of the draft so far; the draft goes on while that
-        stays at least :meth:`floor`, or, in a pool that prices its passes, at least
-        :data:`REACH`, its length then the one that makes the most tokens for the pass's cost
+        stays at least ``min_prob``, and in a pool that prices its passes its length is then the
+        one that makes the most tokens for the pass's cost
         (:func:`llmsample.engine.pass_cost.best_length`)."""
         counts, low = self.counts, max(self.ngram_min - 1, 1)
-        floor = min(self.min_prob, REACH) if self.priced else self.floor(rows)
         context, joint, chances, joints = list(seq[-self.ngram_max :]), 1.0, [], []
         for token in continuation:
             lengths = range(min(self.ngram_max, len(context)), low - 1, -1)
             seen = next((key for n in lengths if counts[key := tuple(context[len(context) - n :])] >= 2), None)
             chance = counts[(*seen, token)] / counts[seen] if seen is not None else 0.0
             joint *= self.calibrated(chance)
-            if joint < floor:
+            if joint < self.min_prob:
                 break
             chances.append(chance)
             joints.append(joint)
             context = [*context[1:], token] if len(context) == self.ngram_max else [*context, token]
-        if self.priced:
-            chances = chances[: best_length(joints, rows)]
+        if self.shape is not None:
+            chances = chances[: best_length(joints, rows, self.shape)]
         return continuation[: len(chances)], chances
 
     def _count(self, held: list[int], start: int, sign: int) -> None:
@@ -275,8 +264,8 @@ class SuffixDrafter:
 
 
 DRAFTING_BACKENDS = ("llama.cpp", "torch")
-"""Where ``--draft auto`` drafts: llama.cpp (the default, where :data:`MIN_PROB`'s cost of a
-drafted position was measured) and the torch forward. transformers' own forward (a reference
+"""Where ``--draft auto`` drafts: llama.cpp (the default, where what a drafted position costs
+was measured, :mod:`llmsample.engine.pass_cost`) and the torch forward. transformers' own forward (a reference
 path, never the default) decodes one token a pass unless a drafter is asked for."""
 
 
@@ -293,19 +282,24 @@ class PoolDrafters:
     def __call__(self) -> SuffixDrafter:
         return SuffixDrafter(self.pool, NgramDrafter(self.vocab_size, self.device, *self.ngram))
 
+    def fresh(self) -> PoolDrafters:
+        """The same drafters over an empty pool: a job's own, as a ``generate`` process starts
+        with (:attr:`llmsample.jobs.Job.own_pool`)."""
+        return dataclasses.replace(self, pool=self.pool.empty())
 
-def suffix_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM, priced: bool = True) -> PoolDrafters:
-    """``--draft suffix`` for ``lm``: a fresh pool, its draft lengths priced by what passes cost
-    (``priced``: :mod:`llmsample.engine.pass_cost`)."""
-    pool = SuffixPool(ngram[0], max(ngram[1], 6), priced=priced)
+
+def suffix_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters:
+    """``--draft suffix`` for ``lm``: a fresh pool, its draft lengths priced by what passes cost on
+    this machine (:mod:`llmsample.engine.pass_cost`)."""
+    pool = SuffixPool(ngram[0], max(ngram[1], 6), shape=machine_shape())
     return PoolDrafters(pool, lm.model.config.vocab_size, lm.sample_device, ngram)
 
 
 def auto_drafter(lm: LoadedModel, ngram: tuple[int, int] = NGRAM) -> PoolDrafters | None:
     """``--draft auto``, the default: the suffix pool and prompt lookup, which draft only what the
     pool expects the target to keep (:meth:`SuffixPool.confident`, from measured acceptance), so
-    where drafts are rejected they stop; None on a backend that does not draft by default. Its
-    pool keeps the fixed floor (not priced): a draft changes a pass's rounding on llama.cpp, and a
-    chat's pool holds its undone turns, so the longer priced drafts parted a chat turn after
-    ``/undo`` from ``generate``'s text for the same seed (1 of 20, ``tests/commands/test_one_seed.py``)."""
-    return suffix_drafter(lm, ngram, priced=False) if lm.backend in DRAFTING_BACKENDS else None
+    where drafts are rejected they stop, each draft as long as pays most for what passes cost;
+    None on a backend that does not draft by default. A draft changes a pass's rounding on
+    llama.cpp, so a job that must give ``generate``'s text for a seed (a chat exchange, which
+    may be undone) drafts from a pool of its own (:meth:`PoolDrafters.fresh`)."""
+    return suffix_drafter(lm, ngram) if lm.backend in DRAFTING_BACKENDS else None

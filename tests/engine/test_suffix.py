@@ -12,10 +12,11 @@ import torch
 import llmsample.engine.suffix_pool
 from llmsample.engine.continuous_batch import decode_batch
 from llmsample.engine.loop import generate, run_to_end
+from llmsample.engine.pass_cost import machine_shape
 from llmsample.engine.prompt import encode_prompt
 from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.engine.speculative import NgramDrafter
-from llmsample.engine.suffix_pool import PRIOR, SuffixDrafter, SuffixPool, auto_drafter
+from llmsample.engine.suffix_pool import PRIOR, REACH, SuffixDrafter, SuffixPool, auto_drafter
 from llmsample.events import RunStats, TokenEvent
 from llmsample.models.loading import load_model
 from llmsample.sampling.config import SamplingConfig
@@ -99,19 +100,6 @@ def test_the_pools_estimate_is_taken_as_the_target_kept_tokens_it_was_as_sure_of
     assert pool.kept[-1] / pool.tested[-1] == pytest.approx(20 / 40)
 
 
-def test_the_cut_rises_with_the_rows_sharing_a_pass() -> None:
-    pool = SuffixPool(2, 3, min_prob=0.6)
-    assert [pool.floor(rows) for rows in (1, 2, 4)] == [0.6, 2 / 3, 0.8]
-    assert SuffixPool(2, 3, min_prob=0.6, rows_cost=False).floor(4) == 0.6
-    for _ in range(5):
-        pool.extend(pool.open(), [0, 1, 2, 3, 4, 5, 6, 7, 8], 9)
-    for _ in range(25):
-        pool.scored([1.0, 1.0, 1.0, 1.0], 3)  # 75 of 100 kept
-    assert pool.calibrated(1.0) == pytest.approx((75 + PRIOR) / (100 + PRIOR))
-    assert pool.confident([1, 2, 3], [4, 5, 6], rows=1)[0] == [4]  # 0.75, then 0.57 < 0.6
-    assert pool.confident([1, 2, 3], [4, 5, 6], rows=4)[0] == []  # 0.75 < 0.8
-
-
 def run(lm, prompts: list[list[int]], cfg: SamplingConfig, maker) -> tuple[dict[int, list[int]], dict[int, object]]:
     items = [BatchItem(i, p, dataclasses.replace(cfg, seed=100 + i), RunStats("t", "t", 100 + i), maker)
              for i, p in enumerate(prompts)]  # fmt: skip
@@ -163,7 +151,7 @@ def test_rows_drafting_from_the_pool_follow_the_target_distribution(target, min_
     before."""
     samples = 1500
     prompt = [0, 5, 7, 5]
-    pool = SuffixPool(1, 4, min_prob=min_prob, rows_cost=False)
+    pool = SuffixPool(1, 4, min_prob=min_prob)
     own = NgramDrafter(VOCAB, CPU, 1, 4)
     names = list(SETTINGS)
     requests = [
@@ -207,7 +195,7 @@ def test_auto_drafts_on_llama_cpp_and_the_torch_forward_only(tiny_lm) -> None:
     for backend in ("llama.cpp", "torch"):
         made = auto_drafter(dataclasses.replace(tiny_lm, backend=backend), (2, 4))
         assert made is not None and isinstance(made(), SuffixDrafter)
-        assert (made.pool.ngram_min, made.pool.ngram_max, made.pool.min_prob) == (2, 6, llmsample.engine.suffix_pool.MIN_PROB)
+        assert (made.pool.ngram_min, made.pool.ngram_max, made.pool.min_prob, made.pool.shape) == (2, 6, REACH, machine_shape())
 
 
 def test_auto_stops_drafting_where_the_target_rejects_its_drafts(tiny_lm) -> None:

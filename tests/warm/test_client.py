@@ -116,6 +116,10 @@ def test_an_explanation_and_its_answer_round_trip() -> None:
     assert job_from_json(json.loads(json.dumps(once.to_json()))) == once
     with pytest.raises(ValueError, match="cache_prompt"):
         job_from_json({**once.to_json(), "cache_prompt": "no"})
+    exchange = Job("hi", SamplingConfig(seed=5), "balanced", drafter="auto", own_pool=True)
+    assert job_from_json(json.loads(json.dumps(exchange.to_json()))) == exchange
+    with pytest.raises(ValueError, match="own_pool"):
+        job_from_json({**exchange.to_json(), "own_pool": 1})
     asked = Explanation(Job("hi", SamplingConfig(), "code"), " there", ("w3", "7"))
     assert explanation_from_json(json.loads(json.dumps(asked.to_json()))) == asked
     report = ChainReport(["raw", "top_k"], [StageCandidate(3, " w3", {"raw": 0.1 + 0.2, "top_k": 1 / 3}, "top_k")],
