@@ -38,9 +38,9 @@ REACH = 0.2
 """A draft goes on while the chance that all of it is kept stays at least this, and in a pool that
 prices its passes (:mod:`llmsample.engine.pass_cost`) its length is the one with the most tokens
 for its pass's cost (:func:`best_length`): on the default model a drafted position past the first
-costs a fifth or less of a one-position pass, so a token kept less often than that pays nowhere.
-(The fixed floor before it, 0.6 and more as rows joined, drafted 0.86-1.0x as fast on the
-vs-llamacpp workloads, docs/history/2026-12.md, 2026-12-07.)"""
+costs about a fifth of a one-position pass or less, so a token kept less often than that pays
+nowhere. It replaced a fixed floor (0.6, and more as rows joined): priced, the vs-llamacpp
+workloads ran 0.94-1.28x as fast (docs/history/2026-12.md, 2026-12-07)."""
 
 BINS = (0.5, 0.8, 0.95)
 """Edges of the pool's own estimate of a drafted token (its share of what followed its context):
