@@ -114,7 +114,6 @@ def open_backend(
     on_forward: Callable[[float], None] | None = None,
     *,
     steps: bool = True,
-    cache_bytes: int = 0,
     deterministic: bool = False,
     longest: int = 0,
 ) -> Backend:
@@ -126,8 +125,7 @@ def open_backend(
     one prompt's rows, or one request at a time, in lockstep.
     ``on_forward``: told the seconds of each forward pass (the padded batch's; benchmarks);
     ``steps``: False where the run only admits and verifies (teacher forcing, a draft model's
-    cache), which a compiled one-token step would not serve; ``cache_bytes``: the prompt cache's
-    budget, for a backend whose kept prefixes need room of its own (llama.cpp's context).
+    cache), which a compiled one-token step would not serve.
     ``deterministic`` (a run's mode, ``--deterministic``): every row runs on a one-row backend of
     its own, one position per pass (:mod:`llmsample.engine.deterministic`), without a prompt
     cache. ``longest``: the positions one row may take, where rows of unknown length join later
@@ -135,8 +133,8 @@ def open_backend(
     if deterministic:
         from llmsample.engine.deterministic import DeterministicBackend
 
-        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps, 0, longest))
-    return _open(lm, rows, positions, one_prompt, on_forward, steps, cache_bytes, longest)
+        return DeterministicBackend(lambda: _open(lm, 1, positions, True, on_forward, steps, longest))
+    return _open(lm, rows, positions, one_prompt, on_forward, steps, longest)
 
 
 def _open(
@@ -146,7 +144,6 @@ def _open(
     one_prompt: bool,
     on_forward: Callable[[float], None] | None,
     steps: bool,
-    cache_bytes: int,
     longest: int = 0,
 ) -> Backend:
     from llmsample.engine.lockstep import LockstepBatch
@@ -157,7 +154,7 @@ def _open(
     if lm.backend == "llama.cpp":
         from llmsample.engine.llamacpp_batch import LlamaCppBatch
 
-        return LlamaCppBatch(lm.model, rows, positions, on_forward, cache_bytes, longest)
+        return LlamaCppBatch(lm.model, rows, positions, on_forward, longest)
     if lm.tensor_parallel:
         if not one_prompt:
             raise UserError(

@@ -80,10 +80,9 @@ def decode(
         positions = max(positions, min(longest, JOINING))
     with contextlib.ExitStack() as stack:
         cache = options.prompt_cache if options.reference is None else None
-        budget = cache.budget if cache is not None else 0
-        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward, cache_bytes=budget,
+        backend = open_backend(lm, max_rows, positions, one_prompt, options.on_forward,
                                deterministic=options.deterministic, longest=longest)
-        backend = with_prompt_cache(backend, cache)  # closing it forgets what lives in it
+        backend = with_prompt_cache(backend, cache)
         stack.enter_context(contextlib.closing(backend))
         backends = [backend]
         if options.reference is not None:

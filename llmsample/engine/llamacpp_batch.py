@@ -1,13 +1,15 @@
 """The llama.cpp backend behind the engine's seam (:mod:`llmsample.engine.backend`): each row is
 a llama.cpp sequence of one unified KV cache, or from :data:`STREAMS_ROWS` rows of a stream of
-its own (kept prefixes then in host memory), and every call is one ``llama_batch`` of
+its own, and every call is one ``llama_batch`` of
 ``(token, position, sequence, wants logits)`` entries: ``admit`` a prompt per new sequence id
 with logits at its last token, ``step`` a token per row, ``verify`` each row's ragged tokens
 with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copies`` is
-``seq_cp`` (the copies share the prompt's cells); the prompt cache's ``save`` keeps a row's
-prefix under a spare sequence id (``seq_cp`` again) and ``admit_saved`` copies it into a new
-row's sequence (``detach`` copies a kept prefix to host memory when the backend closes, so the
-next one starts from it). Logits go from llama.cpp's output buffer into
+``seq_cp`` (the copies share the prompt's cells); the prompt cache's ``save`` copies a row's
+sequence state to host memory and ``admit_saved`` writes it into a new row's sequence. Kept
+prefixes never hold cells of the context: every row's attention spans every cell in use up to
+the highest, so kept rows in the unified cache slowed every pass (4 streaming clients on a
+server: 0.81x llama-server's tokens a second with them, 1.17x in host memory,
+docs/history/2026-12.md). Logits go from llama.cpp's output buffer into
 the float32 tensor the chain reads in one copy (a view would be overwritten by the next decode,
 and a joining row's prefill runs before the chain has read the last step's logits)."""
 
@@ -25,21 +27,18 @@ from torch import Tensor
 from llmsample.engine.llamacpp_kept import HostSequence
 from llmsample.engine.thread_choice import ThreadChoice
 from llmsample.errors import RuntimeFailure
-from llmsample.models.llamacpp_model import MAX_SEQUENCES, LlamaCppModel
+from llmsample.models.llamacpp_model import LlamaCppModel
 
 Entry = tuple[int, int, int, bool]
 """A ``llama_batch`` entry: token, position, sequence id, whether its logits are wanted."""
 BATCH = 512  # tokens per llama_decode call (a longer prefill is fed in several)
-SPARE = 32
-"""Sequence ids beside the rows' for the prompt cache's kept prefixes (one each): the most
-prefixes one backend keeps at once (the cache lets its oldest go for a new one)."""
 STREAMS_ROWS, STREAMS_COST = 8, 2
 """A cache of one stream per row is made for at least ``STREAMS_ROWS`` rows, where it takes at
 most ``STREAMS_COST`` times the unified cache's cells (each stream holds the longest row; the
 unified cache holds twice the rows' positions): its rows attend over their own cells alone, and
-not over the others' and the kept prefixes'. Steps of 80-token rows, the default model on 2
-cores (``experiments/stream_steps.py``): 16 rows 62 ms against 92 unified, 8 rows 34 against 37
-(with 8 kept prefixes 35-40 against 44-56), 4 rows 27 against 27-30. Fewer rows keep drafting
+not over the others'. Steps of 80-token rows, the default model on 2 cores
+(``experiments/stream_steps.py``): 16 rows 62 ms against 92 unified, 8 rows 34 against 37, 4
+rows 27 against 27-30. Fewer rows keep drafting
 in a pass of their own (:attr:`LlamaCppBatch.splits_ragged`). A stream of more cells steps
 slower, though a row uses as many: 16 rows in streams of 512 cells 53-67 ms, of 1024 or more
 68-98 (a row's values lie a stream's length apart: a server's ``--max-model-len``)."""
@@ -57,7 +56,7 @@ class LlamaCppBatch:
 
     @property
     def prefixes(self) -> LlamaCppBatch:
-        """Sequences kept and admitted again: :meth:`save` (``seq_cp``), :meth:`admit_saved`."""
+        """Sequences kept in host memory and admitted again: :meth:`save`, :meth:`admit_saved`."""
         return self
 
     @property
@@ -71,17 +70,13 @@ class LlamaCppBatch:
         rows: int,
         positions: int,
         on_forward: Callable[[float], None] | None = None,
-        cache_bytes: int = 0,
         longest: int = 0,
     ) -> None:
         """Room for ``rows`` live rows; the cache holds twice ``rows x positions`` cells (rows that
         join later may bring longer prompts), within the model's context per row, and at least
         ``longest`` (one row of the longest a server admits). Several rows get a stream each
         (:data:`STREAMS_COST`), room for ``longest`` positions, or where rows are known, twice
-        ``positions``; the prompt cache keeps their prefixes in host memory. Else
-        ``cache_bytes``, the prompt cache's budget, buys its kept prefixes cells of their own,
-        no more than the rows have (every row's attention spans every cell in use, kept or
-        live), and ``SPARE`` sequence ids."""
+        ``positions``."""
         self.model, self.lib = model, model.lib
         self.sample_device = torch.device("cpu")
         self.on_forward = on_forward
@@ -92,14 +87,10 @@ class LlamaCppBatch:
         fits = room == 256 or rows * room <= STREAMS_COST * cells  # 256: the least a stream takes
         self.streams = rows >= STREAMS_ROWS and fits and model.plain_cache()
         self.n_stream = rows if self.streams else 1
-        spare = min(SPARE, MAX_SEQUENCES - rows) if cache_bytes and not self.streams else 0
-        self.save_cells = min(cache_bytes // self.cell_bytes, cells) if spare > 0 else 0
-        self.saved_cells = 0  # cells the kept prefixes hold (counted as if they shared none)
         if self.streams:
             self.context = model.new_context(rows, rows * room, BATCH, unified=False)
         else:
-            total = cells + self.save_cells
-            self.context = model.new_context(rows + spare, -(-total // 256) * 256, BATCH)
+            self.context = model.new_context(rows, -(-cells // 256) * 256, BATCH)
         self.threads, self.threads_set = ThreadChoice(model.threads), model.threads  # measured per pass
         self.memory = self.lib.llama_get_memory(self.context)
         self.batch = self.lib.llama_batch_init(BATCH, 0, 1)
@@ -111,7 +102,6 @@ class LlamaCppBatch:
         self.seqs: list[int] = []
         self.lengths: list[int] = []
         self.free = list(range(rows - 1, -1, -1))
-        self.spare = list(range(rows + spare - 1, rows - 1, -1))
 
     @property
     def rows(self) -> int:
@@ -138,53 +128,27 @@ class LlamaCppBatch:
             self.lengths.append(len(prompt))
         return logits.expand(copies, -1)
 
-    def can_save(self, length: int) -> bool:
-        """Whether a prefix of ``length`` positions can be kept now: a spare id and cells, or
-        host memory (streams: the prompt cache's budget bounds it)."""
-        return self.streams or (bool(self.spare) and self.saved_cells + length <= self.save_cells)
-
-    def save(self, row: int, length: int) -> SavedSequence | HostSequence:
-        """Row ``row``'s first ``length`` positions kept under a spare id (sharing the row's cells
-        while it lives), or with streams, in host memory (a stream is copied only whole);
-        call :meth:`can_save` first."""
-        if self.streams:
-            return self._host_copy(self.seqs[row], length)
-        seq = self.spare.pop()
-        self.lib.llama_memory_seq_cp(self.memory, self.seqs[row], seq, 0, length)
-        self.saved_cells += length
-        return SavedSequence(self, seq, length)
-
-    def detach(self, saved: SavedSequence) -> HostSequence:
-        """``saved``'s cells copied out of this context, for a backend opened after this one
-        closes; ``saved`` itself is released."""
-        host = self._host_copy(saved.seq, saved.length)
-        saved.release()
-        return host
-
-    def _host_copy(self, seq: int, length: int) -> HostSequence:
-        """Sequence ``seq``'s cells in host memory (``llama_state_seq_get_data``), of which the
-        first ``length`` positions are admitted again."""
+    def save(self, row: int, length: int) -> HostSequence:
+        """Row ``row``'s sequence state in host memory (``llama_state_seq_get_data``), of which
+        the first ``length`` positions are admitted again."""
+        seq = self.seqs[row]
         size = self.lib.llama_state_seq_get_size(self.context, seq)
         buffer = (ctypes.c_uint8 * size)()
         written = self.lib.llama_state_seq_get_data(self.context, buffer, size, seq)
         return HostSequence(bytes(buffer)[:written], length, self.n_stream)
 
-    def admit_saved(self, saved: SavedSequence | HostSequence, length: int, rest: list[int]) -> Tensor:
-        """A new last row: ``saved``'s first ``length`` positions (``seq_cp``, or from host
-        memory with ``llama_state_seq_set_data`` when an earlier backend kept them), then ``rest``
-        prefilled after them; logits at its last token."""
+    def admit_saved(self, saved: HostSequence, length: int, rest: list[int]) -> Tensor:
+        """A new last row: ``saved``'s first ``length`` positions (``llama_state_seq_set_data``),
+        then ``rest`` prefilled after them; logits at its last token."""
         if not self.free:
             raise ValueError("1 row does not fit: room for 0 more")
         seq = self.free.pop()
-        if isinstance(saved, HostSequence):
-            state = saved.state(self.n_stream)
-            data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-            if not self.lib.llama_state_seq_set_data(self.context, data, len(state), seq):
-                self._give_back([seq])
-                raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
-            self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
-        else:
-            self.lib.llama_memory_seq_cp(self.memory, saved.seq, seq, 0, length)
+        state = saved.state(self.n_stream)
+        data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        if not self.lib.llama_state_seq_set_data(self.context, data, len(state), seq):
+            self._give_back([seq])
+            raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
+        self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
         try:
             logits = self._decode([(t, length + i, seq, i == len(rest) - 1) for i, t in enumerate(rest)])
         except BaseException:
@@ -343,25 +307,6 @@ class LlamaCppBatch:
         seq_id = batch.seq_id
         for i, seq in enumerate(seqs):
             seq_id[i][0] = seq
-
-
-class SavedSequence:
-    """A kept prefix: a spare sequence id of ``owner``'s cache holding ``length`` positions; it
-    lives as long as the backend (the prompt cache lets it go when the backend closes)."""
-
-    def __init__(self, owner: LlamaCppBatch, seq: int, length: int) -> None:
-        self.owner, self.seq, self.length = owner, seq, length
-        self.nbytes = length * owner.cell_bytes
-
-    def release(self) -> None:
-        """The id and its cells back to the backend (nothing once it closed); idempotent."""
-        seq, self.seq = self.seq, -1
-        owner = self.owner
-        if seq < 0 or owner.context is None:
-            return
-        owner.lib.llama_memory_seq_rm(owner.memory, seq, -1, -1)
-        owner.spare.append(seq)
-        owner.saved_cells -= self.length
 
 
 def passes(entries: list[Entry]) -> Iterator[tuple[list[Entry], int | None]]:

@@ -1,6 +1,6 @@
 """A llama.cpp backend's kept prompt prefix in host memory (:class:`~llmsample.engine.llamacpp_batch.
-LlamaCppBatch`'s ``save`` with a stream per row, and ``detach`` when it closes): a sequence's
-state, which a later backend of any stream count admits again."""
+LlamaCppBatch`'s ``save``): a sequence's state, which this backend or a later one of any stream
+count admits again."""
 
 from __future__ import annotations
 
@@ -11,12 +11,9 @@ STATE_HEAD = 8
 
 
 class HostSequence:
-    """A kept prefix in host memory (a stream backend's, or one that outlived its backend): the
-    cells of its ``length`` positions as llama.cpp's sequence state; any backend of the same
-    model admits from it (:meth:`LlamaCppBatch.admit_saved`). It lives in no context (``owner``
-    None)."""
-
-    owner = None
+    """A kept prefix in host memory: the cells of its ``length`` positions as llama.cpp's
+    sequence state; any backend of the same model admits from it
+    (:meth:`LlamaCppBatch.admit_saved`)."""
 
     def __init__(self, data: bytes, length: int, streams: int) -> None:
         """``streams``: the stream count of the context that wrote ``data``."""

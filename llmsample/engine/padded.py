@@ -178,10 +178,6 @@ class PaddedBatch:
         return logits
 
     @torch.inference_mode()
-    def can_save(self, length: int) -> bool:
-        """Always: a saved row is tensors of its own, within the prompt cache's byte budget."""
-        return True
-
     def save(self, row: int, length: int) -> SavedRow:
         """A copy of row ``row``'s first ``length`` real positions' keys and values (the prompt cache's)."""
         columns = self.mask[row].nonzero().view(-1)[:length]
@@ -196,10 +192,6 @@ class PaddedBatch:
         return SavedRow(layers)
 
     @torch.inference_mode()
-    def detach(self, saved: SavedRow) -> SavedRow:
-        """A kept row owns its tensors already: it outlives this batch as it is."""
-        return saved
-
     def admit_saved(self, saved: SavedRow, length: int, rest: list[int]) -> Tensor:
         """A new last row: ``saved``'s first ``length`` positions, then ``rest`` prefilled after them."""
         self._crop_holes()
@@ -335,8 +327,6 @@ class PaddedBatch:
 
 class SavedRow:
     """One row's keys and values per layer (None for a layer without a cache), ``[1, heads, T, dim]``."""
-
-    owner = None  # tensors of its own: it outlives the batch it came from
 
     def __init__(self, layers: list[tuple[Tensor, Tensor] | None]) -> None:
         self.layers = layers

@@ -7,7 +7,7 @@ system prompt: both prefill it once.
 
 :class:`CachingBackend` does it on the seam (:mod:`llmsample.engine.backend`) for any backend
 that can ``save`` a row's prefix and ``admit_saved`` from one (the padded batch: a copy of the
-row's keys and values; llama.cpp: a sequence kept under a spare id, ``seq_cp``): it follows
+row's keys and values; llama.cpp: the sequence's state in host memory): it follows
 every row's cached tokens through ``admit``, ``step``, ``verify`` and ``rollback``, so it knows
 exactly what each row's cache holds when it leaves, and the loop does not change."""
 
@@ -30,22 +30,16 @@ MAX_ENTRIES = 1024
 
 
 class Saved(Protocol):
-    """A copy of a row's first positions, owned by the cache: its size, the backend it lives in
-    (None: its own memory, it outlives any backend), and how to let it go."""
+    """A copy of a row's first positions in memory of its own, owned by the cache (it outlives
+    the backend it came from): its size, and how to let it go."""
 
     nbytes: int
-    owner: Any
 
     def release(self) -> None: ...
 
 
 class Prefixes(Protocol):
     """What a backend offers the prompt cache (beside :class:`llmsample.engine.backend.Backend`)."""
-
-    def can_save(self, length: int) -> bool:
-        """Whether a copy of ``length`` positions fits now beside those this backend keeps (a
-        llama.cpp context has so many sequence ids and cells; the cache lets its oldest go)."""
-        ...
 
     def save(self, row: int, length: int) -> Saved:
         """A copy of row ``row``'s first ``length`` cached positions, that outlives the row."""
@@ -54,11 +48,6 @@ class Prefixes(Protocol):
     def admit_saved(self, saved: Saved, length: int, rest: list[int]) -> Tensor:
         """A new last row holding ``saved``'s first ``length`` positions and then ``rest``
         (prefilled); its next-token logits ``[1, vocab]``."""
-        ...
-
-    def detach(self, saved: Saved) -> Saved:
-        """``saved`` moved out of this backend, which closes (llama.cpp's sequence state to host
-        memory), for the next backend of the run to start from; ``saved`` is released."""
         ...
 
 
@@ -71,7 +60,7 @@ class Entry:
 class PromptCache:
     """Rows' caches kept after they left, least recently used first out once they pass
     ``budget_bytes`` (or ``MAX_ENTRIES``); lives as long as the server or the batch run (across
-    its backends: an entry a backend cannot outlive is released with it, see :meth:`forget`).
+    its backends: every entry is memory of its own).
     Entries are found by their first ``MIN_REUSE`` tokens, so a lookup compares a prompt with
     the entries that could serve it only."""
 
@@ -115,26 +104,6 @@ class PromptCache:
         self.buckets.setdefault(tuple(tokens[:MIN_REUSE]), set()).add(self._ids)
         self.used += saved.nbytes
         while self.used > self.budget or len(self.entries) > MAX_ENTRIES:
-            self._drop(next(iter(self.entries)))
-
-    def drop_oldest(self, owner: Any) -> bool:
-        """Let the least recently used entry living in ``owner`` go; False when none does."""
-        key = next((k for k, e in self.entries.items() if e.saved.owner is owner), None)
-        if key is None:
-            return False
-        self._drop(key)
-        return True
-
-    def forget(self, owner: Any) -> None:
-        """The entries that live in ``owner`` (a backend that closes) move out of it
-        (``prefixes.detach``: llama.cpp's sequence state to host memory), so the next backend of
-        the run starts from them."""
-        for key in [k for k, e in self.entries.items() if e.saved.owner is owner]:
-            entry = self.entries[key]
-            moved = owner.prefixes.detach(entry.saved)
-            self.used += moved.nbytes - entry.saved.nbytes
-            entry.saved = moved
-        while self.used > self.budget:
             self._drop(next(iter(self.entries)))
 
     def _drop(self, key: int) -> None:
@@ -255,23 +224,9 @@ class CachingBackend:
         if max(length, live) < MIN_REUSE:
             return None, 0
         if live > length and running is not None:
-            saved = self._save(running, live)
-            if saved is not None:
-                return (saved, True), live
-            entry, length = self.cache.longest(prompt)  # what making room left
-            length = min(length, len(prompt) - 1)
-            if length < MIN_REUSE:
-                return None, 0
+            return (self.kept.save(running, live), True), live
         assert entry is not None
         return (entry.saved, False), length
-
-    def _save(self, row: int, length: int) -> Saved | None:
-        """``backend.save``, once the oldest entries living in the backend made room (None: none
-        is left to go and it still does not fit)."""
-        while not self.kept.can_save(length):
-            if not self.cache.drop_oldest(self.backend):
-                return None
-        return self.kept.save(row, length)
 
     def admit_copies(self, prompt: list[int], copies: int) -> Tensor:
         logits = self.backend.admit_copies(prompt, copies)
@@ -300,9 +255,7 @@ class CachingBackend:
         kept = set(rows)
         for r, held in enumerate(self.tokens):
             if r not in kept and len(held) >= MIN_REUSE and not self.cache.keeps(held):
-                saved = self._save(r, len(held))
-                if saved is not None:
-                    self.cache.put(held, saved)
+                self.cache.put(held, self.kept.save(r, len(held)))
         self.backend.keep(rows)
         self.tokens = [self.tokens[r] for r in rows]
 
@@ -310,7 +263,6 @@ class CachingBackend:
         return self.backend.agree(tokens)
 
     def close(self) -> None:
-        self.cache.forget(self.backend)
         self.backend.close()
 
 

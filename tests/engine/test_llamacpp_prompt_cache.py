@@ -1,9 +1,9 @@
 """The prompt cache on llama.cpp (:class:`llmsample.engine.llamacpp_batch.LlamaCppBatch`'s
-``save`` and ``admit_saved``: kept prefixes under spare sequence ids of a unified cache, or in
-host memory beside a cache of a stream per row) on a tiny float32 GGUF: a hit gives the cold
-prefill's logits (to float32 rounding) and the cold run's tokens (greedy and seeded sampling),
-prefixes leave when the spare ids or the budget run out (never a failed request), rows admitted
-together share a prefix, and a cancelled row's cache serves the next request."""
+``save`` and ``admit_saved``: kept prefixes in host memory, beside a unified cache or a cache of
+a stream per row) on a tiny float32 GGUF: a hit gives the cold prefill's logits (to float32
+rounding) and the cold run's tokens (greedy and seeded sampling), prefixes leave when the budget
+runs out (never a failed request) and hold no cell of the context, rows admitted together share
+a prefix, and a cancelled row's cache serves the next request."""
 
 from __future__ import annotations
 
@@ -39,20 +39,27 @@ def lm(tmp_path_factory: pytest.TempPathFactory):
 def test_a_hit_gives_the_logits_of_a_cold_prefill(lm) -> None:
     prompt = [*SYSTEM, 20, 21, 22]
     expected = LlamaCppBatch(lm.model, 2, 64).admit([prompt])
-    inner = LlamaCppBatch(lm.model, 2, 64, cache_bytes=BIG)
+    inner = LlamaCppBatch(lm.model, 2, 64)
     warm = CachingBackend(inner, PromptCache(BIG))
     warm.admit([[*SYSTEM, 25], [3, 4, 5, 6, 7]])  # beside a row of its own
     warm.step(torch.tensor([26, 6]))
-    warm.keep([1])  # the first row leaves: kept under a spare id, or in host memory
-    assert inner.saved_cells == (0 if inner.streams else len(SYSTEM) + 2) and len(inner.free) == 1
+    warm.keep([1])  # the first row leaves: kept in host memory, its cells free
+    assert len(inner.free) == 1 and held_elsewhere(inner) == []
     got = warm.admit([prompt])
     assert warm.reused == [len(SYSTEM)]
     # float32 rounding: the hit's attention runs over other cells of the cache (~1e-6 seen)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
     assert got.argmax(-1).tolist() == expected.argmax(-1).tolist()
     warm.close()
-    (entry,) = warm.cache.entries.values()  # what lived in the context moved to host memory
-    assert entry.saved.owner is None and warm.cache.used == entry.saved.nbytes > 0
+    (entry,) = warm.cache.entries.values()  # it outlives the context
+    assert warm.cache.used == entry.saved.nbytes > 0
+
+
+def held_elsewhere(backend: LlamaCppBatch) -> list[int]:
+    """The context's sequence ids that hold cells and are no running row's."""
+    lib = backend.lib
+    ids = range(lib.llama_n_seq_max(backend.context))
+    return [seq for seq in ids if seq not in backend.seqs and lib.llama_memory_seq_pos_max(backend.memory, seq) >= 0]
 
 
 @pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
@@ -63,13 +70,12 @@ def test_requests_after_one_another_reuse_it_and_decode_as_cold(lm, cfg: Samplin
     warm, summaries = run(lm, items(prompts, cfg), 1, cache)
     assert warm == cold
     assert [summaries[k].facts.cache.reused for k in range(4)] == [0] + [len(SYSTEM)] * 3
-    assert all(entry.saved.owner is None for entry in cache.entries.values())  # out of the closed context
 
 
 @pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
 def test_kept_prefixes_outlive_the_backend_that_kept_them(lm, cfg: SamplingConfig) -> None:
     """A batch run opens a backend per run of the loop: the second starts from what the first
-    kept (copied to host memory when the first closed), and decodes as cold."""
+    kept, and decodes as cold."""
     first, second = [[*SYSTEM, 20, 3]], [[*SYSTEM, 21, 4], [*SYSTEM, 20, 3, 9]]
     cold, _ = run(lm, items(second, cfg), 2, None)
     cache = PromptCache(BIG)
@@ -78,7 +84,7 @@ def test_kept_prefixes_outlive_the_backend_that_kept_them(lm, cfg: SamplingConfi
     assert warm == cold
     assert [summaries[k].facts.cache.reused for k in range(2)] == [len(SYSTEM), len(first[0])]
     logits = LlamaCppBatch(lm.model, 1, 64).admit([second[1]])
-    inner = LlamaCppBatch(lm.model, 1, 64, cache_bytes=BIG)
+    inner = LlamaCppBatch(lm.model, 1, 64)
     hit = CachingBackend(inner, cache).admit([second[1]])
     torch.testing.assert_close(hit, logits, rtol=0, atol=1e-5)
 
@@ -105,16 +111,11 @@ def distinct(i: int) -> list[int]:
     return [50 + 10 * i + k for k in range(8)]
 
 
-@pytest.mark.parametrize("limit", ["ids", "budget"])
-def test_prefixes_leave_oldest_first_when_ids_or_cells_run_out(lm, monkeypatch: pytest.MonkeyPatch, limit: str) -> None:
-    """Room for two kept rows (two spare ids, or two rows' cells): of four, the first two are
-    gone when the fifth and the sixth request come; every request decodes as a cold one."""
+def test_prefixes_leave_oldest_first_when_the_budget_runs_out(lm) -> None:
+    """Room for two kept rows: of four, the first two are gone when the fifth and the sixth
+    request come; every request decodes as a cold one."""
     held = len(distinct(0)) + GREEDY.max_tokens - 1  # a kept row: its prompt and what it fed
-    budget = BIG
-    if limit == "ids":
-        monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
-    else:
-        budget = (2 * held + held // 2) * lm.model.cell_bytes()
+    budget = (2 * held + held // 2) * lm.model.cell_bytes()
     prompts = [distinct(i) for i in range(4)] + [[*distinct(3), 7], [*distinct(0), 7]]
     cold, _ = run(lm, items(prompts, GREEDY), 1, None)
     warm, summaries = run(lm, items(prompts, GREEDY), 1, PromptCache(budget))
@@ -122,28 +123,17 @@ def test_prefixes_leave_oldest_first_when_ids_or_cells_run_out(lm, monkeypatch: 
     assert [summaries[k].facts.cache.reused for k in range(6)] == [0, 0, 0, 0, len(distinct(3)), 0]
 
 
-@pytest.mark.parametrize("limit", ["ids", "cells"])
-def test_spare_ids_and_cells_come_back_as_entries_go(lm, monkeypatch: pytest.MonkeyPatch, limit: str, layout: str) -> None:
-    """Room for two kept prefixes, by ids or by cells: the third makes the oldest go."""
-    if layout == "streams":
-        pytest.skip("a cache of streams keeps no prefix in its cells")
-    if limit == "ids":
-        monkeypatch.setattr("llmsample.engine.llamacpp_batch.SPARE", 2)
-    inner = LlamaCppBatch(lm.model, 2, 64, cache_bytes=BIG)
-    if limit == "cells":
-        inner.save_cells = 2 * len(distinct(0)) + 4
-    ids = len(inner.spare)
+def test_kept_prefixes_hold_no_cells(lm) -> None:
+    """However many rows were kept, the context holds only the running rows' cells: every row's
+    attention spans every cell in use up to the highest."""
+    inner = LlamaCppBatch(lm.model, 2, 64)
     warm = CachingBackend(inner, PromptCache(BIG))
     for i in range(5):
         warm.admit([distinct(i)])
         warm.keep([])
-        kept = [entry.tokens for entry in warm.cache.entries.values()]
-        assert kept == [distinct(j) for j in range(max(0, i - 1), i + 1)] and len(inner.spare) == ids - len(kept)
-        assert inner.saved_cells == len(distinct(0)) * len(kept)
-    for entry in list(warm.cache.entries.values()):
-        entry.saved.release()
-        entry.saved.release()  # idempotent
-    assert len(inner.spare) == ids and inner.saved_cells == 0
+        assert len(warm.cache.entries) == i + 1 and held_elsewhere(inner) == []
+    warm.admit([[*distinct(2), 9]])
+    assert warm.reused == [len(distinct(2))] and held_elsewhere(inner) == []
     warm.close()
 
 
