@@ -100,9 +100,12 @@ class Joining(Protocol):
         that may not start from a cached prefix)."""
         ...
 
-    def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+    def forward_joining(
+        self, fed: list[list[int]], prompts: list[list[int]], whole: Collection[int] = ()
+    ) -> tuple[Tensor, Tensor]:
         """:meth:`Backend.verify` of ``fed``, its logits flat in fed order ``[tokens, vocab]``, then
-        :meth:`Backend.admit` of ``prompts``, its logits, in one pass."""
+        :meth:`Backend.admit` of ``prompts`` (``whole``: as in :meth:`joins`), its logits, in one
+        pass."""
         ...
 
 

@@ -195,7 +195,7 @@ def run_rows(
             step = None
             continue
         fused = joining if joining and joins is not None and joins(joining) else []
-        step, prefilled = _forward(backends, rows, newest, [item.prompt_ids for item in fused])
+        step, prefilled = _forward(backends, rows, newest, [item.prompt_ids for item in fused], _whole(fused))
 
 
 def _room(backend: Backend, rows: list[Row], max_rows: int) -> bool:
@@ -217,12 +217,12 @@ def _joined(step: StepInput | None, rows: list[Row], admitted: list[torch.Tensor
 
 
 def _forward(
-    backends: list[Backend], rows: list[Row], newest: torch.Tensor, prompts: list[list[int]]
+    backends: list[Backend], rows: list[Row], newest: torch.Tensor, prompts: list[list[int]], whole: set[int]
 ) -> tuple[StepInput, torch.Tensor | None]:
     """Roll back what the last pass rejected, draft, and feed every row its newest token (and
     drafts): a one-token step when nobody drafts, else one ragged verification pass; with
-    ``prompts`` (rows about to join), one pass of the backend's that prefills them too, and their
-    logits (else None)."""
+    ``prompts`` (rows about to join; ``whole``: those that may not start from a cached prefix),
+    one pass of the backend's that prefills them too, and their logits (else None)."""
     backend = backends[0]
     for i, row in enumerate(rows):
         if row.cached > len(row.text.seq) - 1:
@@ -244,7 +244,7 @@ def _forward(
         row.cached += len(f)
     if prompts:  # one backend (``joins`` said so); its logits in fed order already
         assert backend.joining is not None
-        flat, prefilled = backend.joining.forward_joining(fed, prompts)
+        flat, prefilled = backend.joining.forward_joining(fed, prompts, whole)
         return StepInput(flat, starts), prefilled
     outputs = [b.verify(fed) for b in backends]
     width = outputs[0].shape[1]

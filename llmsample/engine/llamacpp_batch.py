@@ -18,7 +18,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -138,26 +138,17 @@ class LlamaCppBatch:
         return HostSequence(bytes(buffer)[:written], length, self.n_stream)
 
     def admit_saved(self, saved: HostSequence, length: int, rest: list[int]) -> Tensor:
-        """A new last row: ``saved``'s first ``length`` positions (``llama_state_seq_set_data``),
-        then ``rest`` prefilled after them; logits at its last token."""
-        if not self.free:
-            raise ValueError("1 row does not fit: room for 0 more")
-        seq = self.free.pop()
+        """A new last row: ``saved``'s first ``length`` positions, then ``rest`` prefilled after
+        them; logits at its last token."""
+        return self.forward_joining([[] for _ in self.seqs], [rest], kept=[(saved, length)])[1]
+
+    def _restore(self, saved: HostSequence, length: int, seq: int) -> None:
+        """``saved``'s first ``length`` positions into sequence ``seq`` (``llama_state_seq_set_data``)."""
         state = saved.state(self.n_stream)
         data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if not self.lib.llama_state_seq_set_data(self.context, data, len(state), seq):
-            self._give_back([seq])
             raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
         self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
-        try:
-            logits = self._decode([(t, length + i, seq, i == len(rest) - 1) for i, t in enumerate(rest)])
-        except BaseException:
-            self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
-            self._give_back([seq])
-            raise
-        self.seqs.append(seq)
-        self.lengths.append(length + len(rest))
-        return logits
 
     def step(self, tokens: Tensor) -> Tensor:
         """One token per row at its next position; next-token logits ``[rows, vocab]``."""
@@ -181,27 +172,42 @@ class LlamaCppBatch:
         """Whether :meth:`forward_joining` takes ``prompts`` (always, with room for them)."""
         return len(prompts) <= len(self.free)
 
-    def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+    def forward_joining(
+        self,
+        fed: list[list[int]],
+        prompts: list[list[int]],
+        whole: Collection[int] = (),
+        kept: Sequence[tuple[HostSequence, int] | None] = (),
+    ) -> tuple[Tensor, Tensor]:
         """One batch: each row's ``fed`` tokens at its next positions (logits at every one, in
         order, ``[fed tokens, vocab]``), then each prompt under a new sequence id, its rows last
-        (logits at its last token, ``[prompts, vocab]``). A request that joins while others
-        decode is prefilled in their pass rather than in one of its own (llama-server's mixed
-        batches): a pass's fixed cost, ~14 ms beside a 3-row step of ~24 ms on the default model
-        (2 cores), is paid once (docs/history/2026-12.md, 2026-12-05)."""
+        (logits at its last token, ``[prompts, vocab]``); every prompt is prefilled whole
+        (``whole``: the prompt cache's), unless ``kept`` gives it a kept prefix ``(saved,
+        length)`` its row starts from, the prompt then being what follows it. A request that joins while others decode is prefilled in
+        their pass rather than in one of its own (llama-server's mixed batches): a pass's fixed
+        cost, ~14 ms beside a 3-row step of ~24 ms on the default model (2 cores), is paid once
+        (docs/history/2026-12.md, 2026-12-05)."""
         if len(prompts) > len(self.free):
             raise ValueError(f"{len(prompts)} rows do not fit: room for {len(self.free)} more")
         seqs = [self.free.pop() for _ in prompts]
+        sources = list(kept) or [None] * len(prompts)
+        starts = [0 if source is None else source[1] for source in sources]
         running = zip(fed, self.lengths, self.seqs, strict=True)
         entries = [(t, n + i, s, True) for row, n, s in running for i, t in enumerate(row)]
-        entries += [(t, i, s, i == len(p) - 1) for p, s in zip(prompts, seqs, strict=True) for i, t in enumerate(p)]
+        joining = zip(prompts, starts, seqs, strict=True)
+        entries += [(t, n + i, s, i == len(p) - 1) for p, n, s in joining for i, t in enumerate(p)]
         try:
+            for seq, source in zip(seqs, sources, strict=True):
+                if source is not None:
+                    self._restore(*source, seq)
             logits = self._decode(entries)
         except BaseException:
             for seq in seqs:  # the prompts never joined: their ids (and any cells decoded) go back
                 self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
             self._give_back(seqs)
             raise
-        self.lengths = [n + len(row) for n, row in zip(self.lengths, fed, strict=True)] + [len(p) for p in prompts]
+        self.lengths = [n + len(row) for n, row in zip(self.lengths, fed, strict=True)]
+        self.lengths += [n + len(p) for n, p in zip(starts, prompts, strict=True)]
         self.seqs += seqs
         fed_count = len(entries) - sum(map(len, prompts))
         return logits[:fed_count], logits[fed_count:]

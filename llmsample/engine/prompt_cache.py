@@ -130,7 +130,8 @@ class CachingBackend:
     """A backend that admits prompts from the prompt cache where it can (through the wrapped
     backend's ``prefixes``); ``reused`` says, for the prompts of the last ``admit``, how many
     tokens each took from it. It joins rows in the running rows' pass where the wrapped backend
-    does and no prompt shares a prefix worth reusing."""
+    does (each from its cached prefix, the rest prefilled in that pass), unless two of them share
+    a prefix worth reusing."""
 
     prefixes = layers = None  # its rows' prefixes are the cache's to keep
 
@@ -194,23 +195,33 @@ class CachingBackend:
 
     def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
         """Whether :meth:`forward_joining` takes ``prompts``: none shares a prefix worth reusing
-        with a kept entry or with another of them (:meth:`admit` would prefill every one whole)."""
+        with another of them (:meth:`admit` prefills the first and copies it for the others)."""
         if self.backend.joining is None or not self.backend.joining.joins(prompts):
             return False
         return not any(
-            i not in whole
-            and max(self.cache.longest(prompt, touch=False)[1], *(shared_prefix(p, prompt) for p in prompts[:i]), 0)
-            >= MIN_REUSE
+            i not in whole and max((shared_prefix(p, prompt) for p in prompts[:i]), default=0) >= MIN_REUSE
             for i, prompt in enumerate(prompts)
         )
 
-    def forward_joining(self, fed: list[list[int]], prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
-        """The backend's pass of ``fed`` with ``prompts`` joining (:meth:`joins` said yes)."""
-        out = self.backend.joining.forward_joining(fed, prompts)
+    def forward_joining(
+        self, fed: list[list[int]], prompts: list[list[int]], whole: Collection[int] = ()
+    ) -> tuple[Tensor, Tensor]:
+        """The backend's pass of ``fed`` with ``prompts`` joining (:meth:`joins` said yes), each
+        from its longest cached prefix (a kept entry or a running row) and prefilling the rest
+        in the same pass; ``whole``: the indices of prompts prefilled whole whatever is cached."""
+        sources = [(None, 0) if i in whole else self._source(prompt) for i, prompt in enumerate(prompts)]
+        kept = [None if source is None else (source[0], n) for source, n in sources]
+        rests = [prompt[n:] for prompt, (_, n) in zip(prompts, sources, strict=True)]
+        try:
+            out = self.backend.joining.forward_joining(fed, rests, kept=kept)
+        finally:
+            for source, _ in sources:
+                if source is not None and source[1]:
+                    source[0].release()
         for held, tokens in zip(self.tokens, fed, strict=True):
             held += tokens
         self.tokens += [list(prompt) for prompt in prompts]
-        self.reused = [0] * len(prompts)
+        self.reused = [n for _, n in sources]
         return out
 
     def _source(self, prompt: list[int]) -> tuple[tuple[Saved, bool] | None, int]:

@@ -7,11 +7,15 @@ a prefix, and a cancelled row's cache serves the next request."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.llamacpp_batch import LlamaCppBatch
 from llmsample.engine.prompt_cache import CachingBackend, PromptCache
+from llmsample.events import Summary, TokenEvent
 from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.sampling.config import SamplingConfig
 from tests.engine.test_prompt_cache import BIG, GREEDY, SAMPLED, SYSTEM, CancelFirst, items, run
@@ -96,6 +100,33 @@ def test_concurrent_requests_sharing_a_prefix_prefill_it_once(lm, cfg: SamplingC
     warm, summaries = run(lm, items(prompts, cfg), 4, PromptCache(BIG))
     assert warm == cold
     assert [summaries[k].facts.cache.reused for k in range(4)] == [0, len(SYSTEM), len(SYSTEM), 0]
+
+
+@pytest.mark.parametrize("cfg", [GREEDY, SAMPLED])
+def test_a_request_joining_from_a_kept_prefix_costs_no_pass_of_its_own(lm, cfg: SamplingConfig) -> None:
+    """The first request leaves and is kept; the third joins the second's decoding from it: its
+    kept prefix is written back and the rest prefilled in the running row's pass, so the run
+    makes as many passes as the cold one (whose third joins in that pass too), and its tokens."""
+    prompts = [[*SYSTEM, 20], [4, 5, 6, 7, 8, 9], [*SYSTEM, 21, 22]]
+
+    def passes(cache: PromptCache | None) -> tuple[dict[int, list[int]], dict[int, Summary], int]:
+        todo = [dataclasses.replace(item, cfg=dataclasses.replace(cfg, max_tokens=n))
+                for item, n in zip(items(prompts, cfg), (2, 8, 4), strict=True)]  # fmt: skip
+        seconds: list[float] = []
+        options = DecodeOptions(ignore_eos=True, prompt_cache=cache, on_forward=seconds.append)
+        tokens: dict[int, list[int]] = {}
+        summaries: dict[int, Summary] = {}
+        for key, record in decode(lm, todo, 2, options):
+            if isinstance(record, TokenEvent):
+                tokens.setdefault(key, []).append(record.token_id)
+            else:
+                summaries[key] = record
+        return tokens, summaries, len(seconds)
+
+    cold, _, cold_passes = passes(None)
+    warm, summaries, warm_passes = passes(PromptCache(BIG))
+    assert warm == cold and warm_passes == cold_passes
+    assert [summaries[k].facts.cache.reused for k in range(3)] == [0, 0, len(SYSTEM)]
 
 
 def test_a_cancelled_rows_cache_serves_the_next_request(lm) -> None:
