@@ -49,9 +49,32 @@ FUNCTIONS = [
 ]
 
 
+SUBJECTS = [
+    "the sea", "a lighthouse", "bread", "the moon", "trains", "rain", "a library", "bees", "volcanoes", "glass",
+    "chess", "salt", "bridges", "owls", "maps", "copper", "tea", "deserts", "bicycles", "clocks", "coral reefs",
+    "paper", "wolves", "windmills", "cheese", "comets", "violins", "rivers", "ants", "castles", "silk", "glaciers",
+    "printing presses", "mushrooms", "kites", "penguins", "telescopes", "honey", "canals", "lightning", "cotton",
+    "elephants", "postcards", "caves", "lanterns", "oak trees", "whales", "markets",
+]  # fmt: skip
+
+
 def batch_prompts(count: int = 32) -> list[str]:
     """Chat prompts of mixed lengths (about 10 to 35 words), the same on every run."""
     return [ASKS[i % len(ASKS)].format(TOPICS[i % len(TOPICS)]) for i in range(count)]
+
+
+def distinct_prompts(count: int, start: int = 0) -> list[str]:
+    """Prompts ``start`` to ``start + count`` of a sequence of the same kinds as
+    :func:`batch_prompts`', each of its first ``len(ASKS) * len(SUBJECTS)`` (192) asking a kind
+    of answer about a subject no other asks it about: a benchmark's later rounds then ask what
+    earlier ones did not, and a server that drafts from the answers it has seen is measured on
+    new ones (numbering the same questions does not do that: the answers stay the same)."""
+    pairs = len(ASKS) * len(SUBJECTS)
+    found = []
+    for n in range(start, start + count):
+        k = n % pairs
+        found.append(ASKS[(k + k // len(SUBJECTS)) % len(ASKS)].format(SUBJECTS[k % len(SUBJECTS)]))
+    return found
 
 
 def rewrite_prompts(count: int = 16) -> list[str]:

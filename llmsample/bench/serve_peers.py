@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from llmsample.bench.llama_server import Unavailable, ensure_llama_server, server_command, wait_ready
+from llmsample.bench.prompts import distinct_prompts
 from llmsample.bench.serve_load import Side, bodies, through_server
 from llmsample.bench.served import ModelArgs, running_server, stop, stream
 from llmsample.bench.timing import paired_ratio, rounds
@@ -255,14 +256,17 @@ def one_count(peers: list[Peer], clients: int, requests: int, runs: int, tokens:
 
 
 def round_work(requests: int, tokens: int, number: int) -> list[dict[str, Any]]:
-    """Round ``number``'s requests, the same on every side: the bench's prompts, each asking for
-    its own numbered answer, so that no request repeats one the server saw (a suffix pool drafts
-    an answer it has seen whole: ours made 1.6-2.2x llama-server's tokens a second by the third
-    round of the same 8 prompts, greedy). Longest prompt first: our server sizes llama.cpp's
-    context for the first requests of a busy period (engine/decode.py), and a longer prompt that
-    joins later found no room ("llama.cpp's cache has no room for 4 more tokens"), a bug of its own."""
-    work = [{**body, "prompt": f"{body['prompt']} (Answer {number}.{i + 1})", "ignore_eos": True}
-            for i, body in enumerate(bodies(requests, tokens))]  # fmt: skip
+    """Round ``number``'s requests, the same on every side: prompts no earlier round asked
+    (:func:`~llmsample.bench.prompts.distinct_prompts`), since a suffix pool drafts an answer it
+    has seen. The same 8 prompts each round made ours 1.6-2.2x llama-server's tokens a second by
+    the third round, greedy, and so did the same prompts numbered ("(Answer 3.1)"): 1 client
+    1.07x in the first round of five and 2.65x in the last, 4 clients 0.97x and 1.50x
+    (docs/history/2026-12.md). Longest prompt first: our server sizes llama.cpp's context for
+    the first requests of a busy period (engine/decode.py), and a longer prompt that joins later
+    found no room ("llama.cpp's cache has no room for 4 more tokens"), a bug of its own."""
+    prompts = distinct_prompts(requests, number * requests)
+    work = [{**body, "prompt": prompt, "ignore_eos": True}
+            for body, prompt in zip(bodies(requests, tokens), prompts, strict=True)]  # fmt: skip
     return sorted(work, key=lambda body: -len(body["prompt"]))
 
 

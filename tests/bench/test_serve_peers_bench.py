@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -217,8 +218,9 @@ def test_bench_serve_peers_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 def test_every_round_sends_every_side_the_same_requests_none_seen_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A suffix pool drafts an answer it has seen whole: no request repeats one sent before (the
-    warm-up's included), and each round's are the same on every side, longest prompt first."""
+    """A suffix pool drafts an answer it has seen: no request repeats one sent before (the
+    warm-up's included), not even with another number in it, and each round's are the same on
+    every side, longest prompt first."""
     from contextlib import nullcontext
 
     sent: dict[str, list[list[str]]] = {OURS: [], LLAMA_SERVER: []}
@@ -235,5 +237,5 @@ def test_every_round_sends_every_side_the_same_requests_none_seen_before(monkeyp
     serve_peers.one_count(peers, 2, 8, 3, 32)
     assert sent[OURS] == sent[LLAMA_SERVER] and len(sent[OURS]) == 3
     everything = [prompt for round_ in sent[OURS] for prompt in round_] + warmed[:1]
-    assert len(set(everything)) == len(everything) == 3 * 8 + 1
+    assert len({re.sub(r"\d", "", prompt) for prompt in everything}) == len(everything) == 3 * 8 + 1
     assert all(list(map(len, r)) == sorted(map(len, r), reverse=True) for r in sent[OURS])
