@@ -8,7 +8,7 @@ with logits at every one, ``rollback`` and ``keep`` are ``seq_rm``, ``admit_copi
 sequence state to host memory and ``admit_saved`` writes it into a new row's sequence. Kept
 prefixes never hold cells of the context: every row's attention spans every cell in use up to
 the highest, so kept rows in the unified cache slowed every pass (4 streaming clients on a
-server: 0.81x llama-server's tokens a second with them, 1.17x in host memory,
+server: 0.77x llama-server's tokens a second with them, 1.17x in host memory,
 docs/history/2026-12.md). Logits go from llama.cpp's output buffer into
 the float32 tensor the chain reads in one copy (a view would be overwritten by the next decode,
 and a joining row's prefill runs before the chain has read the last step's logits)."""
@@ -181,12 +181,12 @@ class LlamaCppBatch:
     ) -> tuple[Tensor, Tensor]:
         """One batch: each row's ``fed`` tokens at its next positions (logits at every one, in
         order, ``[fed tokens, vocab]``), then each prompt under a new sequence id, its rows last
-        (logits at its last token, ``[prompts, vocab]``); every prompt is prefilled whole
-        (``whole``: the prompt cache's), unless ``kept`` gives it a kept prefix ``(saved,
-        length)`` its row starts from, the prompt then being what follows it. A request that joins while others decode is prefilled in
-        their pass rather than in one of its own (llama-server's mixed batches): a pass's fixed
-        cost, ~14 ms beside a 3-row step of ~24 ms on the default model (2 cores), is paid once
-        (docs/history/2026-12.md, 2026-12-05)."""
+        (logits at its last token, ``[prompts, vocab]``). A prompt is prefilled whole (as
+        ``whole``, the prompt cache's, asks) unless ``kept`` gives it a kept prefix ``(saved,
+        length)`` its row starts from, the prompt then being what follows it. A request that
+        joins while others decode is prefilled in their pass rather than in one of its own
+        (llama-server's mixed batches): a pass's fixed cost, ~14 ms beside a 3-row step of ~24 ms
+        on the default model (2 cores), is paid once (docs/history/2026-12.md, 2026-12-05)."""
         if len(prompts) > len(self.free):
             raise ValueError(f"{len(prompts)} rows do not fit: room for {len(self.free)} more")
         seqs = [self.free.pop() for _ in prompts]

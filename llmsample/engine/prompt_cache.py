@@ -207,8 +207,9 @@ class CachingBackend:
         self, fed: list[list[int]], prompts: list[list[int]], whole: Collection[int] = ()
     ) -> tuple[Tensor, Tensor]:
         """The backend's pass of ``fed`` with ``prompts`` joining (:meth:`joins` said yes), each
-        from its longest cached prefix (a kept entry or a running row) and prefilling the rest
-        in the same pass; ``whole``: the indices of prompts prefilled whole whatever is cached."""
+        from its longest cached prefix (a kept entry or a running row; the joining backend, a
+        llama.cpp batch, writes it back first) and prefilling the rest in the same pass;
+        ``whole``: the indices of prompts prefilled whole whatever is cached."""
         sources = [(None, 0) if i in whole else self._source(prompt) for i, prompt in enumerate(prompts)]
         kept = [None if source is None else (source[0], n) for source, n in sources]
         rests = [prompt[n:] for prompt, (_, n) in zip(prompts, sources, strict=True)]
