@@ -242,10 +242,12 @@ def _forward(
         starts.append(at)
         at += len(f)
         row.cached += len(f)
-    if prompts:  # one backend (``joins`` said so); its logits in fed order already
+    if prompts or (len(backends) == 1 and backend.joining is not None):
+        # One backend (``joins`` said so, or nobody joins): its logits in fed order already, not
+        # padded to the longest row and gathered back (two copies of every row's logits).
         assert backend.joining is not None
         flat, prefilled = backend.joining.forward_joining(fed, prompts, whole)
-        return StepInput(flat, starts), prefilled
+        return StepInput(flat, starts), prefilled if prompts else None
     outputs = [b.verify(fed) for b in backends]
     width = outputs[0].shape[1]
     index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
