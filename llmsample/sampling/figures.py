@@ -51,10 +51,11 @@ def step_figures(
     listed = None  # the raw row's top values, descending: the top list's, or more (the chain's top-k)
     if top_n <= 0:
         top_ids = index[:, :0]
-    elif ranked is raw:
+    elif ranked.logits is raw:
         listed, top_ids = shared_top(chain, min(top_n, raw.shape[-1]), maxima)
-    else:
-        top_ids = blocks.top(ranked, min(top_n, ranked.shape[-1]))[1]
+    else:  # its stage's block maxima: made once for greedy too, or mended from the raw row's
+        n = min(top_n, raw.shape[-1])
+        top_ids = blocks.top(ranked.logits, n, ranked.maxima if blocks.blocks_pay(ranked.logits, n) else None)[1]
     # The raw row's minimum for its kept count, its maximum for finiteness.
     if filters.host_syncs_are_free(raw):  # a CPU's aminmax is one scalar pass, ten times amin and amax
         low, high = raw.amin(-1), (raw if maxima is None else maxima).amax(-1)
@@ -238,8 +239,13 @@ def kept_counts(chain: Chain, low: Tensor) -> tuple[list[Tensor | float | list[A
     whole = [p for p in counted if p not in narrow]
     columns: list[Tensor | float | list[Any]] = []
     for p in whole:
+        masking = stages[p].masking
         if p == 0 and filters.host_syncs_are_free(low) and all(v > -math.inf for v in low.tolist()):
             columns.append(float(stages[0].values.shape[-1]))  # kept_count's answer, without a tensor
+        elif masking is not None:  # a mask's few tokens off the count before it (whole too: a count's stage)
+            before = columns[whole.index(source[p - 1])]
+            assert not isinstance(before, list)
+            columns.append(masking.kept(before))
         else:
             columns.append(kept_count(stages[p].values, low if p == 0 else None))
     if narrow and filters.host_syncs_are_free(low):  # a few candidates a stage: counted on the host

@@ -48,11 +48,14 @@ from llmsample.sampling.filters import (
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.stages import chain_of
 from llmsample.sampling.text_stages import (
+    MASKS,
+    Masking,
     apply_constraint,
     apply_dry,
     apply_logit_bias,
     mask_banned,
     mask_early_end,
+    mask_index,
     mask_repeated_ngrams,
 )
 
@@ -150,6 +153,7 @@ class Stage:
     ids: Tensor | None = None
     vocab: int = 0
     whole: Callable[[], Tensor] | None = None  # the whole row, where the stage keeps more than its ids
+    masking: Masking | None = None  # a mask stage's tokens, when it set any
     tops: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict, compare=False, repr=False)  # see top
 
     @cached_property
@@ -164,7 +168,9 @@ class Stage:
     @cached_property
     def maxima(self) -> Tensor:
         """:func:`blocks.block_maxima` of the stage's values, made once for whoever ranks them (the
-        chain's top-k on the raw row, then the step's figures)."""
+        chain's top-k on the raw row, greedy, then the step's figures)."""
+        if self.masking is not None:
+            return self.masking.maxima(self.values)
         return blocks.block_maxima(self.values)
 
     def top(self, m: int) -> tuple[Tensor, Tensor]:
@@ -209,12 +215,12 @@ class Chain:
         return self.stages[0].logits
 
     @property
-    def penalised(self) -> Tensor:
-        """After the biases, bans and penalties, before the temperature: it ranks the
+    def penalised(self) -> Stage:
+        """The stage after the biases, bans and penalties, before the temperature: it ranks the
         alternatives a greedy step discarded."""
         names = self.names
         at = next((i for i, name in enumerate(names) if name == "greedy" or name in SAMPLER_ORDER), len(names))
-        return self.stages[at - 1].logits
+        return self.stages[at - 1]
 
     @property
     def final(self) -> Tensor:
@@ -318,11 +324,16 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
             logits, ids = scaled
             stages.append(Stage(info.name, logits, ids, vocab, whole))
             continue
+        masking = None
         if ids is None and info.name == "greedy" and compacts(logits, 1):
-            # the one token keep_argmax keeps; on the raw row, from the block maxima the figures rank
-            raw = logits is stages[0].values and blocks.blocks_pay(logits, 1)
-            ids = filters.first_argmax(logits, stages[0].maxima if raw else None)
+            # the one token keep_argmax keeps, from the block maxima the figures rank it among
+            ids = filters.first_argmax(logits, stages[-1].maxima if blocks.blocks_pay(logits, 1) else None)
             logits = logits.gather(-1, ids)
+        elif ids is None and info.name in MASKS:
+            index = mask_index(MASKS[info.name](history, cfg), logits.device)
+            if index is not None:
+                masking = Masking(*index, stages[-1])
+                logits = logits.index_put(index, filters.removed(logits.device))
         elif ids is None and info.name == "top_k" and compacts(logits, cfg.top_k):
             logits, ids = filters.top_k_candidates(logits, cfg.top_k)
         elif ids is None and info.name == "top_p" and compacts(logits, 1):  # ranks its own candidates
@@ -335,7 +346,7 @@ def sampler_chain(logits: Tensor, history: TokenHistory, cfg: SamplingConfig, va
                 narrowed = filters.kept_candidates(logits, logits.shape[-1] // 8)
                 if narrowed is not None:
                     logits, ids = narrowed
-        stages.append(Stage(info.name, logits, ids, vocab))
+        stages.append(Stage(info.name, logits, ids, vocab, masking=masking))
     if stages[-1].name == "xtc":
         return Chain(tuple(stages), xtc_mixture(stages[-2].values, logits, cfg.xtc_probability), ids)
     return Chain(tuple(stages), logits.softmax(-1), ids, states)

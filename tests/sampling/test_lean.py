@@ -11,13 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmsample.sampling import blocks, filters
+from llmsample.sampling import blocks, filters, text_stages
 from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.figures import WatchIndex, count_above, step_figures
 from llmsample.sampling.filters import apply_temperature, keep_top_k, keep_top_p
 from llmsample.sampling.history import TokenHistory
 from llmsample.sampling.pipeline import Stage, sampler_chain
 from llmsample.sampling.stages import FILTER_STAGES
+from tests.sampling.test_samplers import TOKENIZER
 
 INERT = TokenHistory(None, None)
 
@@ -153,6 +154,38 @@ def test_greedy_on_the_raw_rows_block_maxima_keeps_argmax(x: torch.Tensor) -> No
     assert chain.support is not None  # it narrowed to the one token
     assert torch.equal(chain.draw(None), x.argmax(-1))
     assert torch.equal(chain.final.nan_to_num(), filters.keep_argmax(x).nan_to_num())
+
+
+MASKED = [
+    SamplingConfig(temperature=0.0, min_tokens=5),
+    SamplingConfig(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, min_tokens=5, ban=("Hel",)),
+    SamplingConfig(temperature=0.0, no_repeat_ngram_size=2, ban=("Hel",), repetition_penalty=1.3),
+    SamplingConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, min_tokens=5, no_repeat_ngram_size=1),
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows(), st.sampled_from(MASKED), st.sampled_from([0, 1, 5]))
+def test_a_masks_counts_and_maxima_mended_at_its_tokens_are_the_whole_rows(
+    x: torch.Tensor, cfg: SamplingConfig, top_n: int
+) -> None:
+    """A mask stage (ban, min-tokens, no-repeat-ngram) sets a few tokens to -inf: its kept count
+    and block maxima, mended there from the stage before's, are those of its row counted whole,
+    and so are the draw and every figure, broken rows (NaN, -inf where it masks) included."""
+    prompt = torch.tensor([[1, 2, 1, 2, 4095, 777]]).expand(x.shape[0], -1)  # n-grams to repeat; EOS ids
+    history = TokenHistory.for_config(prompt, x.shape[-1], cfg, TOKENIZER, eos_ids=[0, 777, 4095])
+    chain = sampler_chain(x, history, cfg)
+    assert any(stage.masking is not None for stage in chain.stages)
+    tokens = chain.draw([torch.Generator().manual_seed(r) for r in range(x.shape[0])])
+    mended = step_figures(chain, tokens, top_n)
+    with mock.patch.dict(text_stages.MASKS, clear=True):  # each mask as its stage function: no Masking
+        whole = sampler_chain(x, history, cfg)
+    assert not any(stage.masking is not None for stage in whole.stages)
+    assert torch.equal(whole.draw([torch.Generator().manual_seed(r) for r in range(x.shape[0])]), tokens)
+    assert [repr(f) for f in mended] == [repr(f) for f in step_figures(whole, tokens, top_n)]
+    for stage in chain.stages:
+        if stage.masking is not None:
+            torch.testing.assert_close(stage.maxima, blocks.block_maxima(stage.values), rtol=0, atol=0, equal_nan=True)
 
 
 def test_top_p_on_no_rows_keeps_their_shape() -> None:
