@@ -163,8 +163,26 @@ class CachingBackend:
         """Prompts with no prefix to share prefilled together; then each of the others from its
         longest source (a kept entry, a running row, a prompt of this call admitted before it);
         rows and logits in ``prompts``' order. ``whole``: the indices of prompts prefilled with
-        the cold ones whatever the cache holds (``BatchItem.cache_prompt`` False)."""
+        the cold ones whatever the cache holds (``BatchItem.cache_prompt`` False). Where the
+        backend joins rows from kept prefixes, in two passes at most (:meth:`_admit_in_waves`)."""
         start = len(self.tokens)
+        if self.joining is not None:
+            order, logits, reused = self._admit_in_waves(prompts, whole)
+        else:
+            order, logits, reused = self._admit_one_by_one(prompts, whole)
+        if order != sorted(order):  # the backend's new rows hold the prompts in ``order``
+            rank = [order.index(i) for i in range(len(prompts))]
+            self.backend.keep([*range(start), *(start + r for r in rank)])
+            self.tokens[start:] = [self.tokens[start + r] for r in rank]
+            logits = logits[torch.tensor(rank, device=logits.device)]
+        self.reused = [reused[i] for i in range(len(prompts))]
+        return logits
+
+    def _admit_one_by_one(
+        self, prompts: list[list[int]], whole: Collection[int]
+    ) -> tuple[list[int], Tensor, dict[int, int]]:
+        """The cold prompts in one pass, then each warm one in a pass of its own (``admit_saved``):
+        the order of the new rows, their logits, and per prompt the tokens it reused."""
         cold, warm = [], []
         for i, prompt in enumerate(prompts):
             earlier = max((shared_prefix(prompts[j], prompt) for j in cold + warm), default=0)
@@ -183,15 +201,32 @@ class CachingBackend:
                     source[0].release()
             self.tokens.append(list(prompts[i]))
             reused[i] = n
-        logits = torch.cat(parts)
-        order = cold + warm  # the backend's new rows hold these prompts, in this order
-        if order != sorted(order):
-            rank = [order.index(i) for i in range(len(prompts))]
-            self.backend.keep([*range(start), *(start + r for r in rank)])
-            self.tokens[start:] = [self.tokens[start + r] for r in rank]
-            logits = logits[torch.tensor(rank, device=logits.device)]
-        self.reused = [reused[i] for i in range(len(prompts))]
-        return logits
+        return cold + warm, torch.cat(parts), reused
+
+    def _admit_in_waves(
+        self, prompts: list[list[int]], whole: Collection[int]
+    ) -> tuple[list[int], Tensor, dict[int, int]]:
+        """Every prompt whose longest source is there now (a kept entry, a running row) or that
+        has none, in one pass, each from its source (:meth:`forward_joining`); then, in a second,
+        those that share more with a prompt of the first: a pass's fixed cost is paid twice, not
+        once a prompt (the 16 prompts of a server's busy moment share their first words). A
+        prompt of the second pass whose longest prefix is another's of that pass starts from the
+        first pass's rows instead."""
+        waves: tuple[list[int], list[int]] = ([], [])
+        for i, prompt in enumerate(prompts):
+            earlier = max((shared_prefix(prompts[j], prompt) for j in range(i)), default=0)
+            waves[int(i not in whole and earlier >= MIN_REUSE and earlier > self._held(prompt))].append(i)
+        parts, reused = [], {}
+        for wave in filter(None, waves):
+            whole_here = {at for at, i in enumerate(wave) if i in whole}
+            parts.append(self.forward_joining([[] for _ in self.tokens], [prompts[i] for i in wave], whole_here)[1])
+            reused.update(zip(wave, self.reused, strict=True))
+        return waves[0] + waves[1], torch.cat(parts), reused
+
+    def _held(self, prompt: list[int]) -> int:
+        """The longest prefix of ``prompt`` the cache or a running row holds now."""
+        live = max((shared_prefix(held, prompt) for held in self.tokens), default=0)
+        return max(live, self.cache.longest(prompt, touch=False)[1])
 
     def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
         """Whether :meth:`forward_joining` takes ``prompts``: none shares a prefix worth reusing

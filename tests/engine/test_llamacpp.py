@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -249,14 +250,19 @@ def assert_as_alone(llama_lm, items: list[BatchItem], got: dict[int, list[int]])
 
 @pytest.fixture
 def admitted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many prompts each pass of their own admitted (``LlamaCppBatch.admit``)."""
+    """How many prompts each pass of their own admitted (a ``LlamaCppBatch.forward_joining`` that
+    feeds no running row: its ``admit``, ``admit_saved``, the prompt cache's admission)."""
     from llmsample.engine.llamacpp_batch import LlamaCppBatch
 
     calls: list[int] = []
-    admit = LlamaCppBatch.admit
-    monkeypatch.setattr(
-        LlamaCppBatch, "admit", lambda self, prompts: calls.append(len(prompts)) or admit(self, prompts)
-    )
+    forward = LlamaCppBatch.forward_joining
+
+    def counted(self: LlamaCppBatch, fed: list[list[int]], prompts: list[list[int]], *args: Any, **kwargs: Any) -> Any:
+        if prompts and not any(fed):
+            calls.append(len(prompts))
+        return forward(self, fed, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaCppBatch, "forward_joining", counted)
     return calls
 
 
