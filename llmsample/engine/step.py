@@ -27,7 +27,8 @@ from llmsample.sampling.config import SamplingConfig
 from llmsample.sampling.constraint import batch_masks
 from llmsample.sampling.figures import WatchIndex, step_figures
 from llmsample.sampling.history import TokenHistory
-from llmsample.sampling.pipeline import Chain, RowValues, sampler_chain
+from llmsample.sampling.pipeline import Chain, sampler_chain
+from llmsample.sampling.row_values import RowValues
 
 Record = tuple[Any, TokenEvent | Summary | RowFailed]
 

@@ -104,7 +104,8 @@ def test_a_rows_top_p_does_not_depend_on_its_neighbours_under_ties(neighbour: st
     which orders ties its own way): the row still keeps the same tokens."""
     from llmsample.sampling.config import SamplingConfig
     from llmsample.sampling.history import NO_HISTORY
-    from llmsample.sampling.pipeline import RowValues, sampler_chain
+    from llmsample.sampling.pipeline import sampler_chain
+    from llmsample.sampling.row_values import RowValues
 
     generator = torch.Generator().manual_seed(2)
     mine = SamplingConfig(temperature=0.8, top_p=0.9)
