@@ -177,6 +177,8 @@ def test_a_masks_counts_and_maxima_mended_at_its_tokens_are_the_whole_rows(
     chain = sampler_chain(x, history, cfg)
     assert any(stage.masking is not None for stage in chain.stages)
     tokens = chain.draw([torch.Generator().manual_seed(r) for r in range(x.shape[0])])
+    if cfg.is_greedy:  # greedy on the masked (and penalised) row's mended maxima keeps its first argmax
+        assert torch.equal(tokens, chain.penalised.logits.argmax(-1))
     mended = step_figures(chain, tokens, top_n)
     with mock.patch.dict(text_stages.MASKS, clear=True):  # each mask as its stage function: no Masking
         whole = sampler_chain(x, history, cfg)
