@@ -82,8 +82,8 @@ class Masking:
         values = self.before.values
         # a NaN is kept, as kept_count counts it (everything but -inf)
         finite = (values[self.rows, self.ids] != -math.inf).to(torch.int32)
-        removed = torch.zeros(values.shape[0], dtype=torch.int32, device=values.device).index_add_(0, self.rows, finite)
-        return (int(before) if isinstance(before, float) else before) - removed
+        gone = torch.zeros(values.shape[0], dtype=torch.int32, device=values.device).index_add_(0, self.rows, finite)
+        return (int(before) if isinstance(before, float) else before) - gone
 
     def maxima(self, values: Tensor) -> Tensor:
         """:func:`~llmsample.sampling.blocks.block_maxima` of the masked ``values``: the row before's,

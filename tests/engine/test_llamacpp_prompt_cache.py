@@ -130,9 +130,10 @@ def test_a_request_joining_from_a_kept_prefix_costs_no_pass_of_its_own(lm, cfg: 
 
 
 def test_prompts_admitted_together_take_two_passes_however_many_share(lm) -> None:
-    """Of seven prompts admitted at once, one starts from a kept entry and two share nothing:
-    they are the first pass; the four that share the first's prefix start from its row in a
-    second (not a pass each), and each gets its cold prefill's logits, in the prompts' order."""
+    """Of eight prompts admitted at once, one starts from a kept entry, two share nothing and one
+    is prefilled whole (``cache_prompt`` off): they are the first pass; the three that share the
+    first's prefix start from its row in a second (not a pass each), and each gets its cold
+    prefill's logits, in the prompts' order."""
     kept = [40, 41, 42, 43, 44, 45]
     prompts = [[*SYSTEM, 20], [4, 5, 6, 7], [*kept, 32], *([*SYSTEM, 21 + i] for i in range(3)), [8, 9, 10]]
     prompts.insert(4, [*SYSTEM, 20, 25, 26])  # shares more with the first than with the kept entry
@@ -143,9 +144,9 @@ def test_prompts_admitted_together_take_two_passes_however_many_share(lm) -> Non
     passes = []
     decode_pass = inner._decode
     inner._decode = lambda entries: passes.append(len(entries)) or decode_pass(entries)  # type: ignore[method-assign]
-    got = warm.admit(prompts)
+    got = warm.admit(prompts, whole={5})
     assert len(passes) == 2
-    assert warm.reused == [0, 0, len(kept), len(SYSTEM), len(SYSTEM) + 1, len(SYSTEM), len(SYSTEM), 0]
+    assert warm.reused == [0, 0, len(kept), len(SYSTEM), len(SYSTEM) + 1, 0, len(SYSTEM), 0]
     assert warm.tokens == prompts
     for prompt, logits in zip(prompts, got, strict=True):
         alone = LlamaCppBatch(lm.model, 1, 64).admit([prompt])
