@@ -20,6 +20,12 @@ class RuntimeFailure(Exception):
     exit_code = 1
 
 
+class NoRoom(RuntimeFailure):
+    """A forward pass found no room in the backend's cache (llama.cpp's, sized when it opened),
+    which holds what it held before the pass: the decoding loop then holds joining rows back
+    until rows leave, or ends the row that holds the most positions, not every row."""
+
+
 class OutputFailed(RuntimeFailure):
     """Writing the data failed (disk full, closed descriptor): exit 1. A reader that went away
     (``| head``) is ``quiet``: it asked for no more, so there is nothing to report."""

@@ -11,8 +11,10 @@ drafters: every record, stop rule and failure rule lives in one place."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
-from dataclasses import KW_ONLY, dataclass
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import torch
 
@@ -22,7 +24,7 @@ from llmsample.engine.prompt_cache import PromptCache, with_prompt_cache
 from llmsample.engine.row_state import BatchItem, Row, RowFailed, start_row
 from llmsample.engine.speculative import DraftLength
 from llmsample.engine.step import Record, StepInput, sample_step
-from llmsample.errors import RuntimeFailure
+from llmsample.errors import NoRoom, RuntimeFailure
 from llmsample.events import CacheReuse
 from llmsample.models.device import dtype_name
 from llmsample.models.loading import LoadedModel
@@ -49,7 +51,8 @@ JOINING = 2048
 """Positions a row that joins a running server may take, for the size of a cache made once
 (llama.cpp's holds twice this a row, within the context: what ``default_batch_size`` assumed
 of each row's memory). Sized for the first requests alone, a longer prompt arriving later found
-no room, and the step it joined failed every row in it."""
+no room, and the step it joined failed every row in it; a pass that still finds none now holds
+the joining rows back, or ends the row holding the most positions (:func:`_forward_with_room`)."""
 
 
 def decode(
@@ -148,10 +151,18 @@ def run_rows(
     ended: list[Row] = []
     step: StepInput | None = None
     prefilled: torch.Tensor | None = None  # the joining rows' logits, when the last pass prefilled them
+    held = Held()
     while True:
+        joining = joining or held.due(len(rows))
+        if joining and prefilled is None:
+            joining, admitted = yield from _admit_what_fits(admit, joining, len(rows), held)
+            if not (joining or rows or held.items):  # the one that found no room alone failed: the next
+                joining = feed.take(max_rows, wait=True)
+                continue
+        elif joining:
+            admitted = admit(joining, prefilled)
+        prefilled = None
         if joining:
-            admitted = admit(joining) if prefilled is None else admit(joining, prefilled)
-            prefilled = None
             vocab = admitted[0].shape[-1]
             for item in joining:
                 if backend.compile_s:
@@ -163,11 +174,14 @@ def run_rows(
             rows += new
             watched = _watch_index(options.watch, rows, watched, lm.sample_device)
         if not rows:
+            if held.items:
+                continue
             return ended
         assert step is not None
         top_n = max(options.top_n if row.item.top_n is None else row.item.top_n for row in rows)
         result = yield from sample_step(rows, step, top_n, watched, backend.agree, alone=options.deterministic)
         cancelled = feed.cancelled()
+        yield from held.cancel(cancelled)
         for i, row in enumerate(rows):
             if not result.finished[i] and row.key in cancelled:
                 result.finished[i] = True
@@ -190,12 +204,98 @@ def run_rows(
                     b.keep(staying)
             rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
         # A backend that cannot join takes the next wave once every row of the last one has left.
-        joining = feed.take(max_rows - len(rows), wait=not rows) if _room(backend, rows, max_rows) else []
+        room = _room(backend, rows, max_rows) and not held.items  # none is taken before those held back
+        joining = feed.take(max_rows - len(rows), wait=not rows) if room else []
         if not rows:
             step = None
             continue
         fused = joining if joining and joins is not None and joins(joining) else []
-        step, prefilled = _forward(backends, rows, newest, [item.prompt_ids for item in fused], _whole(fused))
+        step, prefilled, rows, newest = yield from _forward_with_room(backends, rows, newest, fused, held, retain, ended)
+        if held.items:  # the joining rows found no room in the pass: they wait (nothing else was taken)
+            joining = []
+
+
+@dataclass
+class Held:
+    """Requests taken from the feed that the backend's cache had no room for (:class:`NoRoom`):
+    they wait until a row leaves (or, when none was running, until none is), and nothing new is
+    taken before them."""
+
+    items: list[BatchItem] = field(default_factory=list)
+    running: int = 0  # the rows running when they were held back
+
+    def hold(self, items: list[BatchItem], running: int) -> None:
+        self.items, self.running = items, running
+
+    def due(self, running: int) -> list[BatchItem]:
+        """The items to try again now (taken from here), or none."""
+        if not self.items or (running and running >= self.running):
+            return []
+        items, self.items = self.items, []
+        return items
+
+    def cancel(self, cancelled: frozenset[Any]) -> Iterator[Record]:
+        """The cancelled ones end here, as a running row would."""
+        for item in [item for item in self.items if item.key in cancelled]:
+            self.items.remove(item)
+            yield item.key, item.stats.summary("cancelled")
+
+
+def _admit_what_fits(
+    admit: Callable[..., list[torch.Tensor]], joining: list[BatchItem], running: int, held: Held
+) -> Generator[Record, None, tuple[list[BatchItem], list[torch.Tensor]]]:
+    """``admit`` the joining rows; returns those admitted and their logits. Where the cache has no
+    room for them all (:class:`NoRoom`), they wait while rows run; with none running the first
+    goes alone (the others wait for it to end), and fails if it finds no room even then."""
+    try:
+        return joining, admit(joining)
+    except NoRoom:
+        if running:
+            held.hold(joining, running)
+            return [], []
+    first = joining[:1]
+    held.hold(joining[1:], 1)
+    try:
+        return first, admit(first)
+    except NoRoom as exc:
+        held.running = 0
+        yield first[0].key, RowFailed(first[0].key, f"{exc} (its prompt: {len(first[0].prompt_ids)} tokens)")
+        return [], []
+
+
+def _forward_with_room(
+    backends: list[Backend],
+    rows: list[Row],
+    newest: torch.Tensor,
+    fused: list[BatchItem],
+    held: Held,
+    retain: bool,
+    ended: list[Row],
+) -> Generator[Record, None, tuple[StepInput | None, torch.Tensor | None, list[Row], torch.Tensor]]:
+    """:func:`_forward`, the joining rows ``fused`` into its pass, until the backend's cache has
+    room for it (:class:`NoRoom`): the joining rows then wait for a row to leave (``held``), then
+    the rows holding the most positions end, one at a time (a ``RowFailed`` each), and the others
+    go on. Returns the step, the joining rows' logits, and the rows and newest tokens left."""
+    while rows:
+        try:
+            step, prefilled = _forward(backends, rows, newest, [item.prompt_ids for item in fused], _whole(fused))
+            return step, prefilled, rows, newest
+        except NoRoom as exc:
+            if fused:
+                held.hold(fused, len(rows))
+                fused = []
+                continue
+            worst = max(range(len(rows)), key=lambda i: rows[i].cached)
+            row = rows[worst]
+            yield row.key, RowFailed(row.key, f"{exc} (this request held {row.cached} positions, the most of any row)")
+            row.end([])
+            ended.append(row)
+            staying = [i for i in range(len(rows)) if i != worst]
+            if not (retain and not staying):
+                for b in backends:
+                    b.keep(staying)
+            rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
+    return None, None, rows, newest
 
 
 def _room(backend: Backend, rows: list[Row], max_rows: int) -> bool:
@@ -237,22 +337,27 @@ def _forward(
             row.cached += 1
         return StepInput(outputs[0], list(range(len(rows))), outputs[1] if len(outputs) > 1 else None), None
     fed = [[row.text.seq[-1], *draft] for row, draft in zip(rows, drafts, strict=True)]
-    starts, at = [], 0
-    for row, f in zip(rows, fed, strict=True):
-        starts.append(at)
-        at += len(f)
-        row.cached += len(f)
+    starts = list(itertools.accumulate((len(f) for f in fed[:-1]), initial=0))
     if prompts or (len(backends) == 1 and backend.joining is not None):
         # One backend (``joins`` said so, or nobody joins): its logits in fed order already, not
         # padded to the longest row and gathered back (two copies of every row's logits).
         assert backend.joining is not None
         flat, prefilled = backend.joining.forward_joining(fed, prompts, whole)
+        _fed(rows, fed)
         return StepInput(flat, starts), prefilled if prompts else None
     outputs = [b.verify(fed) for b in backends]
+    _fed(rows, fed)
     width = outputs[0].shape[1]
     index = torch.tensor([i * width + j for i, f in enumerate(fed) for j in range(len(f))], device=outputs[0].device)
     flat = [out.reshape(-1, out.shape[-1])[index.to(out.device)] for out in outputs]
     return StepInput(flat[0], starts, flat[1] if len(flat) > 1 else None), None
+
+
+def _fed(rows: list[Row], fed: list[list[int]]) -> None:
+    """The rows' caches hold what the pass fed them (counted once it succeeded: a pass that
+    found no room left them as they were)."""
+    for row, tokens in zip(rows, fed, strict=True):
+        row.cached += len(tokens)
 
 
 def _watch_index(

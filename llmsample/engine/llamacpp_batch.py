@@ -26,7 +26,7 @@ from torch import Tensor
 
 from llmsample.engine.llamacpp_kept import HostSequence
 from llmsample.engine.thread_choice import ThreadChoice
-from llmsample.errors import RuntimeFailure
+from llmsample.errors import NoRoom, RuntimeFailure
 from llmsample.models.llamacpp_model import LlamaCppModel
 
 Entry = tuple[int, int, int, bool]
@@ -147,7 +147,7 @@ class LlamaCppBatch:
         state = saved.state(self.n_stream)
         data = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
         if not self.lib.llama_state_seq_set_data(self.context, data, len(state), seq):
-            raise RuntimeFailure("llama.cpp could not take back a kept prompt prefix (no room in its cache)")
+            raise NoRoom("llama.cpp's cache has no room to take back a kept prompt prefix; try a smaller --batch-size")
         self.lib.llama_memory_seq_rm(self.memory, seq, length, -1)
 
     def step(self, tokens: Tensor) -> Tensor:
@@ -205,6 +205,9 @@ class LlamaCppBatch:
             for seq in seqs:  # the prompts never joined: their ids (and any cells decoded) go back
                 self.lib.llama_memory_seq_rm(self.memory, seq, -1, -1)
             self._give_back(seqs)
+            for seq, n, row in zip(self.seqs, self.lengths, fed, strict=True):
+                if row:  # a pass cut into several llama_decode calls: what the first ones wrote goes
+                    self.lib.llama_memory_seq_rm(self.memory, seq, n, -1)
             raise
         self.lengths = [n + len(row) for n, row in zip(self.lengths, fed, strict=True)]
         self.lengths += [n + len(p) for n, p in zip(starts, prompts, strict=True)]
@@ -269,7 +272,7 @@ class LlamaCppBatch:
             code = self.lib.llama_decode(self.context, self.batch)
             self.threads.timed(threads, len(chunk), time.perf_counter() - began)
             if code != 0:
-                raise RuntimeFailure(decode_error(code, len(chunk)))
+                raise (NoRoom if code == 1 else RuntimeFailure)(decode_error(code, len(chunk)))
             wanted = sum(e[3] for e in chunk) - (skip is not None)
             if wanted:
                 rows = range(at, at + wanted) if rows_out is None else rows_out[at : at + wanted]

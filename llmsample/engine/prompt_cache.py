@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from llmsample.errors import NoRoom
+
 MIN_REUSE = 4
 """Shorter shared prefixes are prefilled with the other prompts (one batched pass) rather than
 copied (a pass of its own for the row)."""
@@ -166,10 +168,15 @@ class CachingBackend:
         the cold ones whatever the cache holds (``BatchItem.cache_prompt`` False). Where the
         backend joins rows from kept prefixes, in two passes at most (:meth:`_admit_in_waves`)."""
         start = len(self.tokens)
-        if self.joining is not None:
-            order, logits, reused = self._admit_in_waves(prompts, whole)
-        else:
-            order, logits, reused = self._admit_one_by_one(prompts, whole)
+        try:
+            if self.joining is not None:
+                order, logits, reused = self._admit_in_waves(prompts, whole)
+            else:
+                order, logits, reused = self._admit_one_by_one(prompts, whole)
+        except NoRoom:  # the rows a first pass admitted go too: the loop holds them all back
+            self.backend.keep(list(range(start)))
+            del self.tokens[start:]
+            raise
         if order != sorted(order):  # the backend's new rows hold the prompts in ``order``
             rank = [order.index(i) for i in range(len(prompts))]
             self.backend.keep([*range(start), *(start + r for r in rank)])
