@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 import torch
 
-from llmsample.engine.decode import DecodeOptions, decode
 from llmsample.engine.llamacpp_batch import LlamaCppBatch
 from llmsample.engine.loop import generate, run_to_end
 from llmsample.engine.prompt_cache import CachingBackend, PromptCache
 from llmsample.engine.row_state import BatchItem, RowFailed
 from llmsample.errors import NoRoom
-from llmsample.events import RunStats, Summary, TokenEvent
+from llmsample.events import RunStats, Summary
 from llmsample.models.gguf_to_hf import gguf_path
 from llmsample.models.llamacpp_model import LlamaCppModel
 from llmsample.sampling.config import SamplingConfig
 from tests.engine.test_llamacpp_prompt_cache import held_elsewhere
+from tests.engine.test_prompt_cache import run
 from tests.engine.tiny_gguf import tiny_llama_cpp
 
 pytest.importorskip("llama_cpp")
@@ -54,18 +54,6 @@ def item(key: int, prompt_length: int, tokens: int) -> BatchItem:
     prompt = [(17 * key + 5 * i) % 300 + 10 for i in range(prompt_length)]
     cfg = SamplingConfig(temperature=0.0, max_tokens=tokens)
     return BatchItem(key, prompt, cfg, RunStats("tiny", "test", None))
-
-
-def run(lm, items: Any, rows: int, cache: PromptCache | None = None) -> tuple[dict[int, list[int]], dict[int, Any]]:
-    """Every request's tokens and how it ended (its Summary or RowFailed)."""
-    tokens: dict[int, list[int]] = {}
-    ends: dict[int, Any] = {}
-    for key, record in decode(lm, items, rows, DecodeOptions(ignore_eos=True, prompt_cache=cache)):
-        if isinstance(record, TokenEvent):
-            tokens.setdefault(key, []).append(record.token_id)
-        else:
-            ends[key] = record
-    return tokens, ends
 
 
 def alone(lm, request: BatchItem) -> list[int]:
@@ -120,7 +108,7 @@ def test_requests_admitted_together_that_do_not_fit_go_one_after_another(lm) -> 
     """Two prompts that need more than the cache together start together: the first runs, the
     second waits for it to end; a prompt longer than the whole cache fails alone, with its size."""
     first, second, huge, last = item(0, 140, 60), item(1, 140, 60), item(2, CELLS + 40, 4), item(3, 6, 5)
-    tokens, ends = run(lm, Arriving([first, second, huge, last]), 2)
+    tokens, ends = run(lm, Arriving([first, second, huge, last]), 2, None)
     assert isinstance(ends[2], RowFailed) and f"its prompt: {CELLS + 40} tokens" in ends[2].message
     for request in (first, second, last):
         assert isinstance(ends[request.key], Summary)
@@ -131,7 +119,7 @@ def test_the_step_that_found_no_room_is_the_same_step_again(lm) -> None:
     """What the loop counts a row's cache holding moves only once a pass succeeded, so the rows
     that go on feed what they would have."""
     requests = [item(k, 8, 100 + 40 * k) for k in range(3)]
-    tokens, ends = run(lm, Arriving(requests), 3)
+    tokens, ends = run(lm, Arriving(requests), 3, None)
     failed = [k for k in range(3) if isinstance(ends[k], RowFailed)]
     assert failed and all(tokens[k] == alone(lm, requests[k])[: len(tokens[k])] for k in range(3))
     assert all(tokens[k] == alone(lm, requests[k]) for k in range(3) if k not in failed)
