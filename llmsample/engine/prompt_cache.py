@@ -232,8 +232,12 @@ class CachingBackend:
 
     def _held(self, prompt: list[int]) -> int:
         """The longest prefix of ``prompt`` the cache or a running row holds now."""
-        live = max((shared_prefix(held, prompt) for held in self.tokens), default=0)
-        return max(live, self.cache.longest(prompt, touch=False)[1])
+        return max(self._running(prompt)[1], self.cache.longest(prompt, touch=False)[1])
+
+    def _running(self, prompt: list[int]) -> tuple[int | None, int]:
+        """The running row that shares the longest prefix with ``prompt``, and that length."""
+        shared = [shared_prefix(held, prompt) for held in self.tokens]
+        return (None, 0) if not shared else (max(range(len(shared)), key=shared.__getitem__), max(shared))
 
     def joins(self, prompts: list[list[int]], whole: Collection[int] = ()) -> bool:
         """Whether :meth:`forward_joining` takes ``prompts``: none shares a prefix worth reusing
@@ -272,8 +276,7 @@ class CachingBackend:
         the occasion: temporary) and its length, at most all but the last token (its logits are
         needed); ``(None, 0)`` when none is worth a pass of its own."""
         entry, length = self.cache.longest(prompt)
-        running = max(range(len(self.tokens)), key=lambda r: shared_prefix(self.tokens[r], prompt), default=None)
-        live = shared_prefix(self.tokens[running], prompt) if running is not None else 0
+        running, live = self._running(prompt)
         length, live = min(length, len(prompt) - 1), min(live, len(prompt) - 1)
         if max(length, live) < MIN_REUSE:
             return None, 0
