@@ -166,7 +166,10 @@ def test_a_conversion_killed_midway_leaves_nothing_loadable(tmp_path: Path, toke
     from llmsample.models.gguf_to_hf import remove_abandoned_staging
 
     time.sleep(0.1)
-    assert {p for p, _ in remove_abandoned_staging()} >= set(left)
+    # Every llmsample start removes abandoned staging folders, and the other xdist worker starts
+    # them all the time: it may have removed this one first (a flake seen in a clean clone).
+    removed = {p for p, _ in remove_abandoned_staging()}
+    assert all(p in removed or not p.exists() for p in left)
     assert to_gguf.is_complete_gguf(to_gguf.checkpoint_gguf(folder, None).parent)
 
 
