@@ -34,6 +34,7 @@ class Reply:
     settings: SamplingConfig
     stop_reason: str
     prefix: list[int] = field(default_factory=list)  # forced before the sampled tokens (/branch)
+    ignore_eos: bool = False  # decoded past end-of-sequence (--ignore-eos): its replay must be too
     logged: int | None = None  # its run in the run log
 
     @property
@@ -88,7 +89,8 @@ def save(path: Path, conversation: Conversation, header: dict[str, Any]) -> None
             reply = turn.reply
             lines.append(
                 {"type": "assistant", "content": reply.text, "seed": reply.seed, "settings": reply.settings.as_dict(),
-                 "prefix": reply.prefix, "token_ids": reply.ids, "stop_reason": reply.stop_reason}
+                 "prefix": reply.prefix, "token_ids": reply.ids, "stop_reason": reply.stop_reason,
+                 "ignore_eos": reply.ignore_eos}
             )  # fmt: skip
         elif turn.saved is not None:
             lines.append(turn.saved)
@@ -165,6 +167,7 @@ FIELDS: dict[str, dict[str, tuple[str, Callable[[Any], bool], bool]]] = {
         "settings": ("an object", lambda v: isinstance(v, dict), False),
         "prefix": ("a list of token ids", _is_ids, False),
         "token_ids": ("a list of token ids", _is_ids, False),
+        "ignore_eos": ("true or false", lambda v: isinstance(v, bool), False),
     },
 }
 

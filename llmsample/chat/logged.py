@@ -36,7 +36,8 @@ def keep_reply(conversation: Conversation, thread: str, reply: Reply, summary: S
 
     turns = conversation.turns
     parent = log_id(turns[-2]) if len(turns) > 1 else None
-    recorder = LogRecorder("chat", turns[-1].user, reply.settings.as_dict(), conversation.system, thread, parent)
+    flags = {"ignore_eos": True} if reply.ignore_eos else {}
+    recorder = LogRecorder("chat", turns[-1].user, reply.settings.as_dict(), conversation.system, thread, parent, flags)
     for event in reply.events:
         recorder.token(event)
     recorder.summary(summary)
@@ -64,5 +65,5 @@ def reply_record(run: LoggedRun) -> dict[str, Any]:
     return {
         "type": "assistant", "content": run.text, "seed": run.seed, "settings": run.settings, "prefix": ids[:forced],
         "token_ids": ids, "token_probs": [record.get("prob") for record in run.records], "stop_reason": run.stop_reason,
-        "log_id": run.id,
+        "log_id": run.id, "ignore_eos": bool((run.flags or {}).get("ignore_eos")),
     }  # fmt: skip

@@ -160,6 +160,7 @@ class Chat:
         lm = self._local("--replay")
         results: list[Replayed] = []
         turns, thread, self.log_thread = self.conversation.turns, self.log_thread, None
+        flags = self.settings
         try:
             for number, turn in enumerate(turns, 1):
                 record = turn.saved
@@ -172,10 +173,11 @@ class Chat:
                 prefix = [int(t) for t in record.get("prefix") or []]
                 ids, _ = self.conversation.fit(lm, 0)
                 events = [forced_event(lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
+                self.settings = dataclasses.replace(flags, ignore_eos=bool(record.get("ignore_eos")))  # as it ran
                 reply = self._answer(events, int(record["seed"]), settings_of(record))
                 results.append(compare(lm, number, record, reply))
         finally:
-            self.conversation.turns, self.log_thread = turns, thread
+            self.conversation.turns, self.log_thread, self.settings = turns, thread, flags
         return results
 
     def undo(self) -> bool:
@@ -232,7 +234,8 @@ class Chat:
             return None
         if summary.stop_reason == "interrupted":
             self.note("interrupted: what was shown is kept as the reply")
-        reply = Reply(ids, events, summary.text, seed, cfg, summary.stop_reason, prefix)
+        ignore_eos = self.settings.ignore_eos
+        reply = Reply(ids, events, summary.text, seed, cfg, summary.stop_reason, prefix, ignore_eos=ignore_eos)
         self.conversation.turns[-1].reply = reply
         self._count(summary)
         if self.log_thread is not None:

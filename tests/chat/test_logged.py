@@ -26,6 +26,7 @@ def test_replies_are_logged_and_c_continues_the_last_conversation(chat_model_dir
     assert [r.command for r in (one, two, branched)] == ["chat"] * 3 and len({one.conversation, two.conversation}) == 1
     assert (one.prompt, two.prompt, branched.prompt) == ("w7 w8", "w9 w10", "w9 w10")
     assert (one.parent, two.parent, branched.parent) == (None, one.id, one.id)  # the branch replaced the second
+    assert one.flags == branched.flags == {"ignore_eos": True}  # a replay decodes past EOS as they did
     assert [r.id for r in store.last_conversation()] == [one.id, branched.id]
     assert first.stdout.splitlines()[0].strip() == one.text.strip() and branched.tokens == 4 - 2 + 2
 
