@@ -243,14 +243,16 @@ OTHER_TOOLS_FLAGS = {
     "--clients",
     "--requests",
     "--rows",
+    "--rounds",  # experiments/'s scripts
 }
 
 
 def every_llmsample_flag(command: click.Command) -> set[str]:
     flags = {opt for param in command.params for opt in [*param.opts, *param.secondary_opts]}
-    if isinstance(command, click.Group):
-        for sub in command.commands.values():
-            flags |= every_llmsample_flag(sub)
+    if isinstance(command, click.Group):  # every command, imported or not (they load when run)
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            flags |= every_llmsample_flag(command.get_command(ctx, name))
     return {flag for flag in flags if flag.startswith("--")}
 
 
