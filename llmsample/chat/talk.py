@@ -127,7 +127,8 @@ class Chat:
         return self._kept_unless_interrupted(old, [], fresh_seed())
 
     def branch(self, position: int, token: int) -> Reply | None:
-        """The last reply up to ``position``, then ``token``, then sampled on from there."""
+        """The last reply up to ``position``, then ``token``, then sampled on from there with the
+        reply's own seed and settings (a branch taken twice is the same branch)."""
         reply = self._last_reply()
         if not 0 <= position < len(reply.events):
             raise UserError(f"/branch: the last reply has tokens 0..{len(reply.events) - 1}; got {position}")
@@ -138,7 +139,7 @@ class Chat:
             ),
         ]
         self.conversation.turns[-1].reply = None
-        return self._kept_unless_interrupted((reply, None), kept, fresh_seed(), reply.settings)
+        return self._kept_unless_interrupted((reply, None), kept, reply.seed, reply.settings)
 
     def _kept_unless_interrupted(self, old: tuple[Reply | None, Any], *answer: Any) -> Reply | None:
         """A new take on the last reply; the old one stays when the new one shows nothing."""

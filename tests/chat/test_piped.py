@@ -20,8 +20,8 @@ def run(model, *args: str, stdin: str = "", cwd=None) -> subprocess.CompletedPro
 
 
 def test_piped_turns_are_plain_lines_and_a_saved_chat_replays_the_same(chat_model_dir, tmp_path) -> None:
-    """The replies run past end-of-sequence (--ignore-eos, EOS made likely), and so do their replays:
-    the branched reply's fresh seed may draw EOS anywhere."""
+    """The replies run past end-of-sequence (--ignore-eos, EOS made likely), and so do their replays;
+    a branch samples on with its reply's seed."""
     turns = "w7 w8\n\nw9 w10\n/branch 2 #1\n/save saved.jsonl\n"
     eos = ("--ignore-eos", "--logit-bias", "1=6")  # <eos> is id 1
     done = run(chat_model_dir, "-n", "5", *eos, "--seed", "3", stdin=turns, cwd=tmp_path)
@@ -29,8 +29,9 @@ def test_piped_turns_are_plain_lines_and_a_saved_chat_replays_the_same(chat_mode
     lines = done.stdout.splitlines()
     assert len(lines) == 3 and all(line.split() and "\x1b" not in line for line in lines)  # plain text
     assert done.stderr.count("prefilled") == 3 and "saved 2 exchange(s)" in done.stderr
-    first = [json.loads(line) for line in (tmp_path / "saved.jsonl").read_text().splitlines()][2]
-    assert first["token_ids"][0] == 1 and len(first["token_ids"]) == 5  # seed 3 draws EOS first, and goes on
+    saved = [json.loads(line) for line in (tmp_path / "saved.jsonl").read_text().splitlines()]
+    assert saved[2]["token_ids"][0] == 1 and len(saved[2]["token_ids"]) == 5  # seed 3 draws EOS first, goes on
+    assert saved[4]["seed"] == 3 and saved[4]["prefix"] == saved[4]["token_ids"][:3]  # the branch: 2 kept, 1 put
     replay = run(chat_model_dir, "--load", "saved.jsonl", "--replay", "-q", cwd=tmp_path)
     assert replay.returncode == 0, replay.stderr
     assert "replayed 2 replies: all equal to the saved ones" in replay.stderr
