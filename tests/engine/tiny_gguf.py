@@ -102,7 +102,12 @@ def kept_tiny_gguf(tokenizer_source: Path, seed: int = 0, init: float = 0.1, con
         KEPT.mkdir(parents=True, exist_ok=True)
         staging = kept.with_name(f".{kept.name}.{os.getpid()}")
         _write_tiny_gguf(staging, tokenizer_source, seed, init, context)
-        os.replace(staging, kept)  # whole or absent: two processes writing it at once both succeed
+        try:  # whole or absent, and the first written stays: what was derived from it names its mtime
+            os.link(staging, kept)
+        except FileExistsError:
+            pass
+        finally:
+            staging.unlink()
     return kept
 
 
