@@ -65,5 +65,6 @@ def reply_record(run: LoggedRun) -> dict[str, Any]:
     return {
         "type": "assistant", "content": run.text, "seed": run.seed, "settings": run.settings, "prefix": ids[:forced],
         "token_ids": ids, "token_probs": [record.get("prob") for record in run.records], "stop_reason": run.stop_reason,
-        "log_id": run.id, "ignore_eos": bool((run.flags or {}).get("ignore_eos")),
+        "log_id": run.id,
+        **({} if run.flags is None else {"ignore_eos": bool(run.flags.get("ignore_eos"))}),  # None: logged before flags
     }  # fmt: skip

@@ -174,7 +174,8 @@ class Chat:
                 prefix = [int(t) for t in record.get("prefix") or []]
                 ids, _ = self.conversation.fit(lm, 0)
                 events = [forced_event(lm, None, t, i, ids[-1:] + prefix[:i]) for i, t in enumerate(prefix)]
-                self.settings = dataclasses.replace(flags, ignore_eos=bool(record.get("ignore_eos")))  # as it ran
+                ran_past_eos = bool(record.get("ignore_eos", flags.ignore_eos))  # a save from before the field: the flag
+                self.settings = dataclasses.replace(flags, ignore_eos=ran_past_eos)
                 reply = self._answer(events, int(record["seed"]), settings_of(record))
                 results.append(compare(lm, number, record, reply))
         finally:
