@@ -36,6 +36,11 @@ def test_piped_turns_are_plain_lines_and_a_saved_chat_replays_the_same(chat_mode
     assert replay.returncode == 0, replay.stderr
     assert "replayed 2 replies: all equal to the saved ones" in replay.stderr
     assert replay.stdout.splitlines() == [lines[0], lines[2]]  # the branched reply, as saved
+    older = [{k: v for k, v in record.items() if k != "ignore_eos"} for record in saved]  # a save from before the field
+    (tmp_path / "older.jsonl").write_text("".join(json.dumps(record) + "\n" for record in older))
+    for flags, said in ((("--ignore-eos",), "all equal to the saved ones"), ((), "exchange 1 differs")):
+        again = run(chat_model_dir, "--load", "older.jsonl", "--replay", "-q", *flags, cwd=tmp_path)
+        assert again.returncode == 0 and said in again.stderr, again.stderr  # the command's flag decides
 
 
 def test_set_shows_values_as_typed_and_ollama_habits_work(chat_model_dir) -> None:
