@@ -199,10 +199,7 @@ def run_rows(
                 ended.append(rows[i])
         newest = result.newest
         if len(staying) < len(rows):
-            if not (retain and not staying):
-                for b in backends:
-                    b.keep(staying)
-            rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
+            rows, newest = _keep(backends, rows, newest, staying, retain)
         # A backend that cannot join takes the next wave once every row of the last one has left.
         room = _room(backend, rows, max_rows) and not held.items  # none is taken before those held back
         joining = feed.take(max_rows - len(rows), wait=not rows) if room else []
@@ -290,12 +287,19 @@ def _forward_with_room(
             yield row.key, RowFailed(row.key, f"{exc} (this request held {row.cached} positions, the most of any row)")
             row.end([])
             ended.append(row)
-            staying = [i for i in range(len(rows)) if i != worst]
-            if not (retain and not staying):
-                for b in backends:
-                    b.keep(staying)
-            rows, newest = [rows[i] for i in staying], newest[staying] if staying else newest[:0]
+            rows, newest = _keep(backends, rows, newest, [i for i in range(len(rows)) if i != worst], retain)
     return None, None, rows, newest
+
+
+def _keep(
+    backends: list[Backend], rows: list[Row], newest: torch.Tensor, staying: list[int], retain: bool
+) -> tuple[list[Row], torch.Tensor]:
+    """The rows ``staying`` (and their newest tokens) after the others left: the backends drop
+    the others' caches, unless none stays and ``retain`` (a session's row, continued next turn)."""
+    if not (retain and not staying):
+        for b in backends:
+            b.keep(staying)
+    return [rows[i] for i in staying], newest[staying] if staying else newest[:0]
 
 
 def _room(backend: Backend, rows: list[Row], max_rows: int) -> bool:

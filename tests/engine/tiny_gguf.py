@@ -4,6 +4,7 @@ ships), so llama.cpp and transformers read the same weights and the same 49152-t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -102,12 +103,9 @@ def kept_tiny_gguf(tokenizer_source: Path, seed: int = 0, init: float = 0.1, con
         KEPT.mkdir(parents=True, exist_ok=True)
         staging = kept.with_name(f".{kept.name}.{os.getpid()}")
         _write_tiny_gguf(staging, tokenizer_source, seed, init, context)
-        try:  # whole or absent, and the first written stays: what was derived from it names its mtime
-            os.link(staging, kept)
-        except FileExistsError:
-            pass
-        finally:
-            staging.unlink()
+        with contextlib.suppress(FileExistsError):  # whole or absent, and the first written stays:
+            os.link(staging, kept)  # what was derived from it names its mtime
+        staging.unlink()
     return kept
 
 
